@@ -1,0 +1,561 @@
+//! # ferrolink-builder
+//!
+//! Turns a `no_std` device crate (ferrolink's own, or yours) into PTX with rustc's own
+//! `nvptx64-nvidia-cuda` backend, from a build script:
+//!
+//! ```no_run
+//! // build.rs of a host crate whose kernels live in ../my-kernels
+//! fn main() {
+//!     ferrolink_builder::PtxBuilder::new("../my-kernels")
+//!         .arch("sm_90")
+//!         .build_in_build_script("MY_KERNELS_PTX");
+//! }
+//! // in the host crate: const PTX: &str = include_str!(env!("MY_KERNELS_PTX"));
+//! ```
+//!
+//! What it does, in order (docs/build-pipeline.md explains why):
+//! 1. checks that the `nightly` toolchain and its `rust-src` component are installed;
+//! 2. runs `cargo rustc --lib --release --target nvptx64-nvidia-cuda -Z build-std=core
+//!    -- --emit=asm` under `rustup run nightly`, with
+//!    `-Zunstable-options -Cpanic=immediate-abort -Ctarget-cpu=<arch>
+//!    -Zcross-crate-inline-threshold=always`, in its own target directory;
+//! 3. rejects PTX that references an external function (`.extern .func`, except `vprintf`)
+//!    or has no `.entry`;
+//! 4. if `ptxas` is found (`FERROLINK_PTXAS`, `PATH`, `$CUDA_HOME/bin`), assembles the PTX
+//!    for the target and reports registers, stack and spills per kernel, warning on spills.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Why a PTX build failed. Each message names the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// `rustup` or the nightly toolchain is missing.
+    #[error(
+        "the nightly Rust toolchain is needed to compile device code to PTX, and `{0}` failed. \
+         Install it with `rustup toolchain install nightly --profile minimal` \
+         (or run scripts/setup.sh)"
+    )]
+    NoNightly(String),
+    /// The nightly has no `rust-src` (needed by `-Z build-std=core`).
+    #[error(
+        "the nightly toolchain has no rust-src component (looked for {0}); `-Z build-std=core` \
+         needs it. Install it with `rustup component add rust-src --toolchain nightly`"
+    )]
+    NoRustSrc(PathBuf),
+    /// The nested cargo build failed.
+    #[error("compiling device crate {crate_dir} for nvptx64 failed:\n{stderr}")]
+    Compile {
+        /// The device crate.
+        crate_dir: PathBuf,
+        /// The compiler's output.
+        stderr: String,
+    },
+    /// The build succeeded but no `.s` file was found.
+    #[error("the nvptx build of {0} produced no PTX (.s) file in {1}")]
+    NoPtx(String, PathBuf),
+    /// The PTX references functions the driver cannot resolve.
+    #[error(
+        "the PTX of {crate_name} references external functions the CUDA driver cannot link: \
+         {names:?}. Usually a panic path (bounds check, unwrap, formatting) survived: keep \
+         -Cpanic=immediate-abort in the flags, avoid panicking operations in device code, or use \
+         unchecked accessors"
+    )]
+    ExternFunctions {
+        /// The device crate's name.
+        crate_name: String,
+        /// The unresolved functions.
+        names: Vec<String>,
+    },
+    /// The PTX has no kernel entry point.
+    #[error(
+        "the PTX of {0} has no kernel entry (.entry): declare kernels with \
+         ferrolink_device::kernel! (or `#[no_mangle] pub unsafe extern \"ptx-kernel\" fn`)"
+    )]
+    NoKernels(String),
+    /// `ptxas` rejected the PTX.
+    #[error("ptxas ({ptxas}) rejected the PTX for {arch}:\n{stderr}")]
+    Ptxas {
+        /// The ptxas binary.
+        ptxas: PathBuf,
+        /// Target architecture.
+        arch: String,
+        /// Its output.
+        stderr: String,
+    },
+    /// Reading or writing a file, or starting a program, failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BuildError {
+    let what = what.into();
+    move |source| BuildError::Io { what, source }
+}
+
+/// Resource use of one kernel as reported by `ptxas -v`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelResources {
+    /// Entry name.
+    pub name: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Stack frame bytes per thread.
+    pub stack_bytes: u32,
+    /// Bytes of register spill stores.
+    pub spill_store_bytes: u32,
+    /// Bytes of register spill loads.
+    pub spill_load_bytes: u32,
+}
+
+/// The result of a PTX build.
+#[derive(Clone, Debug)]
+pub struct PtxOutput {
+    /// The PTX file.
+    pub ptx_path: PathBuf,
+    /// The `.entry` names in it.
+    pub kernels: Vec<String>,
+    /// The cubin `ptxas` produced, when ptxas was found.
+    pub cubin_path: Option<PathBuf>,
+    /// Per-kernel resources from `ptxas -v`, when ptxas was found.
+    pub resources: Vec<KernelResources>,
+    /// Non-fatal findings (spills, no ptxas) to show the user.
+    pub warnings: Vec<String>,
+}
+
+/// Builds one device crate to PTX. See the [crate docs](crate).
+#[derive(Clone, Debug)]
+pub struct PtxBuilder {
+    crate_dir: PathBuf,
+    arch: String,
+    release: bool,
+    target_dir: Option<PathBuf>,
+    allowed_externs: Vec<String>,
+    require_ptxas: bool,
+}
+
+impl PtxBuilder {
+    /// A builder for the device crate at `crate_dir` (the folder with its Cargo.toml).
+    pub fn new(crate_dir: impl Into<PathBuf>) -> Self {
+        PtxBuilder {
+            crate_dir: crate_dir.into(),
+            arch: "sm_90".into(),
+            release: true,
+            target_dir: None,
+            allowed_externs: vec!["vprintf".into()],
+            require_ptxas: false,
+        }
+    }
+
+    /// Target architecture (`-Ctarget-cpu`, `ptxas -arch`); default `sm_90`.
+    pub fn arch(mut self, arch: impl Into<String>) -> Self {
+        self.arch = arch.into();
+        self
+    }
+
+    /// Build without `--release` (default is release).
+    pub fn debug(mut self) -> Self {
+        self.release = false;
+        self
+    }
+
+    /// The target directory of the nested build (default: `$OUT_DIR/../../ferrolink-ptx` in a
+    /// build script, else `<crate>/target/ferrolink-ptx`).
+    pub fn target_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.target_dir = Some(dir.into());
+        self
+    }
+
+    /// Fail when `ptxas` cannot be found (default: skip the assembly check with a warning).
+    /// Also forced by the environment variable `FERROLINK_REQUIRE_PTXAS=1`.
+    pub fn require_ptxas(mut self, yes: bool) -> Self {
+        self.require_ptxas = yes;
+        self
+    }
+
+    /// The RUSTFLAGS the nested build uses (they must reach `core` too, hence RUSTFLAGS and
+    /// not `cargo rustc -- …`).
+    pub fn rustflags(&self) -> String {
+        format!(
+            "-Zunstable-options -Cpanic=immediate-abort -Ctarget-cpu={} \
+             -Zcross-crate-inline-threshold=always",
+            self.arch
+        )
+    }
+
+    /// Builds and checks the PTX. Returns where it is and what ptxas said.
+    pub fn build(&self) -> Result<PtxOutput, BuildError> {
+        let crate_dir =
+            self.crate_dir.canonicalize().map_err(io_err(format!("device crate {}", self.crate_dir.display())))?;
+        check_toolchain()?;
+        let target_dir = self.target_dir.clone().unwrap_or_else(|| default_target_dir(&crate_dir));
+        let crate_name = crate_name(&crate_dir)?;
+
+        let mut cmd = Command::new(rustup());
+        cmd.args(["run", "nightly", "cargo", "rustc", "--lib", "--target", "nvptx64-nvidia-cuda"])
+            .args(["-Z", "build-std=core"])
+            .arg("--manifest-path")
+            .arg(crate_dir.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target_dir);
+        if self.release {
+            cmd.arg("--release");
+        }
+        cmd.args(["--", "--emit=asm"]);
+        clean_cargo_env(&mut cmd);
+        cmd.env("RUSTFLAGS", self.rustflags());
+        let out = cmd.output().map_err(io_err("starting `rustup run nightly cargo`"))?;
+        if !out.status.success() {
+            return Err(BuildError::Compile { crate_dir, stderr: String::from_utf8_lossy(&out.stderr).into_owned() });
+        }
+
+        let profile = if self.release { "release" } else { "debug" };
+        let deps = target_dir.join("nvptx64-nvidia-cuda").join(profile).join("deps");
+        let ptx_path = newest_asm(&deps, &crate_name.replace('-', "_"))
+            .ok_or_else(|| BuildError::NoPtx(crate_name.clone(), deps.clone()))?;
+        let ptx = std::fs::read_to_string(&ptx_path).map_err(io_err(format!("reading {}", ptx_path.display())))?;
+
+        let externs: Vec<String> =
+            extern_functions(&ptx).into_iter().filter(|n| !self.allowed_externs.contains(n)).collect();
+        if !externs.is_empty() {
+            return Err(BuildError::ExternFunctions { crate_name, names: externs });
+        }
+        let kernels = entries(&ptx);
+        if kernels.is_empty() {
+            return Err(BuildError::NoKernels(crate_name));
+        }
+
+        let mut output = PtxOutput { ptx_path, kernels, cubin_path: None, resources: Vec::new(), warnings: Vec::new() };
+        let require = self.require_ptxas || std::env::var("FERROLINK_REQUIRE_PTXAS").is_ok_and(|v| v == "1");
+        match find_ptxas() {
+            Some(ptxas) => {
+                let cubin = output.ptx_path.with_extension("cubin");
+                let out = Command::new(&ptxas)
+                    .arg(format!("-arch={}", self.arch))
+                    .arg("-v")
+                    .arg(&output.ptx_path)
+                    .arg("-o")
+                    .arg(&cubin)
+                    .output()
+                    .map_err(io_err(format!("starting {}", ptxas.display())))?;
+                let log = String::from_utf8_lossy(&out.stderr).into_owned();
+                if !out.status.success() {
+                    return Err(BuildError::Ptxas { ptxas, arch: self.arch.clone(), stderr: log });
+                }
+                output.resources = parse_ptxas_report(&log);
+                for k in &output.resources {
+                    if k.spill_store_bytes > 0 || k.spill_load_bytes > 0 {
+                        output.warnings.push(format!(
+                            "kernel {} spills registers: {} bytes stores, {} bytes loads ({} registers)",
+                            k.name, k.spill_store_bytes, k.spill_load_bytes, k.registers
+                        ));
+                    }
+                }
+                output.cubin_path = Some(cubin);
+            }
+            None if require => {
+                return Err(BuildError::Io {
+                    what: "ptxas is required (FERROLINK_REQUIRE_PTXAS=1) but was not found".into(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "set FERROLINK_PTXAS to its path, or run scripts/setup.sh, which unpacks it \
+                         from the nvidia-cuda-nvcc wheel",
+                    ),
+                });
+            }
+            None => output.warnings.push(
+                "ptxas not found (FERROLINK_PTXAS, PATH, $CUDA_HOME/bin): the PTX was not assembled \
+                 for the target; run scripts/setup.sh to get it"
+                    .into(),
+            ),
+        }
+        Ok(output)
+    }
+
+    /// Builds from a build script: prints `cargo:rerun-if-changed` for the device sources,
+    /// `cargo:warning` for spills, a `cargo:rustc-env=<env_var>=<ptx path>` line so that the
+    /// crate can `include_str!(env!("<env_var>"))`, and `<env_var>_CUBIN` when a cubin was made.
+    /// On failure it prints the error and exits the build script with status 1.
+    pub fn build_in_build_script(self, env_var: &str) -> PtxOutput {
+        let mut builder = self;
+        if builder.target_dir.is_none() {
+            if let Some(out_dir) = std::env::var_os("OUT_DIR") {
+                // OUT_DIR is target/<profile>/build/<pkg>-<hash>/out: share one nested target
+                // dir per profile so rebuilds are incremental.
+                let out_dir = PathBuf::from(out_dir);
+                if let Some(profile_dir) = out_dir.ancestors().nth(3) {
+                    builder.target_dir = Some(profile_dir.join("ferrolink-ptx"));
+                }
+            }
+        }
+        for path in source_files(&builder.crate_dir) {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+        println!("cargo:rerun-if-env-changed=FERROLINK_PTXAS");
+        println!("cargo:rerun-if-env-changed=FERROLINK_REQUIRE_PTXAS");
+        match builder.build() {
+            Ok(out) => {
+                for w in &out.warnings {
+                    println!("cargo:warning={w}");
+                }
+                println!("cargo:rustc-env={env_var}={}", out.ptx_path.display());
+                if let Some(cubin) = &out.cubin_path {
+                    println!("cargo:rustc-env={env_var}_CUBIN={}", cubin.display());
+                }
+                out
+            }
+            Err(e) => {
+                eprintln!("error: ferrolink-builder: {e}");
+                for line in e.to_string().lines().take(1) {
+                    println!("cargo:warning=ferrolink-builder: {line}");
+                }
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
+/// A readable table of per-kernel resources.
+pub fn resources_table(resources: &[KernelResources]) -> String {
+    let mut s = String::from("kernel                               regs  stack  spill-st  spill-ld\n");
+    for r in resources {
+        let _ = writeln!(
+            s,
+            "{:<36} {:>4}  {:>5}  {:>8}  {:>8}",
+            r.name, r.registers, r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes
+        );
+    }
+    s
+}
+
+fn rustup() -> PathBuf {
+    if let Some(p) = std::env::var_os("RUSTUP") {
+        return p.into();
+    }
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    if let Some(p) = home.map(|h| h.join("bin").join("rustup")).filter(|p| p.exists()) {
+        return p;
+    }
+    "rustup".into()
+}
+
+fn check_toolchain() -> Result<(), BuildError> {
+    let out = Command::new(rustup())
+        .args(["run", "nightly", "rustc", "--print", "sysroot"])
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .output()
+        .map_err(|e| BuildError::NoNightly(format!("rustup run nightly rustc ({e})")))?;
+    if !out.status.success() {
+        return Err(BuildError::NoNightly(format!(
+            "rustup run nightly rustc: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let core = sysroot.join("lib/rustlib/src/rust/library/core/Cargo.toml");
+    if !core.exists() {
+        return Err(BuildError::NoRustSrc(core));
+    }
+    Ok(())
+}
+
+/// Removes what the outer cargo set for its build script, so that the nested build is a
+/// plain nightly build of the device crate (its own toolchain, flags and target).
+fn clean_cargo_env(cmd: &mut Command) {
+    const KEEP: &[&str] = &["CARGO_HOME", "RUSTUP_HOME"];
+    const DROP: &[&str] = &["OUT_DIR", "TARGET", "HOST", "PROFILE", "OPT_LEVEL", "DEBUG", "NUM_JOBS", "RUSTC_LINKER"];
+    for (key, _) in std::env::vars_os() {
+        let k = key.to_string_lossy();
+        let cargoish = k.starts_with("CARGO")
+            || k.starts_with("RUSTC")
+            || k.starts_with("RUSTDOC")
+            || k == "RUSTFLAGS"
+            || k == "RUSTUP_TOOLCHAIN"
+            || k.starts_with("DEP_");
+        if (cargoish && !KEEP.contains(&k.as_ref())) || DROP.contains(&k.as_ref()) {
+            cmd.env_remove::<OsString>(key);
+        }
+    }
+}
+
+fn default_target_dir(crate_dir: &Path) -> PathBuf {
+    crate_dir.join("target").join("ferrolink-ptx")
+}
+
+fn crate_name(crate_dir: &Path) -> Result<String, BuildError> {
+    let manifest = crate_dir.join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).map_err(io_err(format!("reading {}", manifest.display())))?;
+    let mut in_package = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_package = line == "[package]";
+        } else if in_package {
+            if let Some(rest) = line.strip_prefix("name") {
+                if let Some(v) = rest.trim().strip_prefix('=') {
+                    return Ok(v.trim().trim_matches('"').to_string());
+                }
+            }
+        }
+    }
+    Err(BuildError::Io {
+        what: format!("reading the package name from {}", manifest.display()),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, "no `name = \"...\"` in [package]"),
+    })
+}
+
+fn newest_asm(deps: &Path, stem: &str) -> Option<PathBuf> {
+    std::fs::read_dir(deps)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.starts_with(&format!("{stem}-")) && n.ends_with(".s")
+        })
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .map(|e| e.path())
+}
+
+/// Names of functions declared `.extern .func` in the PTX.
+pub fn extern_functions(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter(|l| l.trim_start().starts_with(".extern .func"))
+        .filter_map(|l| {
+            // `.extern .func (.param .b32 r) name(` or `.extern .func name(`
+            let before_args = l.rsplit_once('(').map(|(a, _)| a).unwrap_or(l);
+            let name = before_args.split_whitespace().last()?;
+            let name = name.trim_end_matches('(');
+            (!name.is_empty() && !name.ends_with(')')).then(|| name.to_string())
+        })
+        .collect()
+}
+
+/// Names of the kernel entries (`.entry NAME(`) in the PTX.
+pub fn entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| {
+            let rest = l.trim_start();
+            let rest = rest.strip_prefix(".visible ").unwrap_or(rest);
+            let rest = rest.strip_prefix(".entry ")?;
+            Some(rest.split(['(', ' ']).next()?.trim().to_string())
+        })
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// Parses `ptxas -v` output into per-kernel resources.
+pub fn parse_ptxas_report(log: &str) -> Vec<KernelResources> {
+    let mut out: Vec<KernelResources> = Vec::new();
+    for line in log.lines() {
+        if let Some(i) = line.find("Function properties for ") {
+            let name = line[i + "Function properties for ".len()..].trim().to_string();
+            out.push(KernelResources { name, ..Default::default() });
+        } else if let Some(k) = out.last_mut() {
+            let num_before = |key: &str| -> Option<u32> {
+                let i = line.find(key)?;
+                line[..i].split_whitespace().last()?.parse().ok()
+            };
+            if line.contains("stack frame") {
+                k.stack_bytes = num_before(" bytes stack frame").unwrap_or(0);
+                k.spill_store_bytes = num_before(" bytes spill stores").unwrap_or(0);
+                k.spill_load_bytes = num_before(" bytes spill loads").unwrap_or(0);
+            } else if line.contains("Used ") && line.contains(" registers") {
+                k.registers = num_before(" registers").unwrap_or(0);
+            }
+        }
+    }
+    out
+}
+
+/// Finds `ptxas`: `FERROLINK_PTXAS`, then `PATH`, then `$CUDA_HOME/bin`, then
+/// `/usr/local/cuda/bin`.
+pub fn find_ptxas() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("FERROLINK_PTXAS").map(PathBuf::from) {
+        return p.exists().then_some(p);
+    }
+    let mut dirs: Vec<PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    if let Some(cuda) = std::env::var_os("CUDA_HOME") {
+        dirs.push(PathBuf::from(cuda).join("bin"));
+    }
+    dirs.push("/usr/local/cuda/bin".into());
+    dirs.into_iter().map(|d| d.join("ptxas")).find(|p| p.is_file())
+}
+
+fn source_files(crate_dir: &Path) -> Vec<PathBuf> {
+    let mut files = vec![crate_dir.join("Cargo.toml")];
+    let mut stack = vec![crate_dir.join("src")];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+        files.push(dir.clone());
+        for e in rd.filter_map(Result::ok) {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_extern_functions_but_not_entries() {
+        let ptx = ".extern .func (.param .b32 func_retval0) vprintf(\n.param .b64 a\n);\n\
+                   .extern .func _ZN4core9panicking5panic17h(\n);\n.visible .entry k1(\n.param .u64 p\n)\n\
+                   .entry k2(\n";
+        assert_eq!(extern_functions(ptx), vec!["vprintf", "_ZN4core9panicking5panic17h"]);
+        assert_eq!(entries(ptx), vec!["k1", "k2"]);
+    }
+
+    #[test]
+    fn parses_ptxas_verbose_report() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+ptxas info    : Compiling entry function 'copy' for 'sm_90'\n\
+ptxas info    : Function properties for copy\n\
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
+ptxas info    : Used 26 registers, used 0 barriers, 368 bytes cmem[0]\n\
+ptxas info    : Function properties for other\n\
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+ptxas info    : Used 10 registers, used 1 barriers, 360 bytes cmem[0]\n";
+        let r = parse_ptxas_report(log);
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            r[0],
+            KernelResources {
+                name: "copy".into(),
+                registers: 26,
+                stack_bytes: 8,
+                spill_store_bytes: 4,
+                spill_load_bytes: 12
+            }
+        );
+        assert_eq!(r[1].registers, 10);
+        assert_eq!(r[1].spill_load_bytes, 0);
+        assert!(resources_table(&r).contains("copy"));
+    }
+
+    #[test]
+    fn rustflags_carry_the_arch() {
+        let f = PtxBuilder::new(".").arch("sm_80").rustflags();
+        assert!(f.contains("-Ctarget-cpu=sm_80"));
+        assert!(f.contains("-Cpanic=immediate-abort"));
+    }
+}

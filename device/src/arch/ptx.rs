@@ -1,0 +1,307 @@
+//! nvptx64 implementation of the arch layer: inline PTX.
+//!
+//! Every asm block here names its state space and ordering explicitly; none relies on
+//! LLVM's lowering of Rust atomics (see the module docs of `arch::atomic`).
+
+use super::atomic::{FenceOrder, LoadOrder, RmwOrder, Scope, StoreOrder};
+use super::index::Axis;
+use super::memory::U32x4;
+use core::arch::asm;
+
+pub(super) enum Special {
+    Tid,
+    Ntid,
+    Ctaid,
+    Nctaid,
+}
+
+macro_rules! sreg {
+    ($name:literal) => {{
+        let v: u32;
+        // SAFETY: reading a special register has no side effects.
+        unsafe { asm!(concat!("mov.u32 {v}, ", $name, ";"), v = out(reg32) v, options(nomem, nostack, pure)) };
+        v
+    }};
+}
+
+#[inline(always)]
+pub(super) fn special(which: Special, axis: Axis) -> u32 {
+    match (which, axis) {
+        (Special::Tid, Axis::X) => sreg!("%tid.x"),
+        (Special::Tid, Axis::Y) => sreg!("%tid.y"),
+        (Special::Tid, Axis::Z) => sreg!("%tid.z"),
+        (Special::Ntid, Axis::X) => sreg!("%ntid.x"),
+        (Special::Ntid, Axis::Y) => sreg!("%ntid.y"),
+        (Special::Ntid, Axis::Z) => sreg!("%ntid.z"),
+        (Special::Ctaid, Axis::X) => sreg!("%ctaid.x"),
+        (Special::Ctaid, Axis::Y) => sreg!("%ctaid.y"),
+        (Special::Ctaid, Axis::Z) => sreg!("%ctaid.z"),
+        (Special::Nctaid, Axis::X) => sreg!("%nctaid.x"),
+        (Special::Nctaid, Axis::Y) => sreg!("%nctaid.y"),
+        (Special::Nctaid, Axis::Z) => sreg!("%nctaid.z"),
+    }
+}
+
+#[inline(always)]
+pub(super) fn lane_id() -> u32 {
+    sreg!("%laneid")
+}
+
+#[inline(always)]
+pub(super) fn sync_threads() {
+    // SAFETY: a CTA barrier; the caller's control flow reaches it uniformly (documented
+    // contract of `arch::sync_threads`). Not `nomem`: it orders memory.
+    unsafe { asm!("bar.sync 0;", options(nostack)) }
+}
+
+#[inline(always)]
+pub(super) fn trap() -> ! {
+    // SAFETY: `trap` aborts the kernel; it does not return.
+    unsafe { asm!("trap;", options(noreturn, nostack)) }
+}
+
+#[inline(always)]
+pub(super) fn nanosleep(ns: u32) {
+    // SAFETY: a pure delay. Not `nomem`, so the compiler re-reads memory after it, as a
+    // spin loop needs.
+    unsafe { asm!("nanosleep.u32 {ns};", ns = in(reg32) ns, options(nostack)) }
+}
+
+#[inline(always)]
+pub(super) fn global_timer_ns() -> u64 {
+    let v: u64;
+    // SAFETY: reading a special register. Not `pure`: it changes between reads.
+    unsafe { asm!("mov.u64 {v}, %globaltimer;", v = out(reg64) v, options(nomem, nostack)) };
+    v
+}
+
+#[inline(always)]
+pub(super) fn clock64() -> u64 {
+    let v: u64;
+    // SAFETY: reading a special register. Not `pure`: it changes between reads.
+    unsafe { asm!("mov.u64 {v}, %clock64;", v = out(reg64) v, options(nomem, nostack)) };
+    v
+}
+
+// ---- scoped atomics -------------------------------------------------------------------
+// `$sem` and `$scope` are literal fragments so that each (order, scope) pair becomes its own
+// asm string; with constant arguments the matches fold to one instruction.
+
+macro_rules! scoped {
+    ($scope:expr, $m:ident ! ( $($args:tt)* )) => {
+        match $scope {
+            Scope::Cta => $m!($($args)* ".cta"),
+            Scope::Gpu => $m!($($args)* ".gpu"),
+            Scope::Sys => $m!($($args)* ".sys"),
+        }
+    };
+}
+
+macro_rules! ld {
+    ($p:ident, $ty:literal, $reg:ident, $sem:literal $scope:literal) => {{
+        let v;
+        // SAFETY: the caller guarantees `p` is valid and aligned (arch::atomic::load).
+        unsafe { asm!(concat!("ld", $sem, $scope, ".", $ty, " {v}, [{p}];"), v = out($reg) v, p = in(reg64) $p, options(nostack)) };
+        v
+    }};
+}
+macro_rules! st {
+    ($p:ident, $v:ident, $ty:literal, $reg:ident, $sem:literal $scope:literal) => {
+        // SAFETY: the caller guarantees `p` is valid and aligned (arch::atomic::store).
+        unsafe { asm!(concat!("st", $sem, $scope, ".", $ty, " [{p}], {v};"), v = in($reg) $v, p = in(reg64) $p, options(nostack)) }
+    };
+}
+macro_rules! rmw {
+    ($p:ident, $v:ident, $op:literal, $ty:literal, $reg:ident, $sem:literal $scope:literal) => {{
+        let old;
+        // SAFETY: the caller guarantees `p` is valid and aligned (arch::atomic).
+        unsafe { asm!(concat!("atom", $sem, $scope, ".", $op, ".", $ty, " {o}, [{p}], {v};"), o = out($reg) old, v = in($reg) $v, p = in(reg64) $p, options(nostack)) };
+        old
+    }};
+}
+macro_rules! cas {
+    ($p:ident, $c:ident, $n:ident, $ty:literal, $reg:ident, $sem:literal $scope:literal) => {{
+        let old;
+        // SAFETY: the caller guarantees `p` is valid and aligned (arch::atomic::compare_swap).
+        unsafe { asm!(concat!("atom", $sem, $scope, ".cas.", $ty, " {o}, [{p}], {c}, {n};"), o = out($reg) old, c = in($reg) $c, n = in($reg) $n, p = in(reg64) $p, options(nostack)) };
+        old
+    }};
+}
+macro_rules! red {
+    ($p:ident, $v:ident, $ty:literal, $reg:ident, $sem:literal $scope:literal) => {
+        // SAFETY: the caller guarantees `p` is valid and aligned (arch::atomic::red_add).
+        unsafe { asm!(concat!("red", $sem, $scope, ".add.", $ty, " [{p}], {v};"), v = in($reg) $v, p = in(reg64) $p, options(nostack)) }
+    };
+}
+macro_rules! fence_asm {
+    ($sem:literal $scope:literal) => {
+        // SAFETY: a fence has no operands; it only orders memory.
+        unsafe { asm!(concat!("fence", $sem, $scope, ";"), options(nostack)) }
+    };
+}
+
+macro_rules! rmw_orders {
+    ($order:expr, $scope:expr, $m:ident ! ( $($args:tt)* )) => {
+        match $order {
+            RmwOrder::Relaxed => scoped!($scope, $m!($($args)* ".relaxed")),
+            RmwOrder::Acquire => scoped!($scope, $m!($($args)* ".acquire")),
+            RmwOrder::Release => scoped!($scope, $m!($($args)* ".release")),
+            RmwOrder::AcqRel => scoped!($scope, $m!($($args)* ".acq_rel")),
+        }
+    };
+}
+
+macro_rules! word_impl {
+    ($t:ty, $reg:ident, $u:literal, $b:literal, $load:ident, $store:ident, $add:ident, $exch:ident, $cas:ident, $max:ident, $red:ident) => {
+        #[inline(always)]
+        pub(super) unsafe fn $load(p: *const $t, o: LoadOrder, s: Scope) -> $t {
+            match o {
+                LoadOrder::Relaxed => scoped!(s, ld!(p, $u, $reg, ".relaxed")),
+                LoadOrder::Acquire => scoped!(s, ld!(p, $u, $reg, ".acquire")),
+            }
+        }
+        #[inline(always)]
+        pub(super) unsafe fn $store(p: *mut $t, v: $t, o: StoreOrder, s: Scope) {
+            match o {
+                StoreOrder::Relaxed => scoped!(s, st!(p, v, $u, $reg, ".relaxed")),
+                StoreOrder::Release => scoped!(s, st!(p, v, $u, $reg, ".release")),
+            }
+        }
+        #[inline(always)]
+        pub(super) unsafe fn $add(p: *mut $t, v: $t, o: RmwOrder, s: Scope) -> $t {
+            rmw_orders!(o, s, rmw!(p, v, "add", $u, $reg,))
+        }
+        #[inline(always)]
+        pub(super) unsafe fn $exch(p: *mut $t, v: $t, o: RmwOrder, s: Scope) -> $t {
+            rmw_orders!(o, s, rmw!(p, v, "exch", $b, $reg,))
+        }
+        #[inline(always)]
+        pub(super) unsafe fn $cas(p: *mut $t, c: $t, n: $t, o: RmwOrder, s: Scope) -> $t {
+            rmw_orders!(o, s, cas!(p, c, n, $b, $reg,))
+        }
+        #[inline(always)]
+        pub(super) unsafe fn $max(p: *mut $t, v: $t, o: RmwOrder, s: Scope) -> $t {
+            rmw_orders!(o, s, rmw!(p, v, "max", $u, $reg,))
+        }
+        #[inline(always)]
+        pub(super) unsafe fn $red(p: *mut $t, v: $t, o: StoreOrder, s: Scope) {
+            match o {
+                StoreOrder::Relaxed => scoped!(s, red!(p, v, $u, $reg, ".relaxed")),
+                StoreOrder::Release => scoped!(s, red!(p, v, $u, $reg, ".release")),
+            }
+        }
+    };
+}
+
+word_impl!(u32, reg32, "u32", "b32", load_u32, store_u32, add_u32, exch_u32, cas_u32, max_u32, red_u32);
+word_impl!(u64, reg64, "u64", "b64", load_u64, store_u64, add_u64, exch_u64, cas_u64, max_u64, red_u64);
+
+#[inline(always)]
+pub(super) fn fence(o: FenceOrder, s: Scope) {
+    match o {
+        FenceOrder::AcqRel => scoped!(s, fence_asm!(".acq_rel")),
+        FenceOrder::SeqCst => scoped!(s, fence_asm!(".sc")),
+    }
+}
+
+// ---- vector memory ---------------------------------------------------------------------
+
+#[inline(always)]
+pub(super) unsafe fn load_v4(p: *const U32x4) -> U32x4 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees 16 valid, aligned global bytes at `p`.
+    unsafe {
+        asm!("ld.global.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+            p = in(reg64) p, options(nostack, readonly))
+    };
+    U32x4([a, b, c, d])
+}
+
+#[inline(always)]
+pub(super) unsafe fn load_v4_nc(p: *const U32x4) -> U32x4 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees 16 valid, aligned, read-only global bytes at `p`.
+    unsafe {
+        asm!("ld.global.nc.L1::no_allocate.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+            p = in(reg64) p, options(nostack, readonly, pure))
+    };
+    U32x4([a, b, c, d])
+}
+
+#[inline(always)]
+pub(super) unsafe fn store_v4(p: *mut U32x4, v: U32x4) {
+    let [a, b, c, d] = v.0;
+    // SAFETY: the caller guarantees 16 valid, aligned global bytes at `p`.
+    unsafe {
+        asm!("st.global.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};",
+            a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, d = in(reg32) d,
+            p = in(reg64) p, options(nostack))
+    }
+}
+
+#[inline(always)]
+pub(super) fn dynamic_shared_mem<T>() -> *mut T {
+    // The intrinsic gives the `.extern .shared` array sized by the launch.
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<U32x4>().cast()
+}
+
+// ---- warp ------------------------------------------------------------------------------
+
+pub(super) enum ShflMode {
+    Idx,
+    Down,
+    Up,
+    Xor,
+}
+
+macro_rules! shfl_asm {
+    ($mode:literal, $clamp:literal, $mask:ident, $v:ident, $b:ident) => {{
+        let r: u32;
+        // SAFETY: a warp shuffle; the caller's lanes in `mask` converge here
+        // (contract of arch::warp).
+        unsafe {
+            asm!(concat!("shfl.sync.", $mode, ".b32 {r}, {v}, {b}, ", $clamp, ", {m};"),
+                r = out(reg32) r, v = in(reg32) $v, b = in(reg32) $b, m = in(reg32) $mask,
+                options(nostack, nomem))
+        };
+        r
+    }};
+}
+
+#[inline(always)]
+pub(super) fn shfl(mode: ShflMode, mask: u32, v: u32, b: u32) -> u32 {
+    match mode {
+        ShflMode::Idx => shfl_asm!("idx", "0x1f", mask, v, b),
+        ShflMode::Down => shfl_asm!("down", "0x1f", mask, v, b),
+        ShflMode::Up => shfl_asm!("up", "0x0", mask, v, b),
+        ShflMode::Xor => shfl_asm!("bfly", "0x1f", mask, v, b),
+    }
+}
+
+#[inline(always)]
+pub(super) fn ballot(mask: u32, predicate: bool) -> u32 {
+    let r: u32;
+    let p = predicate as u32;
+    // SAFETY: a warp vote; lanes in `mask` converge here (contract of arch::warp).
+    unsafe {
+        asm!("{{ .reg .pred %bp; setp.ne.u32 %bp, {p}, 0; vote.sync.ballot.b32 {r}, %bp, {m}; }}",
+            r = out(reg32) r, p = in(reg32) p, m = in(reg32) mask, options(nostack, nomem))
+    };
+    r
+}
+
+#[inline(always)]
+pub(super) fn active_mask() -> u32 {
+    let r: u32;
+    // SAFETY: reads the mask of converged lanes; no memory effects.
+    unsafe { asm!("activemask.b32 {r};", r = out(reg32) r, options(nostack, nomem)) };
+    r
+}
+
+#[inline(always)]
+pub(super) fn sync_warp(mask: u32) {
+    // SAFETY: a warp barrier; lanes in `mask` converge here. Orders memory among them.
+    unsafe { asm!("bar.warp.sync {m};", m = in(reg32) mask, options(nostack)) }
+}

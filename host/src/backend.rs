@@ -1,0 +1,53 @@
+//! Backend selection: CUDA or the CPU emulator.
+
+use crate::{Error, Result};
+
+/// Where kernels run and device memory lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// An NVIDIA GPU through the CUDA driver API.
+    Cuda,
+    /// The CPU emulator: kernels on host threads, device memory in host memory.
+    Cpu,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Cuda => "cuda",
+            Backend::Cpu => "cpu",
+        })
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "cuda" | "gpu" => Ok(Backend::Cuda),
+            "cpu" | "emu" | "emulator" => Ok(Backend::Cpu),
+            other => Err(Error::InvalidArgument(format!(
+                "unknown backend `{other}`: use `cuda` or `cpu` (FERROLINK_BACKEND)"
+            ))),
+        }
+    }
+}
+
+impl Backend {
+    /// The backend to use by default: `FERROLINK_BACKEND` (`cuda`, `cpu` or `auto`) if set,
+    /// else [`Backend::Cuda`] when a driver and GPU are present, else [`Backend::Cpu`].
+    pub fn from_env() -> Result<Backend> {
+        match std::env::var("FERROLINK_BACKEND") {
+            Ok(v) if !v.is_empty() && v != "auto" => v.parse(),
+            _ => Ok(if crate::cuda::availability().is_ok() { Backend::Cuda } else { Backend::Cpu }),
+        }
+    }
+
+    /// Whether this backend can be used on this machine; the error says why not.
+    pub fn check_available(self) -> Result<()> {
+        match self {
+            Backend::Cpu => Ok(()),
+            Backend::Cuda => crate::cuda::availability(),
+        }
+    }
+}

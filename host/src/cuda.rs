@@ -1,0 +1,327 @@
+//! The CUDA layer: the driver calls ferrolink uses, as small RAII types over cudarc's
+//! `result`/`sys` bindings. All unsafe FFI of the crate lives here; everything above it is
+//! safe. The driver library is loaded at run time, so this builds and links on machines
+//! without CUDA; [`availability`] says up front whether it can be used.
+
+use crate::error::cuda_err;
+use crate::{Error, Result};
+use cudarc::driver::{result, sys};
+use std::ffi::{CString, c_void};
+use std::sync::OnceLock;
+
+/// Whether the CUDA backend can be used: the driver library loads, `cuInit` succeeds and at
+/// least one GPU is visible. Checked once per process.
+pub fn availability() -> Result<()> {
+    static AVAILABLE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    AVAILABLE
+        .get_or_init(|| {
+            // SAFETY: only probes whether the shared library can be loaded.
+            if !unsafe { sys::is_culib_present() } {
+                return Err("the CUDA driver library (libcuda.so) was not found".into());
+            }
+            result::init().map_err(|e| format!("cuInit failed: {e:?}"))?;
+            match result::device::get_count() {
+                Ok(0) => Err("the CUDA driver sees no GPU".into()),
+                Ok(_) => Ok(()),
+                Err(e) => Err(format!("cuDeviceGetCount failed: {e:?}")),
+            }
+        })
+        .clone()
+        .map_err(Error::CudaUnavailable)
+}
+
+/// A GPU and its retained primary context.
+#[derive(Debug)]
+pub struct CudaDevice {
+    ordinal: usize,
+    device: sys::CUdevice,
+    context: sys::CUcontext,
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    /// The device's name.
+    pub name: String,
+}
+
+// SAFETY: CUdevice is an integer and CUcontext a handle the driver lets any thread make
+// current; every use goes through `bind`, which makes it current on the calling thread.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above; the driver API is thread-safe.
+unsafe impl Sync for CudaDevice {}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal` and retains its primary context.
+    pub fn open(ordinal: usize) -> Result<CudaDevice> {
+        availability()?;
+        let count = result::device::get_count().map_err(cuda_err("cuDeviceGetCount"))? as usize;
+        if ordinal >= count {
+            return Err(Error::InvalidArgument(format!(
+                "GPU ordinal {ordinal} does not exist: the driver sees {count} GPU(s)"
+            )));
+        }
+        let device = result::device::get(ordinal as i32).map_err(cuda_err("cuDeviceGet"))?;
+        // SAFETY: `device` is a valid handle from cuDeviceGet.
+        let context = unsafe { result::primary_ctx::retain(device) }.map_err(cuda_err("cuDevicePrimaryCtxRetain"))?;
+        let attr = |a| {
+            // SAFETY: `device` is valid; attribute queries have no side effects.
+            unsafe { result::device::get_attribute(device, a) }.map_err(cuda_err("cuDeviceGetAttribute"))
+        };
+        use sys::CUdevice_attribute as A;
+        let sm_count = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as u32;
+        let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as u32;
+        let name = result::device::get_name(device).map_err(cuda_err("cuDeviceGetName"))?;
+        let dev = CudaDevice { ordinal, device, context, sm_count, compute_capability: (major, minor), name };
+        dev.bind()?;
+        Ok(dev)
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Makes this device's context current on the calling thread (cheap; done before every call).
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: the context is retained for the lifetime of `self`.
+        unsafe { result::ctx::set_current(self.context) }.map_err(cuda_err("cuCtxSetCurrent"))
+    }
+
+    /// Waits for all work on the device (`cuCtxSynchronize`).
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        result::ctx::synchronize().map_err(cuda_err("cuCtxSynchronize"))
+    }
+
+    /// Allocates `bytes` of device memory (`cuMemAlloc`, 256-byte aligned).
+    pub fn malloc(&self, bytes: usize) -> Result<sys::CUdeviceptr> {
+        self.bind()?;
+        // SAFETY: a plain allocation in the current context.
+        unsafe { result::malloc_sync(bytes.max(1)) }.map_err(cuda_err("cuMemAlloc"))
+    }
+
+    /// Frees memory from [`CudaDevice::malloc`].
+    ///
+    /// # Safety
+    /// `ptr` came from `malloc` on this device, is not freed twice, and no pending work uses it.
+    pub unsafe fn free(&self, ptr: sys::CUdeviceptr) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller's contract.
+        unsafe { result::free_sync(ptr) }.map_err(cuda_err("cuMemFree"))
+    }
+
+    /// Fills `bytes` bytes at `dst` with zeros, synchronously.
+    ///
+    /// # Safety
+    /// `dst` is valid device memory for `bytes` bytes with no pending work on it.
+    pub unsafe fn memset_zero(&self, dst: sys::CUdeviceptr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller's contract.
+        unsafe { result::memset_d8_sync(dst, 0, bytes) }.map_err(cuda_err("cuMemsetD8"))
+    }
+
+    /// Copies host bytes to device memory, synchronously.
+    ///
+    /// # Safety
+    /// `dst` is valid device memory for `src.len()` bytes with no pending work on it.
+    pub unsafe fn htod(&self, dst: sys::CUdeviceptr, src: &[u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller's contract; `src` is a valid host slice.
+        unsafe { result::memcpy_htod_sync(dst, src) }.map_err(cuda_err("cuMemcpyHtoD"))
+    }
+
+    /// Copies device memory to host bytes, synchronously.
+    ///
+    /// # Safety
+    /// `src` is valid device memory for `dst.len()` bytes with no pending writes.
+    pub unsafe fn dtoh(&self, dst: &mut [u8], src: sys::CUdeviceptr) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller's contract; `dst` is a valid host slice.
+        unsafe { result::memcpy_dtoh_sync(dst, src) }.map_err(cuda_err("cuMemcpyDtoH"))
+    }
+
+    /// Creates a non-blocking stream (no implicit synchronization with the legacy default
+    /// stream, so kernels of different ranks can run at the same time).
+    pub fn create_stream(&self) -> Result<RawStream> {
+        self.bind()?;
+        let stream =
+            result::stream::create(result::stream::StreamKind::NonBlocking).map_err(cuda_err("cuStreamCreate"))?;
+        Ok(RawStream(stream))
+    }
+
+    /// Loads a PTX module (JIT-compiled by the driver for this GPU).
+    pub fn load_ptx(&self, ptx: &str) -> Result<RawModule> {
+        self.bind()?;
+        let image = CString::new(ptx).map_err(|_| Error::InvalidArgument("PTX text contains a NUL byte".into()))?;
+        // SAFETY: `image` is a NUL-terminated PTX string, alive during the call.
+        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            .map_err(cuda_err("cuModuleLoadData"))?;
+        Ok(RawModule(module))
+    }
+
+    /// Creates an event that records time.
+    pub fn create_event(&self) -> Result<RawEvent> {
+        self.bind()?;
+        let e = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(cuda_err("cuEventCreate"))?;
+        Ok(RawEvent(e))
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // SAFETY: releases the retain taken in `open`; nothing uses the context afterwards
+        // (all objects holding the device hold it through an Arc).
+        let _ = unsafe { result::primary_ctx::release(self.device) };
+    }
+}
+
+/// A CUDA stream, destroyed on drop.
+#[derive(Debug)]
+pub struct RawStream(pub(crate) sys::CUstream);
+// SAFETY: stream handles may be used from any thread with the context current.
+unsafe impl Send for RawStream {}
+// SAFETY: as above; the driver serializes operations on a stream.
+unsafe impl Sync for RawStream {}
+
+impl RawStream {
+    /// Waits for the stream's work.
+    pub fn synchronize(&self, dev: &CudaDevice) -> Result<()> {
+        dev.bind()?;
+        // SAFETY: the stream is alive.
+        unsafe { result::stream::synchronize(self.0) }.map_err(cuda_err("cuStreamSynchronize"))
+    }
+
+    /// Enqueues a device-to-device copy.
+    ///
+    /// # Safety
+    /// Both ranges are valid device memory of `bytes` bytes until the copy has run.
+    pub unsafe fn memcpy_dtod(
+        &self,
+        dev: &CudaDevice,
+        dst: sys::CUdeviceptr,
+        src: sys::CUdeviceptr,
+        bytes: usize,
+    ) -> Result<()> {
+        dev.bind()?;
+        // SAFETY: the caller's contract.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.0) }.map_err(cuda_err("cuMemcpyDtoDAsync"))
+    }
+
+    /// Enqueues a byte fill.
+    ///
+    /// # Safety
+    /// `dst` is valid device memory of `bytes` bytes until the fill has run.
+    pub unsafe fn memset_d8(&self, dev: &CudaDevice, dst: sys::CUdeviceptr, value: u8, bytes: usize) -> Result<()> {
+        dev.bind()?;
+        // SAFETY: the caller's contract.
+        unsafe { result::memset_d8_async(dst, value, bytes, self.0) }.map_err(cuda_err("cuMemsetD8Async"))
+    }
+
+    /// Enqueues a kernel launch.
+    ///
+    /// # Safety
+    /// `func` is from a loaded module; `params` point to values whose types and layout match
+    /// the kernel's parameters; the kernel's own contract holds.
+    pub unsafe fn launch(
+        &self,
+        dev: &CudaDevice,
+        func: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_mem_bytes: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        dev.bind()?;
+        if shared_mem_bytes > 48 * 1024 {
+            // SAFETY: `func` is valid; raising the dynamic shared memory limit has no other effect.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    func,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared_mem_bytes as i32,
+                )
+            }
+            .result()
+            .map_err(cuda_err("cuFuncSetAttribute"))?;
+        }
+        // SAFETY: the caller's contract.
+        unsafe { result::launch_kernel(func, grid, block, shared_mem_bytes, self.0, params) }
+            .map_err(cuda_err("cuLaunchKernel"))
+    }
+}
+
+impl Drop for RawStream {
+    fn drop(&mut self) {
+        // SAFETY: the stream is not used after this; pending work completes in the driver.
+        let _ = unsafe { result::stream::destroy(self.0) };
+    }
+}
+
+/// A loaded module, unloaded on drop.
+#[derive(Debug)]
+pub struct RawModule(sys::CUmodule);
+// SAFETY: module handles may be used from any thread with the context current.
+unsafe impl Send for RawModule {}
+// SAFETY: as above.
+unsafe impl Sync for RawModule {}
+
+impl RawModule {
+    /// Looks up a kernel entry by name.
+    pub fn function(&self, dev: &CudaDevice, name: &str) -> Result<sys::CUfunction> {
+        dev.bind()?;
+        let cname = CString::new(name).map_err(|_| Error::KernelNotFound(name.into()))?;
+        // SAFETY: the module is loaded.
+        unsafe { result::module::get_function(self.0, cname) }.map_err(|e| {
+            if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_FOUND {
+                Error::KernelNotFound(name.into())
+            } else {
+                Error::Cuda { call: "cuModuleGetFunction", source: e }
+            }
+        })
+    }
+}
+
+impl Drop for RawModule {
+    fn drop(&mut self) {
+        // SAFETY: kernels launched from the module hold the module's owner alive until they
+        // were synchronized (Module's drop synchronizes the device first).
+        let _ = unsafe { result::module::unload(self.0) };
+    }
+}
+
+/// A CUDA event, destroyed on drop.
+#[derive(Debug)]
+pub struct RawEvent(sys::CUevent);
+// SAFETY: event handles may be used from any thread with the context current.
+unsafe impl Send for RawEvent {}
+// SAFETY: as above.
+unsafe impl Sync for RawEvent {}
+
+impl RawEvent {
+    /// Records the event on `stream`.
+    pub fn record(&self, dev: &CudaDevice, stream: &RawStream) -> Result<()> {
+        dev.bind()?;
+        // SAFETY: both handles are alive.
+        unsafe { result::event::record(self.0, stream.0) }.map_err(cuda_err("cuEventRecord"))
+    }
+    /// Milliseconds from `start` to `self`; waits for `self` first.
+    pub fn elapsed_ms_since(&self, dev: &CudaDevice, start: &RawEvent) -> Result<f32> {
+        dev.bind()?;
+        // SAFETY: both events are alive.
+        unsafe {
+            result::event::synchronize(self.0).map_err(cuda_err("cuEventSynchronize"))?;
+            result::event::elapsed(start.0, self.0).map_err(cuda_err("cuEventElapsedTime"))
+        }
+    }
+}
+
+impl Drop for RawEvent {
+    fn drop(&mut self) {
+        // SAFETY: the event is not used after this.
+        let _ = unsafe { result::event::destroy(self.0) };
+    }
+}

@@ -1,0 +1,48 @@
+//! The crate's one error type.
+
+use cudarc::driver::DriverError;
+use ferrolink_device::emulator::EmuError;
+
+/// Everything that can go wrong in ferrolink's host API.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum Error {
+    /// CUDA was asked for (or needed) but no usable driver or GPU is present.
+    #[error(
+        "CUDA backend unavailable: {0}. Use the CPU emulator (FERROLINK_BACKEND=cpu), or run on a \
+         machine with an NVIDIA driver and GPU"
+    )]
+    CudaUnavailable(String),
+    /// A CUDA driver call returned an error.
+    #[error("CUDA driver call {call} failed: {source:?}")]
+    Cuda {
+        /// The driver function.
+        call: &'static str,
+        /// The driver's error code.
+        source: DriverError,
+    },
+    /// A kernel failed on the CPU emulator (timeout, panic, trap, invalid launch).
+    #[error(transparent)]
+    Emulator(#[from] EmuError),
+    /// An argument was invalid; the message says which and why.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A kernel's entry was not found in the module it was launched from.
+    #[error(
+        "kernel `{0}` is not in this module: launch it from the module built from the device \
+         crate that declares it"
+    )]
+    KernelNotFound(String),
+    /// An earlier operation on this stream failed; the stream stays failed.
+    #[error("an earlier operation on this stream failed: {0}")]
+    StreamFailed(String),
+    /// Objects from different devices were mixed.
+    #[error("{0} belongs to a different device than the stream or buffer it was used with")]
+    WrongDevice(&'static str),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) fn cuda_err(call: &'static str) -> impl FnOnce(DriverError) -> Error {
+    move |source| Error::Cuda { call, source }
+}

@@ -1,0 +1,57 @@
+//! Running one test body on every available backend.
+//!
+//! Device tests call [`for_each_backend`]: the body always runs on the CPU emulator, and on
+//! CUDA when a driver and GPU are present. When CUDA is absent the helper prints why it
+//! skipped; with `FERROLINK_REQUIRE_GPU=1` a missing GPU fails the test instead.
+//! `FERROLINK_TEST_BACKENDS=cpu|cuda|all` (default `all`) narrows the set.
+//!
+//! ```
+//! ferrolink::testing::for_each_backend("alloc_is_zeroed", |dev| {
+//!     let b = dev.alloc::<u32>(8)?;
+//!     assert_eq!(b.to_vec()?, vec![0; 8]);
+//!     Ok(())
+//! });
+//! ```
+
+use crate::{Backend, Device, Result};
+
+/// The backends a test should run on here, with the reason for any that is skipped.
+pub fn test_backends() -> (Vec<Backend>, Vec<(Backend, String)>) {
+    let wanted = std::env::var("FERROLINK_TEST_BACKENDS").unwrap_or_else(|_| "all".into());
+    let mut run = Vec::new();
+    let mut skipped = Vec::new();
+    if wanted == "all" || wanted == "cpu" {
+        run.push(Backend::Cpu);
+    }
+    if wanted == "all" || wanted == "cuda" {
+        match Backend::Cuda.check_available() {
+            Ok(()) => run.push(Backend::Cuda),
+            Err(e) => skipped.push((Backend::Cuda, e.to_string())),
+        }
+    }
+    (run, skipped)
+}
+
+/// Whether `FERROLINK_REQUIRE_GPU=1` is set.
+pub fn gpu_required() -> bool {
+    std::env::var("FERROLINK_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// Runs `body` on device 0 of each backend from [`test_backends`]. Panics (failing the
+/// test) if the body returns an error, or if CUDA is missing under `FERROLINK_REQUIRE_GPU=1`.
+pub fn for_each_backend(test: &str, body: impl Fn(&Device) -> Result<()>) {
+    let (run, skipped) = test_backends();
+    for (backend, why) in skipped {
+        if gpu_required() {
+            panic!("{test}: FERROLINK_REQUIRE_GPU=1 but the {backend} backend is unavailable: {why}");
+        }
+        println!("{test}: skipped on {backend}: {why}");
+    }
+    for backend in run {
+        let dev = Device::open_with(backend, 0).unwrap_or_else(|e| panic!("{test}: opening {backend} device: {e}"));
+        if let Err(e) = body(&dev) {
+            panic!("{test} failed on the {backend} backend: {e}");
+        }
+        println!("{test}: passed on {backend}");
+    }
+}

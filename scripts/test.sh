@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test command: formatting, the PTX build with its checks and ptxas assembly for sm_90,
+# clippy, and every test (device tests on the CPU emulator here; on CUDA too where a GPU is).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+source scripts/setup.sh
+export FERROLINK_REQUIRE_PTXAS=1
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+echo "== build (device crate -> PTX, extern/entry checks, ptxas -arch=sm_90)"
+FERROLINK_PRINT_PTX_RESOURCES=1 cargo build --workspace --all-targets 2>&1 | grep -v '^\s*Compiling' || true
+cargo build --workspace --all-targets --quiet
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test"
+cargo test --workspace 2>&1
