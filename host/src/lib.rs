@@ -35,6 +35,7 @@ pub mod error;
 pub mod launch;
 pub mod memory;
 pub mod ops;
+pub mod perf;
 pub mod stream;
 pub mod testing;
 

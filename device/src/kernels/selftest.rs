@@ -210,6 +210,20 @@ kernel! {
     }
 }
 
+kernel! {
+    /// Thread 0 raises `flag` to `value` with a release store at system scope: the signal
+    /// [`selftest_wait_flag`] waits for, sent from another stream (another rank).
+    ///
+    /// # Safety
+    /// `flag` is a valid word.
+    pub unsafe fn selftest_signal(flag: *mut u32, value: u32) {
+        if arch::global_thread_idx_x() == 0 {
+            // SAFETY: `flag` is valid (kernel contract).
+            unsafe { atomic::store(flag, value, StoreOrder::Release, Scope::Sys) };
+        }
+    }
+}
+
 /// [`selftest_wait_flag`] status: the flag reached the target.
 pub const WAIT_SEEN: u32 = 1;
 /// [`selftest_wait_flag`] status: the device-side timeout passed first.

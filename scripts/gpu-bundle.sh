@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds the GPU test bundle: release, stripped test binaries, examples and the perf tool,
+# plus run.sh, into gpu-bundle/ (git-ignored, kept under the device tool's 64 MiB limit).
+# docs/gpu-testing.md shows the `device` call that carries and runs it on the H200.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+source scripts/setup.sh
+export FERROLINK_REQUIRE_PTXAS=1
+bundle="$root/gpu-bundle"
+rm -rf "$bundle" && mkdir -p "$bundle/bin"
+
+# Test executables of the workspace's integration tests, as cargo reports them.
+cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"] \
+       and m["profile"]["test"]:
+        print(m["target"]["name"], m["executable"])
+' | while read -r name exe; do cp "$exe" "$bundle/bin/test-$name"; done
+
+cargo build --release --workspace --bins --examples --quiet
+cp target/release/ferrolink-perf "$bundle/bin/"
+for ex in target/release/examples/*; do
+  case "$ex" in *.d|*-*) continue ;; esac
+  [ -x "$ex" ] && [ -f "$ex" ] && cp "$ex" "$bundle/bin/example-$(basename "$ex")"
+done
+strip "$bundle"/bin/*
+cp scripts/gpu-run.sh "$bundle/run.sh"
+git rev-parse --short HEAD > "$bundle/COMMIT" 2>/dev/null || echo unknown > "$bundle/COMMIT"
+git diff --quiet 2>/dev/null || echo "(+ uncommitted changes)" >> "$bundle/COMMIT"
+du -sh "$bundle"
+ls -la "$bundle/bin"
+total=$(du -sb "$bundle" | cut -f1)
+if [ "$total" -gt $((60 * 1024 * 1024)) ]; then
+  echo "gpu-bundle is $total bytes: over the 60 MiB budget (device tool limit 64 MiB)" >&2
+  exit 1
+fi

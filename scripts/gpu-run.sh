@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs the GPU bundle on the GPU machine: every test binary on CUDA (a missing GPU fails),
+# every example, then the perf suite. Logs and summary.txt go to $OUT (or ./gpu-out).
+#   PERF=0 skips the perf suite; TESTS=0 skips the tests; PERF_ARGS adds perf arguments.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+out="${OUT:-$here/gpu-out}"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+export FERROLINK_REQUIRE_GPU=1
+export FERROLINK_TEST_BACKENDS="${FERROLINK_TEST_BACKENDS:-cuda}"
+summary="$out/summary.txt"
+{
+  echo "bundle commit: $(cat "$here/COMMIT")"
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -n 4
+} > "$summary"
+status=0
+if [ "${TESTS:-1}" = 1 ]; then
+  for t in "$here"/bin/test-*; do
+    name="$(basename "$t")"
+    start=$(date +%s%N)
+    if "$t" --test-threads=4 > "$out/$name.log" 2>&1; then res=PASS; else res=FAIL; status=1; fi
+    ms=$(( ($(date +%s%N) - start) / 1000000 ))
+    line=$(grep -E "^test result:" "$out/$name.log" | tail -n1)
+    echo "$res $name (${ms} ms): $line" | tee -a "$summary"
+    [ "$res" = FAIL ] && grep -E "panicked|FAILED|failed on" "$out/$name.log" | head -n 20 | tee -a "$summary"
+  done
+  for e in "$here"/bin/example-*; do
+    [ -e "$e" ] || continue
+    name="$(basename "$e")"
+    if timeout 120 "$e" > "$out/$name.log" 2>&1; then res=PASS; else res=FAIL; status=1; fi
+    echo "$res $name: $(tail -n1 "$out/$name.log")" | tee -a "$summary"
+  done
+fi
+if [ "${PERF:-1}" = 1 ]; then
+  echo "== ferrolink-perf copy ${PERF_ARGS:-}" | tee -a "$summary"
+  "$here/bin/ferrolink-perf" copy ${PERF_ARGS:-} 2>&1 | tee -a "$out/perf.log" | tee -a "$summary" || status=1
+fi
+echo "exit status: $status" | tee -a "$summary"
+exit $status
