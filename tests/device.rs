@@ -150,17 +150,26 @@ fn contended_counters_reach_exact_totals() {
     });
 }
 
-fn expected_warp_words(block: usize, thread: usize) -> [u32; WARP_TEST_WORDS] {
+/// The words `selftest_warp` must write for `thread`; `None` where PTX leaves it unspecified.
+fn expected_warp_words(block: usize, thread: usize) -> [Option<u32>; WARP_TEST_WORDS] {
     let warp = thread / 32;
     let lane = (thread % 32) as u32;
     let lanes = (block - warp * 32).min(32) as u32;
     let present = if lanes == 32 { u32::MAX } else { (1u32 << lanes) - 1 };
     let ballot = (0..lanes).filter(|l| l % 3 == 0).fold(0u32, |m, l| m | (1 << l));
-    let down = if lane + 1 < lanes { lane + 1 } else { lane };
+    // A source lane past 31 yields the caller's own value; a source lane that does not exist
+    // in a partial warp yields an unspecified value (the H200 returned 0): not checked.
+    let down = if lane + 1 < lanes {
+        Some(lane + 1)
+    } else if lane + 1 > 31 {
+        Some(lane)
+    } else {
+        None
+    };
     let up = if lane >= 2 { lane - 2 } else { lane };
     let sum = if lanes == 32 { (0..32).sum() } else { u32::MAX };
     let b64 = if lanes > 3 { 5 + 3 * 256 } else { 5 + (lane << 8) };
-    [100, ballot, present, down, up, sum, warp as u32, b64]
+    [Some(100), Some(ballot), Some(present), down, Some(up), Some(sum), Some(warp as u32), Some(b64)]
 }
 
 #[test]
@@ -184,7 +193,8 @@ fn warp_operations_in_full_and_partial_warps() {
             for t in 0..threads {
                 let want = expected_warp_words(block as usize, t % block as usize);
                 let have = &got[t * WARP_TEST_WORDS..(t + 1) * WARP_TEST_WORDS];
-                check(have == want, || format!("block {block}, thread {t}: got {have:?}, want {want:?}"))?;
+                let ok = have.iter().zip(&want).all(|(h, w)| w.is_none_or(|w| *h == w));
+                check(ok, || format!("block {block}, thread {t}: got {have:?}, want {want:?}"))?;
             }
         }
         Ok(())

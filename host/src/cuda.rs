@@ -121,17 +121,24 @@ impl CudaDevice {
         }
         self.bind()?;
         // SAFETY: the caller's contract.
-        unsafe { result::memset_d8_sync(dst, 0, bytes) }.map_err(cuda_err("cuMemsetD8"))
+        unsafe { result::memset_d8_sync(dst, 0, bytes) }.map_err(cuda_err("cuMemsetD8"))?;
+        // cuMemsetD8 may return before the fill is done, and it is ordered only with the
+        // legacy default stream, not with our non-blocking streams: wait for it.
+        self.synchronize()
     }
 
-    /// Copies host bytes to device memory, synchronously.
+    /// Copies host bytes to device memory; the data has landed when it returns.
     ///
     /// # Safety
     /// `dst` is valid device memory for `src.len()` bytes with no pending work on it.
     pub unsafe fn htod(&self, dst: sys::CUdeviceptr, src: &[u8]) -> Result<()> {
         self.bind()?;
         // SAFETY: the caller's contract; `src` is a valid host slice.
-        unsafe { result::memcpy_htod_sync(dst, src) }.map_err(cuda_err("cuMemcpyHtoD"))
+        unsafe { result::memcpy_htod_sync(dst, src) }.map_err(cuda_err("cuMemcpyHtoD"))?;
+        // From pageable memory, cuMemcpyHtoD returns once the data is staged, possibly before
+        // the DMA lands, and only the legacy default stream is ordered after it: kernels on
+        // our non-blocking streams could read stale bytes (seen on the H200). Wait for it.
+        self.synchronize()
     }
 
     /// Copies device memory to host bytes, synchronously.

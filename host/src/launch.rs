@@ -155,7 +155,18 @@ impl Module {
             return Err(Error::InvalidArgument("the PTX declares no kernel entry (.entry)".into()));
         }
         let imp = match &dev.0.imp {
-            DeviceImpl::Cuda(d) => ModuleImpl::Cuda { module: d.load_ptx(ptx)?, functions: Mutex::new(HashMap::new()) },
+            DeviceImpl::Cuda(d) => {
+                let module = d.load_ptx(ptx)?;
+                // Resolve every entry now. Under CUDA's lazy loading (the default since 12.2) a
+                // function is loaded onto the GPU on first lookup, and that load can wait for
+                // running kernels: a kernel launched to signal a running kernel would deadlock
+                // behind it (seen on the H200: the waiter timed out first).
+                let mut functions = HashMap::new();
+                for name in &entries {
+                    functions.insert(name.clone(), CudaFunction(module.function(d, name)?));
+                }
+                ModuleImpl::Cuda { module, functions: Mutex::new(functions) }
+            }
             DeviceImpl::Cpu(_) => ModuleImpl::Cpu,
         };
         Ok(Module { dev: dev.clone(), imp, entries })

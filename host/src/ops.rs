@@ -6,6 +6,7 @@ use crate::memory::DeviceBuffer;
 use crate::stream::Stream;
 use crate::{Backend, Error, Result};
 use bytemuck::Pod;
+use ferrolink_device::kernel::Kernel;
 use ferrolink_device::kernels::copy::ferrolink_copy;
 
 /// The launch shape [`copy`] uses on `dev` for `bytes` bytes: on a GPU, 4 CTAs of 512 threads
@@ -34,7 +35,7 @@ pub fn copy<T: Pod>(stream: &Stream, dst: &mut DeviceBuffer<T>, src: &DeviceBuff
         )));
     }
     let cfg = copy_launch_config(stream.device(), src.bytes());
-    copy_raw(stream, dst.addr(), dst.device(), src.addr(), src.device(), src.bytes(), cfg)
+    copy_raw(stream, &ferrolink_copy, dst.addr(), dst.device(), src.addr(), src.device(), src.bytes(), cfg)
 }
 
 /// Copies `bytes` bytes from `src[src_offset..]` to `dst[dst_offset..]` with the copy kernel
@@ -59,6 +60,7 @@ pub fn copy_bytes_with(
     }
     copy_raw(
         stream,
+        &ferrolink_copy,
         dst.addr() + dst_offset as u64,
         dst.device(),
         src.addr() + src_offset as u64,
@@ -81,8 +83,15 @@ pub fn copy_bytes(
     copy_bytes_with(stream, dst, dst_offset, src, src_offset, bytes, cfg)
 }
 
-fn copy_raw(
+/// A kernel with the copy kernel's signature and contract.
+pub(crate) type CopyKernel = Kernel<(*mut u8, *const u8, usize)>;
+
+/// Launches `kernel`, which must have [`ferrolink_copy`]'s contract (only the built-in copy
+/// kernel and its variants are passed here), after the callers' bounds checks.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy_raw(
     stream: &Stream,
+    kernel: &CopyKernel,
     dst: u64,
     dst_dev: &Device,
     src: u64,
@@ -100,5 +109,5 @@ fn copy_raw(
     // SAFETY: both ranges were bounds-checked against live buffers of this device; they do
     // not overlap (distinct allocations, `&mut` excludes aliasing); buffers outlive the
     // kernel because dropping one synchronizes the device, and host access synchronizes first.
-    unsafe { stream.launch(module, &ferrolink_copy, cfg, (dst as *mut u8, src as *const u8, bytes)) }
+    unsafe { stream.launch(module, kernel, cfg, (dst as *mut u8, src as *const u8, bytes)) }
 }

@@ -61,39 +61,51 @@ fn time_gbps(
 }
 
 /// Copy kernel vs `cuMemcpyDtoD` on `bytes` bytes: `trials` alternating trials of `iters`
-/// copies each, medians reported. With `sweep`, also other launch shapes.
+/// copies each, medians reported. With `sweep`, also the copy kernel's variants
+/// ([`ferrolink_device::kernels::copy::variants`]) across launch shapes.
 pub fn copy_bench(dev: &Device, bytes: usize, iters: usize, trials: usize, sweep: bool) -> Result<CopyReport> {
+    use ferrolink_device::kernels::copy::{ferrolink_copy, variants};
     let src: DeviceBuffer<u8> = dev.alloc_from(&(0..bytes).map(|i| (i * 131 % 251) as u8).collect::<Vec<u8>>())?;
-    let mut dst: DeviceBuffer<u8> = dev.alloc(bytes)?;
+    let dst: DeviceBuffer<u8> = dev.alloc(bytes)?;
+    let run = |s: &crate::Stream, k: &ops::CopyKernel, cfg: LaunchConfig| {
+        ops::copy_raw(s, k, dst.addr(), dst.device(), src.addr(), src.device(), bytes, cfg)
+    };
     let default_cfg = ops::copy_launch_config(dev, bytes);
     let (mut base, mut kern) = (Vec::new(), Vec::new());
     for _ in 0..trials.max(1) {
-        base.push(time_gbps(dev, bytes, iters, |s| s.copy_buffer(&mut dst, &src))?);
-        kern.push(time_gbps(dev, bytes, iters, |s| ops::copy_bytes_with(s, &mut dst, 0, &src, 0, bytes, default_cfg))?);
+        // The driver copy gets its own buffers' addresses through the same raw path.
+        base.push(time_gbps(dev, bytes, iters, |s| s.copy_raw_dtod(dst.addr(), src.addr(), bytes))?);
+        kern.push(time_gbps(dev, bytes, iters, |s| run(s, &ferrolink_copy, default_cfg))?);
     }
     let mut figures = Vec::new();
     if sweep {
         let sms = dev.sm_count();
-        for (per_sm, threads) in [(1u32, 1024u32), (2, 512), (2, 1024), (4, 256), (8, 256), (8, 512), (16, 256)] {
-            let cfg = LaunchConfig::linear(sms * per_sm, threads);
-            if cfg == default_cfg {
-                continue;
+        let kernels: [(&str, &ops::CopyKernel); 5] = [
+            ("ferrolink_copy", &ferrolink_copy),
+            ("unroll8", &variants::copy_variant_unroll8),
+            ("unroll4_streaming", &variants::copy_variant_unroll4_streaming),
+            ("unroll8_streaming", &variants::copy_variant_unroll8_streaming),
+            ("cta_chunks", &variants::copy_variant_cta_chunks),
+        ];
+        for (name, kernel) in kernels {
+            for (per_sm, threads) in [(1u32, 1024u32), (2, 512), (4, 512), (8, 256), (16, 256)] {
+                let cfg = LaunchConfig::linear(sms * per_sm, threads);
+                let mut v = Vec::new();
+                for _ in 0..trials.max(1) {
+                    v.push(time_gbps(dev, bytes, iters, |s| run(s, kernel, cfg))?);
+                }
+                figures.push(CopyFigure {
+                    method: format!("{name} {}x{}", cfg.grid.0, cfg.block.0),
+                    gbps: median(&mut v),
+                });
             }
-            let mut v = Vec::new();
-            for _ in 0..trials.max(1) {
-                v.push(time_gbps(dev, bytes, iters, |s| ops::copy_bytes_with(s, &mut dst, 0, &src, 0, bytes, cfg))?);
-            }
-            figures.push(CopyFigure {
-                method: format!("copy kernel {}x{}", cfg.grid.0, cfg.block.0),
-                gbps: median(&mut v),
-            });
         }
     }
     Ok(CopyReport {
         bytes,
         baseline: CopyFigure { method: "cuMemcpyDtoD".into(), gbps: median(&mut base) },
         kernel: CopyFigure {
-            method: format!("copy kernel {}x{}", default_cfg.grid.0, default_cfg.block.0),
+            method: format!("ferrolink_copy {}x{}", default_cfg.grid.0, default_cfg.block.0),
             gbps: median(&mut kern),
         },
         sweep: figures,

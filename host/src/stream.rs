@@ -125,15 +125,20 @@ impl Stream {
                 src.len()
             )));
         }
-        let bytes = src.bytes();
-        let (d_addr, s_addr) = (dst.addr(), src.addr());
+        // `&mut dst` keeps the host off it; dropping either buffer waits for the copy.
+        self.copy_raw_dtod(dst.addr(), src.addr(), src.bytes())
+    }
+
+    /// `copy_buffer` on raw addresses, for the perf module's baseline (same buffers as the
+    /// kernel it is compared with).
+    pub(crate) fn copy_raw_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         match (&self.imp, &self.dev.0.imp) {
-            // SAFETY: both buffers hold `bytes` bytes and outlive the copy (dropping a buffer
-            // synchronizes the device); `&mut dst` excludes the host from it meanwhile.
-            (StreamImpl::Cuda(s), DeviceImpl::Cuda(d)) => unsafe { s.memcpy_dtod(d, d_addr, s_addr, bytes) },
+            // SAFETY: crate-internal; callers pass ranges inside live buffers of this device
+            // that outlive the copy (they synchronize before dropping them).
+            (StreamImpl::Cuda(s), DeviceImpl::Cuda(d)) => unsafe { s.memcpy_dtod(d, dst, src, bytes) },
             (StreamImpl::Cpu(s), _) => s.enqueue(Box::new(move || {
-                // SAFETY: as above; two distinct allocations cannot overlap.
-                unsafe { std::ptr::copy_nonoverlapping(s_addr as *const u8, d_addr as *mut u8, bytes) };
+                // SAFETY: as above; distinct allocations.
+                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };
                 Ok(())
             })),
             _ => unreachable!("stream and device backends agree"),

@@ -144,6 +144,11 @@ pub(super) unsafe fn store_v4(p: *mut U32x4, v: U32x4) {
     unsafe { p.write(v) }
 }
 
+pub(super) unsafe fn store_v4_cs(p: *mut U32x4, v: U32x4) {
+    // SAFETY: the caller guarantees 16 valid, aligned bytes with no concurrent access.
+    unsafe { p.write(v) }
+}
+
 pub(super) fn dynamic_shared_mem<T>() -> *mut T {
     emulator::dynamic_shared_mem().cast()
 }

@@ -29,6 +29,17 @@ pub unsafe fn store_v4(p: *mut U32x4, v: U32x4) {
     unsafe { imp::store_v4(p, v) }
 }
 
+/// Stores 16 bytes with the streaming hint (`st.global.cs.v4.u32`: likely accessed once,
+/// evict first), which keeps a large copy from flushing useful lines out of L2.
+///
+/// # Safety
+/// As [`store_v4`].
+#[inline(always)]
+pub unsafe fn store_v4_streaming(p: *mut U32x4, v: U32x4) {
+    // SAFETY: forwarded contract.
+    unsafe { imp::store_v4_cs(p, v) }
+}
+
 /// Loads 16 bytes through the read-only (non-coherent) path with a streaming hint:
 /// `ld.global.nc.L1::no_allocate.v4.u32`. Only for data no thread writes during the kernel.
 ///

@@ -242,6 +242,17 @@ pub(super) unsafe fn store_v4(p: *mut U32x4, v: U32x4) {
 }
 
 #[inline(always)]
+pub(super) unsafe fn store_v4_cs(p: *mut U32x4, v: U32x4) {
+    let [a, b, c, d] = v.0;
+    // SAFETY: the caller guarantees 16 valid, aligned global bytes at `p`.
+    unsafe {
+        asm!("st.global.cs.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};",
+            a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, d = in(reg32) d,
+            p = in(reg64) p, options(nostack))
+    }
+}
+
+#[inline(always)]
 pub(super) fn dynamic_shared_mem<T>() -> *mut T {
     // The intrinsic gives the `.extern .shared` array sized by the launch.
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<U32x4>().cast()

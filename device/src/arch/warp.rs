@@ -24,7 +24,9 @@ pub fn shfl_sync(mask: u32, value: u32, src_lane: u32) -> u32 {
 }
 
 /// `value` of lane `lane_id + delta`, or the caller's own value where that is past 31
-/// (`shfl.sync.down.b32`). The building block of tree reductions.
+/// (`shfl.sync.down.b32`). The building block of tree reductions. A source lane that is
+/// not in `mask` (e.g. missing from a partial warp) gives an unspecified value on the GPU
+/// (0 was seen on the H200; the emulator returns the caller's own).
 #[inline(always)]
 pub fn shfl_down_sync(mask: u32, value: u32, delta: u32) -> u32 {
     imp::shfl(imp::ShflMode::Down, mask, value, delta)

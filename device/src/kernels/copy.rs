@@ -1,13 +1,15 @@
 //! Vectorized copy.
 //!
 //! [`copy_bytes`] is the cooperative routine (any number of threads split the work); the
-//! [`ferrolink_copy`] kernel runs it over the whole grid.
+//! [`ferrolink_copy`] kernel runs it over the whole grid. [`variants`] holds the alternatives
+//! the perf tool measures beside it (`ferrolink-perf copy --sweep`), so the choice of
+//! unrolling, cache hints and work split stays measured rather than remembered.
 
 use crate::arch::{self, U32x4};
 use crate::kernel;
 
-/// 16-byte vectors each thread moves per loop iteration: loads are issued before stores,
-/// so each thread has this many independent 16-byte loads in flight.
+/// 16-byte vectors each thread moves per loop iteration in [`copy_bytes`]: loads are issued
+/// before stores, so each thread has this many independent 16-byte loads in flight.
 pub const UNROLL: usize = 4;
 
 /// Copies `bytes` bytes from `src` to `dst`, shared among `nthreads` cooperating threads of
@@ -25,6 +27,24 @@ pub const UNROLL: usize = 4;
 /// the ranges must not overlap, and nothing else may write them during the copy.
 #[inline(always)]
 pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, bytes: usize, rank: usize, nthreads: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { copy_bytes_tuned::<UNROLL, false>(dst, src, bytes, rank, nthreads) }
+}
+
+/// [`copy_bytes`] with the unroll depth and cache hints as parameters: with `STREAMING`,
+/// loads go through the read-only path without L1 allocation and stores carry the
+/// evict-first hint.
+///
+/// # Safety
+/// As [`copy_bytes`]; with `STREAMING`, nothing may write `src` during the kernel.
+#[inline(always)]
+pub unsafe fn copy_bytes_tuned<const N: usize, const STREAMING: bool>(
+    dst: *mut u8,
+    src: *const u8,
+    bytes: usize,
+    rank: usize,
+    nthreads: usize,
+) {
     let misalign = dst as usize & 15;
     if misalign != src as usize & 15 {
         // SAFETY: forwarded contract.
@@ -40,20 +60,21 @@ pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, bytes: usize, rank: usize
         copy_bytewise(dst, src, head, rank, nthreads);
         let vdst = dst.add(head) as *mut U32x4;
         let vsrc = src.add(head) as *const U32x4;
-        let step = nthreads * UNROLL;
+        let load = |p| if STREAMING { arch::load_v4_readonly(p) } else { arch::load_v4(p) };
+        let store = |p, v| if STREAMING { arch::store_v4_streaming(p, v) } else { arch::store_v4(p, v) };
         let mut i = rank;
-        while i + (UNROLL - 1) * nthreads < vectors {
-            let mut v = [U32x4::default(); UNROLL];
+        while i + (N - 1) * nthreads < vectors {
+            let mut v = [U32x4::default(); N];
             for (u, slot) in v.iter_mut().enumerate() {
-                *slot = arch::load_v4(vsrc.add(i + u * nthreads));
+                *slot = load(vsrc.add(i + u * nthreads));
             }
             for (u, value) in v.iter().enumerate() {
-                arch::store_v4(vdst.add(i + u * nthreads), *value);
+                store(vdst.add(i + u * nthreads), *value);
             }
-            i += step;
+            i += N * nthreads;
         }
         while i < vectors {
-            arch::store_v4(vdst.add(i), arch::load_v4(vsrc.add(i)));
+            store(vdst.add(i), load(vsrc.add(i)));
             i += nthreads;
         }
         copy_bytewise(dst.add(tail_start), src.add(tail_start), bytes - tail_start, rank, nthreads);
@@ -84,5 +105,58 @@ kernel! {
     pub unsafe fn ferrolink_copy(dst: *mut u8, src: *const u8, bytes: usize) {
         // SAFETY: the launcher guarantees the buffers (kernel contract).
         unsafe { copy_bytes(dst, src, bytes, arch::global_thread_idx_x(), arch::grid_threads_x()) }
+    }
+}
+
+pub mod variants {
+    //! Copy kernels the perf tool measures beside [`ferrolink_copy`](super::ferrolink_copy).
+    //! Each has the same arguments and contract as it.
+    use super::*;
+
+    macro_rules! grid_variant {
+        ($(#[$m:meta])* $name:ident, $n:expr, $streaming:expr) => {
+            kernel! {
+                $(#[$m])*
+                /// # Safety
+                /// As [`copy_bytes`].
+                pub unsafe fn $name(dst: *mut u8, src: *const u8, bytes: usize) {
+                    // SAFETY: the launcher guarantees the buffers (kernel contract).
+                    unsafe {
+                        copy_bytes_tuned::<{ $n }, { $streaming }>(
+                            dst, src, bytes, arch::global_thread_idx_x(), arch::grid_threads_x(),
+                        )
+                    }
+                }
+            }
+        };
+    }
+
+    grid_variant!(
+        /// Grid-stride, 8 vectors in flight per thread.
+        copy_variant_unroll8, 8, false
+    );
+    grid_variant!(
+        /// Grid-stride, 4 vectors in flight, read-only loads and evict-first stores.
+        copy_variant_unroll4_streaming, 4, true
+    );
+    grid_variant!(
+        /// Grid-stride, 8 vectors in flight, read-only loads and evict-first stores.
+        copy_variant_unroll8_streaming, 8, true
+    );
+
+    kernel! {
+        /// Each CTA copies one contiguous chunk (a multiple of 16 bytes), its threads
+        /// striding within it, 4 vectors in flight.
+        ///
+        /// # Safety
+        /// As [`copy_bytes`].
+        pub unsafe fn copy_variant_cta_chunks(dst: *mut u8, src: *const u8, bytes: usize) {
+            let ctas = arch::grid_dim_x();
+            let chunk = bytes.div_ceil(ctas).next_multiple_of(16);
+            let start = (arch::block_idx_x() * chunk).min(bytes);
+            let len = chunk.min(bytes - start);
+            // SAFETY: [start, start + len) lies within both buffers (kernel contract).
+            unsafe { copy_bytes(dst.add(start), src.add(start), len, arch::thread_idx_x(), arch::block_dim_x()) }
+        }
     }
 }

@@ -78,22 +78,22 @@ fn run(cli: Cli) -> ferrolink::Result<()> {
             }
             let (iters, trials) =
                 if dev.backend() == Backend::Cpu { (iters.min(3), trials.min(3)) } else { (iters, trials) };
-            println!("{:>10}  {:>16}  {:>22}  {:>6}", "bytes", "baseline GB/s", "copy kernel GB/s", "ratio");
+            println!("{:>10}  {:>16}  {:>36}  {:>6}", "bytes", "baseline GB/s", "copy kernel GB/s", "ratio");
             for bytes in sizes {
                 let r = perf::copy_bench(&dev, bytes, iters, trials, sweep)?;
                 println!(
-                    "{:>10}  {:>16.1}  {:>22}  {:>6.3}",
+                    "{:>10}  {:>16.1}  {:>36}  {:>6.3}",
                     bytes,
                     r.baseline.gbps,
-                    format!("{:.1} ({})", r.kernel.gbps, r.kernel.method.trim_start_matches("copy kernel ")),
+                    format!("{:.1} ({})", r.kernel.gbps, r.kernel.method),
                     r.ratio()
                 );
                 for f in &r.sweep {
                     println!(
-                        "{:>10}  {:>16}  {:>22}  {:>6.3}",
+                        "{:>10}  {:>16}  {:>36}  {:>6.3}",
                         "",
                         "",
-                        format!("{:.1} ({})", f.gbps, f.method.trim_start_matches("copy kernel ")),
+                        format!("{:.1} ({})", f.gbps, f.method),
                         f.gbps / r.baseline.gbps
                     );
                 }
