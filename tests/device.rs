@@ -362,3 +362,42 @@ fn emulator_rejects_launches_beyond_its_thread_limit() {
         other => panic!("expected an emulator limit error, got {other:?}"),
     }
 }
+
+/// The copy variants the perf tool measures (`ferrolink-perf copy --sweep`) copy correctly.
+#[test]
+fn copy_variants_copy_every_size() {
+    use ferrolink_device::kernels::copy::variants;
+    for_each_backend("copy_variants_copy_every_size", |dev| {
+        let kernels = [
+            &variants::copy_variant_unroll8,
+            &variants::copy_variant_unroll4_streaming,
+            &variants::copy_variant_unroll8_streaming,
+            &variants::copy_variant_warp_contiguous4,
+            &variants::copy_variant_warp_contiguous8,
+            &variants::copy_variant_cta_chunks,
+        ];
+        let stream = dev.create_stream()?;
+        for (k, kernel) in kernels.into_iter().enumerate() {
+            for (s, bytes) in [1usize, 17, 4096, 100_003, 1 << 20].into_iter().enumerate() {
+                let host = random_bytes((k * 10 + s) as u64, bytes);
+                let src = dev.alloc_from(&host)?;
+                let mut dst = dev.alloc::<u8>(bytes)?;
+                let cfg = LaunchConfig::linear(3, 64);
+                // SAFETY: both buffers hold `bytes` bytes and live until synchronized below.
+                unsafe {
+                    stream.launch(
+                        dev.builtin_module()?,
+                        kernel,
+                        cfg,
+                        (dst.as_kernel_mut_ptr(), src.as_kernel_ptr(), bytes),
+                    )?
+                };
+                let got = dst.to_vec()?;
+                check(got == host, || {
+                    format!("{} on {bytes} bytes: first wrong byte {:?}", kernel.name(), first_mismatch(&got, &host))
+                })?;
+            }
+        }
+        Ok(())
+    });
+}

@@ -80,11 +80,13 @@ pub fn copy_bench(dev: &Device, bytes: usize, iters: usize, trials: usize, sweep
     let mut figures = Vec::new();
     if sweep {
         let sms = dev.sm_count();
-        let kernels: [(&str, &ops::CopyKernel); 5] = [
+        let kernels: [(&str, &ops::CopyKernel); 7] = [
             ("ferrolink_copy", &ferrolink_copy),
             ("unroll8", &variants::copy_variant_unroll8),
             ("unroll4_streaming", &variants::copy_variant_unroll4_streaming),
             ("unroll8_streaming", &variants::copy_variant_unroll8_streaming),
+            ("warp_contiguous4", &variants::copy_variant_warp_contiguous4),
+            ("warp_contiguous8", &variants::copy_variant_warp_contiguous8),
             ("cta_chunks", &variants::copy_variant_cta_chunks),
         ];
         for (name, kernel) in kernels {

@@ -139,6 +139,11 @@ pub(super) unsafe fn load_v4_nc(p: *const U32x4) -> U32x4 {
     unsafe { p.read() }
 }
 
+pub(super) unsafe fn load_v4_nc_l2_256(p: *const U32x4) -> U32x4 {
+    // SAFETY: as above.
+    unsafe { p.read() }
+}
+
 pub(super) unsafe fn store_v4(p: *mut U32x4, v: U32x4) {
     // SAFETY: the caller guarantees 16 valid, aligned bytes with no concurrent access.
     unsafe { p.write(v) }

@@ -51,6 +51,18 @@ pub unsafe fn load_v4_readonly(p: *const U32x4) -> U32x4 {
     unsafe { imp::load_v4_nc(p) }
 }
 
+/// Loads 16 bytes read-only, asking L2 to fetch the surrounding 256 bytes from DRAM
+/// (`ld.global.nc.L1::no_allocate.L2::256B.v4.u32`): fewer, larger DRAM bursts for
+/// sequential streams.
+///
+/// # Safety
+/// As [`load_v4_readonly`].
+#[inline(always)]
+pub unsafe fn load_v4_readonly_prefetch256(p: *const U32x4) -> U32x4 {
+    // SAFETY: forwarded contract.
+    unsafe { imp::load_v4_nc_l2_256(p) }
+}
+
 /// The CTA's dynamic shared memory (sized by the launch's `shared_mem_bytes`), as a
 /// pointer to `T`. On the GPU it is `.extern .shared .align 16 .b8 []`; on the emulator a
 /// per-CTA zeroed host buffer of the same size.

@@ -32,8 +32,8 @@ pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, bytes: usize, rank: usize
 }
 
 /// [`copy_bytes`] with the unroll depth and cache hints as parameters: with `STREAMING`,
-/// loads go through the read-only path without L1 allocation and stores carry the
-/// evict-first hint.
+/// loads go through the read-only path without L1 allocation and with a 256-byte L2
+/// prefetch, and stores carry the evict-first hint.
 ///
 /// # Safety
 /// As [`copy_bytes`]; with `STREAMING`, nothing may write `src` during the kernel.
@@ -60,7 +60,7 @@ pub unsafe fn copy_bytes_tuned<const N: usize, const STREAMING: bool>(
         copy_bytewise(dst, src, head, rank, nthreads);
         let vdst = dst.add(head) as *mut U32x4;
         let vsrc = src.add(head) as *const U32x4;
-        let load = |p| if STREAMING { arch::load_v4_readonly(p) } else { arch::load_v4(p) };
+        let load = |p| if STREAMING { arch::load_v4_readonly_prefetch256(p) } else { arch::load_v4(p) };
         let store = |p, v| if STREAMING { arch::store_v4_streaming(p, v) } else { arch::store_v4(p, v) };
         let mut i = rank;
         while i + (N - 1) * nthreads < vectors {
@@ -143,6 +143,82 @@ pub mod variants {
         /// Grid-stride, 8 vectors in flight, read-only loads and evict-first stores.
         copy_variant_unroll8_streaming, 8, true
     );
+
+    /// Warp-contiguous split: each warp moves `32 * N` consecutive vectors per iteration
+    /// (instruction `u` loads vectors `base + 32u + lane`), so a warp's accesses stay within
+    /// one `N * 512`-byte span of DRAM. Falls back to [`copy_bytes`] when `nthreads` is not a
+    /// multiple of 32 or the alignments differ.
+    ///
+    /// # Safety
+    /// As [`copy_bytes`].
+    #[inline(always)]
+    pub unsafe fn copy_bytes_warp_contiguous<const N: usize>(
+        dst: *mut u8,
+        src: *const u8,
+        bytes: usize,
+        rank: usize,
+        nthreads: usize,
+    ) {
+        let misalign = dst as usize & 15;
+        if nthreads % 32 != 0 || misalign != src as usize & 15 || bytes < 16 {
+            // SAFETY: forwarded contract.
+            unsafe { copy_bytes(dst, src, bytes, rank, nthreads) };
+            return;
+        }
+        let head = (16 - misalign) & 15;
+        let vectors = (bytes - head) / 16;
+        let region = 32 * N;
+        let regions = vectors / region;
+        let (lane, warp, warps) = (rank % 32, rank / 32, nthreads / 32);
+        // SAFETY: the head, `regions` full regions, the vector remainder and the byte tail
+        // partition [0, bytes), with the vector part 16-byte aligned.
+        unsafe {
+            let vdst = dst.add(head) as *mut U32x4;
+            let vsrc = src.add(head) as *const U32x4;
+            let mut k = warp;
+            while k < regions {
+                let base = k * region + lane;
+                let mut v = [U32x4::default(); N];
+                for (u, slot) in v.iter_mut().enumerate() {
+                    *slot = arch::load_v4(vsrc.add(base + 32 * u));
+                }
+                for (u, value) in v.iter().enumerate() {
+                    arch::store_v4(vdst.add(base + 32 * u), *value);
+                }
+                k += warps;
+            }
+            // The rest (head, partial region, tail) with the plain routine.
+            copy_bytes(dst, src, head, rank, nthreads);
+            let done = head + regions * region * 16;
+            copy_bytes(dst.add(done), src.add(done), bytes - done, rank, nthreads);
+        }
+    }
+
+    kernel! {
+        /// Warp-contiguous split ([`copy_bytes_warp_contiguous`]) with 4 vectors per lane.
+        ///
+        /// # Safety
+        /// As [`copy_bytes`].
+        pub unsafe fn copy_variant_warp_contiguous4(dst: *mut u8, src: *const u8, bytes: usize) {
+            // SAFETY: the launcher guarantees the buffers (kernel contract).
+            unsafe {
+                copy_bytes_warp_contiguous::<4>(dst, src, bytes, arch::global_thread_idx_x(), arch::grid_threads_x())
+            }
+        }
+    }
+
+    kernel! {
+        /// Warp-contiguous split ([`copy_bytes_warp_contiguous`]) with 8 vectors per lane.
+        ///
+        /// # Safety
+        /// As [`copy_bytes`].
+        pub unsafe fn copy_variant_warp_contiguous8(dst: *mut u8, src: *const u8, bytes: usize) {
+            // SAFETY: the launcher guarantees the buffers (kernel contract).
+            unsafe {
+                copy_bytes_warp_contiguous::<8>(dst, src, bytes, arch::global_thread_idx_x(), arch::grid_threads_x())
+            }
+        }
+    }
 
     kernel! {
         /// Each CTA copies one contiguous chunk (a multiple of 16 bytes), its threads
