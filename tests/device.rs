@@ -374,6 +374,9 @@ fn copy_variants_copy_every_size() {
             &variants::copy_variant_unroll8_streaming,
             &variants::copy_variant_warp_contiguous4,
             &variants::copy_variant_warp_contiguous8,
+            &variants::copy_variant_warp_contiguous8_streaming,
+            &variants::copy_variant_warp_contiguous16,
+            &variants::copy_variant_warp_contiguous16_streaming,
             &variants::copy_variant_cta_chunks,
         ];
         let stream = dev.create_stream()?;

@@ -146,13 +146,13 @@ pub mod variants {
 
     /// Warp-contiguous split: each warp moves `32 * N` consecutive vectors per iteration
     /// (instruction `u` loads vectors `base + 32u + lane`), so a warp's accesses stay within
-    /// one `N * 512`-byte span of DRAM. Falls back to [`copy_bytes`] when `nthreads` is not a
+    /// one `N * 512`-byte span of DRAM. `STREAMING` as in [`copy_bytes_tuned`]. Falls back to [`copy_bytes`] when `nthreads` is not a
     /// multiple of 32 or the alignments differ.
     ///
     /// # Safety
     /// As [`copy_bytes`].
     #[inline(always)]
-    pub unsafe fn copy_bytes_warp_contiguous<const N: usize>(
+    pub unsafe fn copy_bytes_warp_contiguous<const N: usize, const STREAMING: bool>(
         dst: *mut u8,
         src: *const u8,
         bytes: usize,
@@ -180,10 +180,12 @@ pub mod variants {
                 let base = k * region + lane;
                 let mut v = [U32x4::default(); N];
                 for (u, slot) in v.iter_mut().enumerate() {
-                    *slot = arch::load_v4(vsrc.add(base + 32 * u));
+                    let p = vsrc.add(base + 32 * u);
+                    *slot = if STREAMING { arch::load_v4_readonly_prefetch256(p) } else { arch::load_v4(p) };
                 }
                 for (u, value) in v.iter().enumerate() {
-                    arch::store_v4(vdst.add(base + 32 * u), *value);
+                    let p = vdst.add(base + 32 * u);
+                    if STREAMING { arch::store_v4_streaming(p, *value) } else { arch::store_v4(p, *value) }
                 }
                 k += warps;
             }
@@ -194,31 +196,46 @@ pub mod variants {
         }
     }
 
-    kernel! {
-        /// Warp-contiguous split ([`copy_bytes_warp_contiguous`]) with 4 vectors per lane.
-        ///
-        /// # Safety
-        /// As [`copy_bytes`].
-        pub unsafe fn copy_variant_warp_contiguous4(dst: *mut u8, src: *const u8, bytes: usize) {
-            // SAFETY: the launcher guarantees the buffers (kernel contract).
-            unsafe {
-                copy_bytes_warp_contiguous::<4>(dst, src, bytes, arch::global_thread_idx_x(), arch::grid_threads_x())
+    macro_rules! warp_contiguous_variant {
+        ($(#[$m:meta])* $name:ident, $n:expr, $streaming:expr) => {
+            kernel! {
+                $(#[$m])*
+                /// # Safety
+                /// As [`copy_bytes`].
+                pub unsafe fn $name(dst: *mut u8, src: *const u8, bytes: usize) {
+                    // SAFETY: the launcher guarantees the buffers (kernel contract).
+                    unsafe {
+                        copy_bytes_warp_contiguous::<{ $n }, { $streaming }>(
+                            dst, src, bytes, arch::global_thread_idx_x(), arch::grid_threads_x(),
+                        )
+                    }
+                }
             }
-        }
+        };
     }
 
-    kernel! {
-        /// Warp-contiguous split ([`copy_bytes_warp_contiguous`]) with 8 vectors per lane.
-        ///
-        /// # Safety
-        /// As [`copy_bytes`].
-        pub unsafe fn copy_variant_warp_contiguous8(dst: *mut u8, src: *const u8, bytes: usize) {
-            // SAFETY: the launcher guarantees the buffers (kernel contract).
-            unsafe {
-                copy_bytes_warp_contiguous::<8>(dst, src, bytes, arch::global_thread_idx_x(), arch::grid_threads_x())
-            }
-        }
-    }
+    warp_contiguous_variant!(
+        /// Warp-contiguous split ([`copy_bytes_warp_contiguous`]), 4 vectors per lane.
+        copy_variant_warp_contiguous4, 4, false
+    );
+    warp_contiguous_variant!(
+        /// Warp-contiguous split ([`copy_bytes_warp_contiguous`]), 8 vectors per lane.
+        copy_variant_warp_contiguous8, 8, false
+    );
+    warp_contiguous_variant!(
+        /// Warp-contiguous split, 8 vectors per lane, read-only prefetching loads and
+        /// evict-first stores.
+        copy_variant_warp_contiguous8_streaming, 8, true
+    );
+    warp_contiguous_variant!(
+        /// Warp-contiguous split, 16 vectors per lane.
+        copy_variant_warp_contiguous16, 16, false
+    );
+    warp_contiguous_variant!(
+        /// Warp-contiguous split, 16 vectors per lane, read-only prefetching loads and
+        /// evict-first stores.
+        copy_variant_warp_contiguous16_streaming, 16, true
+    );
 
     kernel! {
         /// Each CTA copies one contiguous chunk (a multiple of 16 bytes), its threads
