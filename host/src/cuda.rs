@@ -292,6 +292,29 @@ impl RawModule {
     }
 }
 
+/// Resource limits of one kernel, read from the driver.
+#[derive(Clone, Copy, Debug)]
+pub struct FunctionLimits {
+    /// The most threads per CTA this kernel can be launched with (its register use decides).
+    pub max_threads_per_block: u32,
+    /// Registers per thread.
+    pub registers: u32,
+}
+
+/// Reads a kernel's limits.
+pub(crate) fn function_limits(dev: &CudaDevice, f: sys::CUfunction) -> Result<FunctionLimits> {
+    dev.bind()?;
+    use sys::CUfunction_attribute as A;
+    let get = |a| {
+        // SAFETY: `f` is a function of a loaded module; attribute queries have no side effects.
+        unsafe { result::function::get_function_attribute(f, a) }.map_err(cuda_err("cuFuncGetAttribute"))
+    };
+    Ok(FunctionLimits {
+        max_threads_per_block: get(A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)? as u32,
+        registers: get(A::CU_FUNC_ATTRIBUTE_NUM_REGS)? as u32,
+    })
+}
+
 impl Drop for RawModule {
     fn drop(&mut self) {
         // SAFETY: kernels launched from the module hold the module's owner alive until they

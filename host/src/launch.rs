@@ -123,7 +123,7 @@ kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9, K: 10);
 kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9, K: 10, L: 11);
 
 #[derive(Clone, Copy)]
-pub(crate) struct CudaFunction(pub(crate) sys::CUfunction);
+pub(crate) struct CudaFunction(pub(crate) sys::CUfunction, pub(crate) crate::cuda::FunctionLimits);
 // SAFETY: function handles may be used from any thread with their context current.
 unsafe impl Send for CudaFunction {}
 // SAFETY: as above.
@@ -163,7 +163,8 @@ impl Module {
                 // behind it (seen on the H200: the waiter timed out first).
                 let mut functions = HashMap::new();
                 for name in &entries {
-                    functions.insert(name.clone(), CudaFunction(module.function(d, name)?));
+                    let f = module.function(d, name)?;
+                    functions.insert(name.clone(), CudaFunction(f, crate::cuda::function_limits(d, f)?));
                 }
                 ModuleImpl::Cuda { module, functions: Mutex::new(functions) }
             }
@@ -184,7 +185,8 @@ impl Module {
             return Ok(*f);
         }
         let DeviceImpl::Cuda(d) = &self.dev.0.imp else { unreachable!("CUDA module on a CPU device") };
-        let f = CudaFunction(module.function(d, name)?);
+        let raw = module.function(d, name)?;
+        let f = CudaFunction(raw, crate::cuda::function_limits(d, raw)?);
         map.insert(name.to_string(), f);
         Ok(f)
     }

@@ -86,6 +86,15 @@ impl Stream {
         match (&self.imp, &self.dev.0.imp) {
             (StreamImpl::Cuda(s), DeviceImpl::Cuda(d)) => {
                 let f = module.cuda_function(name)?;
+                if cfg.block_threads() > u64::from(f.1.max_threads_per_block) {
+                    return Err(Error::InvalidArgument(format!(
+                        "launch of `{name}`: {} threads per CTA, but the kernel uses {} registers per \
+                         thread and can run at most {} threads per CTA on this GPU",
+                        cfg.block_threads(),
+                        f.1.registers,
+                        f.1.max_threads_per_block
+                    )));
+                }
                 // SAFETY: `f` is `name` from `module`, whose PTX was built from the same
                 // declaration as `kernel`, so `A` matches the parameters; the caller upholds
                 // the kernel's contract.
