@@ -97,7 +97,15 @@ pub fn copy_bench(dev: &Device, bytes: usize, iters: usize, trials: usize, sweep
                 let cfg = LaunchConfig::linear(sms * per_sm, threads);
                 let mut v = Vec::new();
                 for _ in 0..trials.max(1) {
-                    v.push(time_gbps(dev, bytes, iters, |s| run(s, kernel, cfg))?);
+                    match time_gbps(dev, bytes, iters, |s| run(s, kernel, cfg)) {
+                        Ok(g) => v.push(g),
+                        // A shape this variant cannot run (too many registers for the block).
+                        Err(crate::Error::InvalidArgument(_)) => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                if v.is_empty() {
+                    continue;
                 }
                 figures.push(CopyFigure {
                     method: format!("{name} {}x{}", cfg.grid.0, cfg.block.0),
