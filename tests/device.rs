@@ -369,15 +369,11 @@ fn copy_variants_copy_every_size() {
     use ferrolink_device::kernels::copy::variants;
     for_each_backend("copy_variants_copy_every_size", |dev| {
         let kernels = [
-            &variants::copy_variant_unroll8,
-            &variants::copy_variant_unroll4_streaming,
-            &variants::copy_variant_unroll8_streaming,
+            &variants::copy_variant_grid_stride4,
+            &variants::copy_variant_grid_stride8_streaming,
             &variants::copy_variant_warp_contiguous4,
-            &variants::copy_variant_warp_contiguous8,
-            &variants::copy_variant_warp_contiguous8_streaming,
             &variants::copy_variant_warp_contiguous16,
-            &variants::copy_variant_warp_contiguous16_streaming,
-            &variants::copy_variant_cta_chunks,
+            &variants::copy_variant_warp_contiguous8_streaming,
         ];
         let stream = dev.create_stream()?;
         for (k, kernel) in kernels.into_iter().enumerate() {

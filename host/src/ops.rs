@@ -9,16 +9,15 @@ use bytemuck::Pod;
 use ferrolink_device::kernel::Kernel;
 use ferrolink_device::kernels::copy::ferrolink_copy;
 
-/// The launch shape [`copy`] uses on `dev` for `bytes` bytes: on a GPU, 4 CTAs of 512 threads
-/// per SM (fewer for small copies); on the emulator, 64 threads per host core.
+/// The launch shape [`copy`] uses on `dev` for `bytes` bytes. On a GPU: 256-thread CTAs,
+/// enough to cover the data in about one pass of the warp-contiguous copy, capped at 64 per
+/// SM (measured best on the H200, docs/PERF.md). On the emulator: 64 threads per host core.
 pub fn copy_launch_config(dev: &Device, bytes: usize) -> LaunchConfig {
     match dev.backend() {
         Backend::Cuda => {
-            const THREADS: u32 = 512;
-            // One CTA moves THREADS * UNROLL * 16 bytes per loop iteration.
-            let per_cta = THREADS as usize * ferrolink_device::kernels::copy::UNROLL * 16;
-            let wanted = bytes.div_ceil(per_cta).max(1);
-            let ctas = wanted.min(dev.sm_count() as usize * 4) as u32;
+            const THREADS: u32 = 256;
+            let per_cta = (THREADS as usize / 32) * ferrolink_device::kernels::copy::WARP_CHUNK_BYTES;
+            let ctas = bytes.div_ceil(per_cta).clamp(1, dev.sm_count() as usize * 64) as u32;
             LaunchConfig::linear(ctas, THREADS)
         }
         Backend::Cpu => LaunchConfig::linear(dev.sm_count().clamp(1, 8), 64),

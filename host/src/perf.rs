@@ -80,20 +80,16 @@ pub fn copy_bench(dev: &Device, bytes: usize, iters: usize, trials: usize, sweep
     let mut figures = Vec::new();
     if sweep {
         let sms = dev.sm_count();
-        let kernels: [(&str, &ops::CopyKernel); 10] = [
+        let kernels: [(&str, &ops::CopyKernel); 6] = [
             ("ferrolink_copy", &ferrolink_copy),
-            ("unroll8", &variants::copy_variant_unroll8),
-            ("unroll4_streaming", &variants::copy_variant_unroll4_streaming),
-            ("unroll8_streaming", &variants::copy_variant_unroll8_streaming),
+            ("grid_stride4", &variants::copy_variant_grid_stride4),
+            ("grid_stride8_streaming", &variants::copy_variant_grid_stride8_streaming),
             ("warp_contiguous4", &variants::copy_variant_warp_contiguous4),
-            ("warp_contiguous8", &variants::copy_variant_warp_contiguous8),
-            ("warp_contiguous8_streaming", &variants::copy_variant_warp_contiguous8_streaming),
             ("warp_contiguous16", &variants::copy_variant_warp_contiguous16),
-            ("warp_contiguous16_streaming", &variants::copy_variant_warp_contiguous16_streaming),
-            ("cta_chunks", &variants::copy_variant_cta_chunks),
+            ("warp_contiguous8_streaming", &variants::copy_variant_warp_contiguous8_streaming),
         ];
         for (name, kernel) in kernels {
-            for (per_sm, threads) in [(1u32, 1024u32), (2, 512), (4, 512), (8, 256), (16, 256), (32, 256)] {
+            for (per_sm, threads) in [(2u32, 512u32), (8, 256), (32, 256), (64, 256)] {
                 let cfg = LaunchConfig::linear(sms * per_sm, threads);
                 let mut v = Vec::new();
                 for _ in 0..trials.max(1) {

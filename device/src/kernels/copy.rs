@@ -2,22 +2,29 @@
 //!
 //! [`copy_bytes`] is the cooperative routine (any number of threads split the work); the
 //! [`ferrolink_copy`] kernel runs it over the whole grid. [`variants`] holds the alternatives
-//! the perf tool measures beside it (`ferrolink-perf copy --sweep`), so the choice of
-//! unrolling, cache hints and work split stays measured rather than remembered.
+//! the perf tool measures beside it (`ferrolink-perf copy --sweep`), so the choice of split,
+//! unrolling and cache hints stays measured rather than remembered (docs/PERF.md).
+//!
+//! Measured on the H200 (2026-11-29): the warp-contiguous split with 8 vectors per lane and
+//! about one pass over the data (many small CTAs) beat grid-stride loops by 3–6 %.
 
 use crate::arch::{self, U32x4};
 use crate::kernel;
 
-/// 16-byte vectors each thread moves per loop iteration in [`copy_bytes`]: loads are issued
-/// before stores, so each thread has this many independent 16-byte loads in flight.
-pub const UNROLL: usize = 4;
+/// 16-byte vectors each lane moves per iteration in [`copy_bytes`] (loads are issued before
+/// stores, so each lane has this many independent 16-byte loads in flight).
+pub const VECTORS_PER_LANE: usize = 8;
+
+/// Bytes one warp moves per iteration of [`copy_bytes`].
+pub const WARP_CHUNK_BYTES: usize = 32 * VECTORS_PER_LANE * 16;
 
 /// Copies `bytes` bytes from `src` to `dst`, shared among `nthreads` cooperating threads of
 /// which the caller is `rank`. Each thread must call it with the same arguments.
 ///
-/// When `src` and `dst` have the same address modulo 16, the bulk moves as 16-byte vectors
-/// (`ld.global.v4.u32` / `st.global.v4.u32`) with [`UNROLL`] vectors in flight per thread,
-/// and the unaligned head and tail bytewise; otherwise the whole copy is bytewise.
+/// When `src` and `dst` have the same address modulo 16 and `nthreads` is a multiple of 32,
+/// the bulk moves warp-contiguously: each warp copies [`WARP_CHUNK_BYTES`] consecutive bytes
+/// per iteration as 16-byte vectors (`ld.global.v4.u32` / `st.global.v4.u32`), lane `l`
+/// taking vectors `l, l + 32, …`. Heads and tails go bytewise, other cases grid-stride.
 ///
 /// Memory order: plain (weak) loads and stores; the caller orders them with a barrier,
 /// fence or release as its protocol requires.
@@ -28,53 +35,111 @@ pub const UNROLL: usize = 4;
 #[inline(always)]
 pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, bytes: usize, rank: usize, nthreads: usize) {
     // SAFETY: forwarded contract.
-    unsafe { copy_bytes_tuned::<UNROLL, false>(dst, src, bytes, rank, nthreads) }
+    unsafe { copy_bytes_warp_contiguous::<VECTORS_PER_LANE, false>(dst, src, bytes, rank, nthreads) }
 }
 
-/// [`copy_bytes`] with the unroll depth and cache hints as parameters: with `STREAMING`,
-/// loads go through the read-only path without L1 allocation and with a 256-byte L2
-/// prefetch, and stores carry the evict-first hint.
+#[inline(always)]
+unsafe fn load<const STREAMING: bool>(p: *const U32x4) -> U32x4 {
+    // SAFETY: forwarded from the copy routines' contracts.
+    unsafe { if STREAMING { arch::load_v4_readonly_prefetch256(p) } else { arch::load_v4(p) } }
+}
+
+#[inline(always)]
+unsafe fn store<const STREAMING: bool>(p: *mut U32x4, v: U32x4) {
+    // SAFETY: forwarded from the copy routines' contracts.
+    unsafe { if STREAMING { arch::store_v4_streaming(p, v) } else { arch::store_v4(p, v) } }
+}
+
+/// Splits `[0, bytes)` into an unaligned head, 16-byte vectors and a tail, given that
+/// `dst` and `src` are equally aligned: returns `(head, vectors)`.
+#[inline(always)]
+fn vector_split(dst: *mut u8, bytes: usize) -> (usize, usize) {
+    let head = ((16 - (dst as usize & 15)) & 15).min(bytes);
+    (head, (bytes - head) / 16)
+}
+
+/// Warp-contiguous copy (see [`copy_bytes`]) with `N` vectors per lane; with `STREAMING`,
+/// loads take the read-only path with a 256-byte L2 prefetch and stores the evict-first hint.
 ///
 /// # Safety
 /// As [`copy_bytes`]; with `STREAMING`, nothing may write `src` during the kernel.
 #[inline(always)]
-pub unsafe fn copy_bytes_tuned<const N: usize, const STREAMING: bool>(
+pub unsafe fn copy_bytes_warp_contiguous<const N: usize, const STREAMING: bool>(
     dst: *mut u8,
     src: *const u8,
     bytes: usize,
     rank: usize,
     nthreads: usize,
 ) {
-    let misalign = dst as usize & 15;
-    if misalign != src as usize & 15 {
+    if nthreads % 32 != 0 || (dst as usize & 15) != (src as usize & 15) {
+        // SAFETY: forwarded contract.
+        unsafe { copy_bytes_grid_stride::<N, STREAMING>(dst, src, bytes, rank, nthreads) };
+        return;
+    }
+    let (head, vectors) = vector_split(dst, bytes);
+    let region = 32 * N;
+    let regions = vectors / region;
+    let (lane, warp, warps) = (rank % 32, rank / 32, nthreads / 32);
+    // SAFETY: the head, `regions` full regions of vectors, and the rest partition [0, bytes);
+    // the vector part is 16-byte aligned in both buffers.
+    unsafe {
+        let vdst = dst.add(head) as *mut U32x4;
+        let vsrc = src.add(head) as *const U32x4;
+        let mut k = warp;
+        while k < regions {
+            let base = k * region + lane;
+            let mut v = [U32x4::default(); N];
+            for (u, slot) in v.iter_mut().enumerate() {
+                *slot = load::<STREAMING>(vsrc.add(base + 32 * u));
+            }
+            for (u, value) in v.iter().enumerate() {
+                store::<STREAMING>(vdst.add(base + 32 * u), *value);
+            }
+            k += warps;
+        }
+        copy_bytewise(dst, src, head, rank, nthreads);
+        let done = head + regions * region * 16;
+        copy_bytes_grid_stride::<1, STREAMING>(dst.add(done), src.add(done), bytes - done, rank, nthreads);
+    }
+}
+
+/// Grid-stride copy: thread `rank` moves vectors `rank, rank + nthreads, …`, `N` at a time.
+///
+/// # Safety
+/// As [`copy_bytes_warp_contiguous`].
+#[inline(always)]
+pub unsafe fn copy_bytes_grid_stride<const N: usize, const STREAMING: bool>(
+    dst: *mut u8,
+    src: *const u8,
+    bytes: usize,
+    rank: usize,
+    nthreads: usize,
+) {
+    if (dst as usize & 15) != (src as usize & 15) {
         // SAFETY: forwarded contract.
         unsafe { copy_bytewise(dst, src, bytes, rank, nthreads) };
         return;
     }
-    let head = ((16 - misalign) & 15).min(bytes);
-    let vectors = (bytes - head) / 16;
+    let (head, vectors) = vector_split(dst, bytes);
     let tail_start = head + vectors * 16;
-    // SAFETY: head, vector body and tail partition [0, bytes); the body is 16-byte aligned
-    // because `dst + head` and `src + head` are.
+    // SAFETY: head, vector body and tail partition [0, bytes); the body is 16-byte aligned.
     unsafe {
         copy_bytewise(dst, src, head, rank, nthreads);
         let vdst = dst.add(head) as *mut U32x4;
         let vsrc = src.add(head) as *const U32x4;
-        let load = |p| if STREAMING { arch::load_v4_readonly_prefetch256(p) } else { arch::load_v4(p) };
-        let store = |p, v| if STREAMING { arch::store_v4_streaming(p, v) } else { arch::store_v4(p, v) };
         let mut i = rank;
         while i + (N - 1) * nthreads < vectors {
             let mut v = [U32x4::default(); N];
             for (u, slot) in v.iter_mut().enumerate() {
-                *slot = load(vsrc.add(i + u * nthreads));
+                *slot = load::<STREAMING>(vsrc.add(i + u * nthreads));
             }
             for (u, value) in v.iter().enumerate() {
-                store(vdst.add(i + u * nthreads), *value);
+                store::<STREAMING>(vdst.add(i + u * nthreads), *value);
             }
             i += N * nthreads;
         }
         while i < vectors {
-            store(vdst.add(i), load(vsrc.add(i)));
+            store::<STREAMING>(vdst.add(i), load::<STREAMING>(vsrc.add(i)));
             i += nthreads;
         }
         copy_bytewise(dst.add(tail_start), src.add(tail_start), bytes - tail_start, rank, nthreads);
@@ -97,8 +162,8 @@ unsafe fn copy_bytewise(dst: *mut u8, src: *const u8, bytes: usize, rank: usize,
 
 kernel! {
     /// Copies `bytes` bytes from `src` to `dst` with every thread of a 1-D grid
-    /// (see [`copy_bytes`]). Any grid and block size works; about four 512-thread CTAs per
-    /// SM saturate HBM.
+    /// (see [`copy_bytes`]). Any shape works; fastest on the H200 with 256-thread CTAs and
+    /// enough of them to cover the data in about one pass (`ferrolink::ops::copy_launch_config`).
     ///
     /// # Safety
     /// As [`copy_bytes`].
@@ -113,8 +178,8 @@ pub mod variants {
     //! Each has the same arguments and contract as it.
     use super::*;
 
-    macro_rules! grid_variant {
-        ($(#[$m:meta])* $name:ident, $n:expr, $streaming:expr) => {
+    macro_rules! variant {
+        ($(#[$m:meta])* $name:ident, $routine:ident, $n:expr, $streaming:expr) => {
             kernel! {
                 $(#[$m])*
                 /// # Safety
@@ -122,7 +187,7 @@ pub mod variants {
                 pub unsafe fn $name(dst: *mut u8, src: *const u8, bytes: usize) {
                     // SAFETY: the launcher guarantees the buffers (kernel contract).
                     unsafe {
-                        copy_bytes_tuned::<{ $n }, { $streaming }>(
+                        $routine::<{ $n }, { $streaming }>(
                             dst, src, bytes, arch::global_thread_idx_x(), arch::grid_threads_x(),
                         )
                     }
@@ -131,125 +196,24 @@ pub mod variants {
         };
     }
 
-    grid_variant!(
-        /// Grid-stride, 8 vectors in flight per thread.
-        copy_variant_unroll8, 8, false
+    variant!(
+        /// Grid-stride, 4 vectors in flight per thread (the first design; 0.93x at best).
+        copy_variant_grid_stride4, copy_bytes_grid_stride, 4, false
     );
-    grid_variant!(
-        /// Grid-stride, 4 vectors in flight, read-only loads and evict-first stores.
-        copy_variant_unroll4_streaming, 4, true
+    variant!(
+        /// Grid-stride, 8 vectors in flight, read-only prefetching loads, evict-first stores.
+        copy_variant_grid_stride8_streaming, copy_bytes_grid_stride, 8, true
     );
-    grid_variant!(
-        /// Grid-stride, 8 vectors in flight, read-only loads and evict-first stores.
-        copy_variant_unroll8_streaming, 8, true
+    variant!(
+        /// Warp-contiguous, 4 vectors per lane.
+        copy_variant_warp_contiguous4, copy_bytes_warp_contiguous, 4, false
     );
-
-    /// Warp-contiguous split: each warp moves `32 * N` consecutive vectors per iteration
-    /// (instruction `u` loads vectors `base + 32u + lane`), so a warp's accesses stay within
-    /// one `N * 512`-byte span of DRAM. `STREAMING` as in [`copy_bytes_tuned`]. Falls back to [`copy_bytes`] when `nthreads` is not a
-    /// multiple of 32 or the alignments differ.
-    ///
-    /// # Safety
-    /// As [`copy_bytes`].
-    #[inline(always)]
-    pub unsafe fn copy_bytes_warp_contiguous<const N: usize, const STREAMING: bool>(
-        dst: *mut u8,
-        src: *const u8,
-        bytes: usize,
-        rank: usize,
-        nthreads: usize,
-    ) {
-        let misalign = dst as usize & 15;
-        if nthreads % 32 != 0 || misalign != src as usize & 15 || bytes < 16 {
-            // SAFETY: forwarded contract.
-            unsafe { copy_bytes(dst, src, bytes, rank, nthreads) };
-            return;
-        }
-        let head = (16 - misalign) & 15;
-        let vectors = (bytes - head) / 16;
-        let region = 32 * N;
-        let regions = vectors / region;
-        let (lane, warp, warps) = (rank % 32, rank / 32, nthreads / 32);
-        // SAFETY: the head, `regions` full regions, the vector remainder and the byte tail
-        // partition [0, bytes), with the vector part 16-byte aligned.
-        unsafe {
-            let vdst = dst.add(head) as *mut U32x4;
-            let vsrc = src.add(head) as *const U32x4;
-            let mut k = warp;
-            while k < regions {
-                let base = k * region + lane;
-                let mut v = [U32x4::default(); N];
-                for (u, slot) in v.iter_mut().enumerate() {
-                    let p = vsrc.add(base + 32 * u);
-                    *slot = if STREAMING { arch::load_v4_readonly_prefetch256(p) } else { arch::load_v4(p) };
-                }
-                for (u, value) in v.iter().enumerate() {
-                    let p = vdst.add(base + 32 * u);
-                    if STREAMING { arch::store_v4_streaming(p, *value) } else { arch::store_v4(p, *value) }
-                }
-                k += warps;
-            }
-            // The rest (head, partial region, tail) with the plain routine.
-            copy_bytes(dst, src, head, rank, nthreads);
-            let done = head + regions * region * 16;
-            copy_bytes(dst.add(done), src.add(done), bytes - done, rank, nthreads);
-        }
-    }
-
-    macro_rules! warp_contiguous_variant {
-        ($(#[$m:meta])* $name:ident, $n:expr, $streaming:expr) => {
-            kernel! {
-                $(#[$m])*
-                /// # Safety
-                /// As [`copy_bytes`].
-                pub unsafe fn $name(dst: *mut u8, src: *const u8, bytes: usize) {
-                    // SAFETY: the launcher guarantees the buffers (kernel contract).
-                    unsafe {
-                        copy_bytes_warp_contiguous::<{ $n }, { $streaming }>(
-                            dst, src, bytes, arch::global_thread_idx_x(), arch::grid_threads_x(),
-                        )
-                    }
-                }
-            }
-        };
-    }
-
-    warp_contiguous_variant!(
-        /// Warp-contiguous split ([`copy_bytes_warp_contiguous`]), 4 vectors per lane.
-        copy_variant_warp_contiguous4, 4, false
+    variant!(
+        /// Warp-contiguous, 16 vectors per lane (80 registers: at most 768 threads per CTA).
+        copy_variant_warp_contiguous16, copy_bytes_warp_contiguous, 16, false
     );
-    warp_contiguous_variant!(
-        /// Warp-contiguous split ([`copy_bytes_warp_contiguous`]), 8 vectors per lane.
-        copy_variant_warp_contiguous8, 8, false
+    variant!(
+        /// Warp-contiguous, 8 vectors per lane, read-only prefetching loads, evict-first stores.
+        copy_variant_warp_contiguous8_streaming, copy_bytes_warp_contiguous, 8, true
     );
-    warp_contiguous_variant!(
-        /// Warp-contiguous split, 8 vectors per lane, read-only prefetching loads and
-        /// evict-first stores.
-        copy_variant_warp_contiguous8_streaming, 8, true
-    );
-    warp_contiguous_variant!(
-        /// Warp-contiguous split, 16 vectors per lane.
-        copy_variant_warp_contiguous16, 16, false
-    );
-    warp_contiguous_variant!(
-        /// Warp-contiguous split, 16 vectors per lane, read-only prefetching loads and
-        /// evict-first stores.
-        copy_variant_warp_contiguous16_streaming, 16, true
-    );
-
-    kernel! {
-        /// Each CTA copies one contiguous chunk (a multiple of 16 bytes), its threads
-        /// striding within it, 4 vectors in flight.
-        ///
-        /// # Safety
-        /// As [`copy_bytes`].
-        pub unsafe fn copy_variant_cta_chunks(dst: *mut u8, src: *const u8, bytes: usize) {
-            let ctas = arch::grid_dim_x();
-            let chunk = bytes.div_ceil(ctas).next_multiple_of(16);
-            let start = (arch::block_idx_x() * chunk).min(bytes);
-            let len = chunk.min(bytes - start);
-            // SAFETY: [start, start + len) lies within both buffers (kernel contract).
-            unsafe { copy_bytes(dst.add(start), src.add(start), len, arch::thread_idx_x(), arch::block_dim_x()) }
-        }
-    }
 }
