@@ -9,9 +9,8 @@ export FERROLINK_REQUIRE_PTXAS=1
 
 echo "== cargo fmt --check"
 cargo fmt --all --check
-echo "== build (device crate -> PTX, extern/entry checks, ptxas -arch=sm_90)"
-FERROLINK_PRINT_PTX_RESOURCES=1 cargo build --workspace --all-targets 2>&1 | grep -v '^\s*Compiling' || true
-cargo build --workspace --all-targets --quiet
+echo "== build (device crate -> PTX, extern/entry checks, ptxas -arch=sm_90 with per-kernel resources)"
+FERROLINK_PRINT_PTX_RESOURCES=1 cargo build --workspace --all-targets
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"

@@ -4,12 +4,8 @@
 //! `nvptx64-nvidia-cuda` backend, from a build script:
 //!
 //! ```no_run
-//! // build.rs of a host crate whose kernels live in ../my-kernels
-//! fn main() {
-//!     ferrolink_builder::PtxBuilder::new("../my-kernels")
-//!         .arch("sm_90")
-//!         .build_in_build_script("MY_KERNELS_PTX");
-//! }
+//! // build.rs of a host crate whose kernels live in ../my-kernels:
+//! ferrolink_builder::PtxBuilder::new("../my-kernels").arch("sm_90").build_in_build_script("MY_KERNELS_PTX");
 //! // in the host crate: const PTX: &str = include_str!(env!("MY_KERNELS_PTX"));
 //! ```
 //!
@@ -286,15 +282,12 @@ impl PtxBuilder {
     /// On failure it prints the error and exits the build script with status 1.
     pub fn build_in_build_script(self, env_var: &str) -> PtxOutput {
         let mut builder = self;
-        if builder.target_dir.is_none() {
-            if let Some(out_dir) = std::env::var_os("OUT_DIR") {
-                // OUT_DIR is target/<profile>/build/<pkg>-<hash>/out: share one nested target
-                // dir per profile so rebuilds are incremental.
-                let out_dir = PathBuf::from(out_dir);
-                if let Some(profile_dir) = out_dir.ancestors().nth(3) {
-                    builder.target_dir = Some(profile_dir.join("ferrolink-ptx"));
-                }
-            }
+        if builder.target_dir.is_none()
+            && let Some(out_dir) = std::env::var_os("OUT_DIR")
+        {
+            // OUT_DIR is target/<profile>/build/<pkg>-<hash>/out: share one nested target
+            // dir per profile so rebuilds are incremental.
+            builder.target_dir = PathBuf::from(out_dir).ancestors().nth(3).map(|p| p.join("ferrolink-ptx"));
         }
         for path in source_files(&builder.crate_dir) {
             println!("cargo:rerun-if-changed={}", path.display());
@@ -400,12 +393,8 @@ fn crate_name(crate_dir: &Path) -> Result<String, BuildError> {
         let line = line.trim();
         if line.starts_with('[') {
             in_package = line == "[package]";
-        } else if in_package {
-            if let Some(rest) = line.strip_prefix("name") {
-                if let Some(v) = rest.trim().strip_prefix('=') {
-                    return Ok(v.trim().trim_matches('"').to_string());
-                }
-            }
+        } else if in_package && let Some(v) = line.strip_prefix("name").and_then(|rest| rest.trim().strip_prefix('=')) {
+            return Ok(v.trim().trim_matches('"').to_string());
         }
     }
     Err(BuildError::Io {

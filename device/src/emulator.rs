@@ -416,7 +416,7 @@ pub(crate) fn dynamic_shared_mem() -> *mut u8 {
 pub(crate) fn poll(what: &'static str) {
     let n = POLLS.get().wrapping_add(1);
     POLLS.set(n);
-    if n % 16 != 0 {
+    if !n.is_multiple_of(16) {
         return;
     }
     thread::yield_now();
@@ -526,16 +526,16 @@ fn run_thread<A: Copy>(ctx: ThreadCtx, entry: fn(A), args: &SendArgs<A>) {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| entry(a)));
     CTX.set(None);
     cta.thread_exited(warp, lane);
-    if let Err(payload) = outcome {
-        if payload.downcast_ref::<AbortToken>().is_none() {
-            let message = if let Some(s) = payload.downcast_ref::<&str>() {
-                (*s).to_string()
-            } else if let Some(s) = payload.downcast_ref::<String>() {
-                s.clone()
-            } else {
-                "non-string panic payload".to_string()
-            };
-            launch.record(EmuError::Panicked { kernel: launch.name, thread: label, message }, ABORT_PANIC);
-        }
+    if let Err(payload) = outcome
+        && payload.downcast_ref::<AbortToken>().is_none()
+    {
+        let message = if let Some(s) = payload.downcast_ref::<&str>() {
+            (*s).to_string()
+        } else if let Some(s) = payload.downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "non-string panic payload".to_string()
+        };
+        launch.record(EmuError::Panicked { kernel: launch.name, thread: label, message }, ABORT_PANIC);
     }
 }

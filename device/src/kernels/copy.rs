@@ -71,7 +71,7 @@ pub unsafe fn copy_bytes_warp_contiguous<const N: usize, const STREAMING: bool>(
     rank: usize,
     nthreads: usize,
 ) {
-    if nthreads % 32 != 0 || (dst as usize & 15) != (src as usize & 15) {
+    if !nthreads.is_multiple_of(32) || (dst as usize & 15) != (src as usize & 15) {
         // SAFETY: forwarded contract.
         unsafe { copy_bytes_grid_stride::<N, STREAMING>(dst, src, bytes, rank, nthreads) };
         return;

@@ -163,7 +163,7 @@ kernel! {
         let active = arch::active_mask();
         let mut r = [0u32; WARP_TEST_WORDS];
         r[0] = arch::shfl_sync(active, lane + 100, 0);
-        r[1] = arch::ballot_sync(active, lane % 3 == 0);
+        r[1] = arch::ballot_sync(active, lane.is_multiple_of(3));
         r[2] = active;
         r[3] = arch::shfl_down_sync(active, lane, 1);
         r[4] = arch::shfl_up_sync(active, lane, 2);
