@@ -238,11 +238,14 @@ struct Round {
     values: [u64; 32],
     snapshot: [u64; 32],
     present: u32,
+    any: bool,
+    any_result: bool,
 }
 
 impl Round {
     fn complete(&mut self) {
         self.snapshot = self.values;
+        self.any_result = core::mem::take(&mut self.any);
         self.arrived = 0;
         self.generation = self.generation.wrapping_add(1);
     }
@@ -305,16 +308,18 @@ impl Cta {
         }
     }
 
-    fn sync(&self, launch: &LaunchState) {
+    /// The CTA barrier; returns whether any thread arrived with `pred` set.
+    fn sync(&self, pred: bool, launch: &LaunchState) -> bool {
         let mut r = lock(&self.barrier);
         r.arrived += 1;
+        r.any |= pred;
         if r.arrived >= r.expected {
             r.complete();
             self.barrier_cv.notify_all();
-            return;
+            return r.any_result;
         }
         let generation_seen = r.generation;
-        drop(wait_generation(&self.barrier_cv, r, generation_seen, |r| r, launch, "a CTA barrier (sync_threads)"));
+        wait_generation(&self.barrier_cv, r, generation_seen, |r| r, launch, "a CTA barrier (sync_threads)").any_result
     }
 
     fn thread_exited(&self, warp: usize, lane: u32) {
@@ -396,7 +401,11 @@ fn thread_label(c: &ThreadCtx) -> String {
 }
 
 pub(crate) fn sync_threads() {
-    with_ctx(|c| c.cta.sync(&c.launch))
+    with_ctx(|c| c.cta.sync(false, &c.launch));
+}
+
+pub(crate) fn sync_threads_or(pred: bool) -> bool {
+    with_ctx(|c| c.cta.sync(pred, &c.launch))
 }
 
 pub(crate) fn warp_exchange(mask: u32, value: u64) -> ([u64; 32], u32) {

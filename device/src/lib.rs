@@ -11,7 +11,10 @@
 //!   memory access, dynamic shared memory. On nvptx each is a few lines of inline PTX.
 //! * [`kernel!`] — declares a kernel once; it becomes a PTX entry point on the GPU and a
 //!   typed [`kernel::Kernel`] descriptor that the host crate launches on either backend.
-//! * [`kernels`] — the built-in kernels (vectorized copy, self tests).
+//! * [`coop`], [`comm`], [`window`], [`barrier`], [`lsa`] — the LSA device API: cooperation
+//!   scopes, the device communicator and teams, symmetric window pointers, LSA barrier
+//!   sessions, and copy/reduce helpers over peers' memory.
+//! * [`kernels`] — the built-in kernels (vectorized copy, LSA kernels, self tests).
 //!
 //! `#[repr(C)]` types shared by host and device are defined here, once.
 #![no_std]
@@ -25,7 +28,17 @@
 extern crate std;
 
 pub mod arch;
+pub mod barrier;
+pub mod comm;
+pub mod coop;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emulator;
 pub mod kernel;
 pub mod kernels;
+pub mod lsa;
+pub mod window;
+
+pub use barrier::LsaBarrierSession;
+pub use comm::{DevComm, Team};
+pub use coop::{Coop, CoopCta, CoopThread, CoopWarp};
+pub use window::{DevWindow, SymPtr};

@@ -43,6 +43,13 @@ pub fn sync_threads() {
     imp::sync_threads()
 }
 
+/// [`sync_threads`] that also reduces a predicate: returns whether `pred` was true in any
+/// thread of the CTA (`bar.red.or.pred`, CUDA's `__syncthreads_or`).
+#[inline(always)]
+pub fn sync_threads_or(pred: bool) -> bool {
+    imp::sync_threads_or(pred)
+}
+
 /// A hint inside a spin-wait loop. On the GPU it is `nanosleep.u32 ns` (the SM may
 /// run other warps meanwhile); on the emulator it yields the host thread and checks the
 /// launch's timeout, so a spin that can never end becomes an error rather than a hang.

@@ -55,6 +55,17 @@ pub(super) fn sync_threads() {
 }
 
 #[inline(always)]
+pub(super) fn sync_threads_or(pred: bool) -> bool {
+    let r: u32;
+    // SAFETY: a CTA barrier with an OR reduction; same contract as `sync_threads`.
+    unsafe {
+        asm!("{{ .reg .pred %pi; .reg .pred %po; setp.ne.u32 %pi, {v}, 0; bar.red.or.pred %po, 0, %pi; selp.u32 {r}, 1, 0, %po; }}",
+            v = in(reg32) pred as u32, r = out(reg32) r, options(nostack))
+    };
+    r != 0
+}
+
+#[inline(always)]
 pub(super) fn trap() -> ! {
     // SAFETY: `trap` aborts the kernel; it does not return.
     unsafe { asm!("trap;", options(noreturn, nostack)) }

@@ -1,8 +1,13 @@
 //! Built-in kernels, written only on the public primitives of this crate.
 //!
 //! * [`copy`] — vectorized byte copy (the bandwidth baseline for every put).
+//! * [`lsa`] — puts, ring exchange, one-shot all-reduce, fused compute-and-put, barrier
+//!   stress and latency kernels over the LSA device API.
+//! * [`workqueue`] — a persistent kernel with a batched atomic work queue.
 //! * [`selftest`] — kernels the test suite uses to check the arch layer on each backend:
 //!   message passing litmus, contended CAS counters, warp operations, timed waits.
 
 pub mod copy;
+pub mod lsa;
 pub mod selftest;
+pub mod workqueue;

@@ -1,0 +1,84 @@
+//! Cooperation scopes: the group of threads that performs one operation together (NCCL's
+//! `ncclCoopThread`, `ncclCoopWarp`, `ncclCoopCta`). Helpers generic over [`Coop`] split
+//! work by `thread_rank`/`size` and meet at `sync`.
+
+use crate::arch;
+
+/// A group of threads cooperating on one operation.
+pub trait Coop: Copy {
+    /// This thread's index in the group.
+    fn thread_rank(&self) -> usize;
+    /// Threads in the group.
+    fn size(&self) -> usize;
+    /// Waits for every thread of the group; orders their memory accesses at CTA scope.
+    fn sync(&self);
+    /// [`Coop::sync`], returning whether `pred` was true for any thread of the group.
+    fn sync_any(&self, pred: bool) -> bool;
+}
+
+/// One thread on its own.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CoopThread;
+
+/// The 32 lanes of this thread's warp (all must be present and converged).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CoopWarp;
+
+/// All threads of this thread's CTA.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CoopCta;
+
+impl Coop for CoopThread {
+    #[inline(always)]
+    fn thread_rank(&self) -> usize {
+        0
+    }
+    #[inline(always)]
+    fn size(&self) -> usize {
+        1
+    }
+    #[inline(always)]
+    fn sync(&self) {}
+    #[inline(always)]
+    fn sync_any(&self, pred: bool) -> bool {
+        pred
+    }
+}
+
+impl Coop for CoopWarp {
+    #[inline(always)]
+    fn thread_rank(&self) -> usize {
+        arch::lane_id() as usize
+    }
+    #[inline(always)]
+    fn size(&self) -> usize {
+        arch::WARP_SIZE
+    }
+    #[inline(always)]
+    fn sync(&self) {
+        arch::sync_warp(arch::FULL_MASK)
+    }
+    #[inline(always)]
+    fn sync_any(&self, pred: bool) -> bool {
+        arch::ballot_sync(arch::FULL_MASK, pred) != 0
+    }
+}
+
+impl Coop for CoopCta {
+    #[inline(always)]
+    fn thread_rank(&self) -> usize {
+        arch::thread_rank_in_block()
+    }
+    #[inline(always)]
+    fn size(&self) -> usize {
+        arch::block_size()
+    }
+    #[inline(always)]
+    fn sync(&self) {
+        arch::sync_threads()
+    }
+    #[inline(always)]
+    fn sync_any(&self, pred: bool) -> bool {
+        arch::sync_threads_or(pred)
+    }
+}

@@ -1,0 +1,205 @@
+//! Built-in kernels over the LSA device API: puts into peers' windows, the one-shot
+//! all-reduce, a fused compute-and-put, and the barrier stress and latency kernels the test
+//! suite and `ferrolink-perf` use. Each is one rank's kernel: launch it once per rank (on
+//! the rank's stream) with that rank's `DevComm`, every rank with the same grid.
+
+use crate::arch::{self, U32x4};
+use crate::barrier::LsaBarrierSession;
+use crate::comm::DevComm;
+use crate::coop::CoopCta;
+use crate::kernel;
+use crate::lsa;
+use crate::window::DevWindow;
+
+/// Spins for about `ns` nanoseconds of `%globaltimer` (used to skew ranks in stress tests).
+#[inline(always)]
+fn delay_ns(ns: u64) {
+    let start = arch::global_timer_ns();
+    while arch::global_timer_ns().wrapping_sub(start) < ns {
+        arch::spin_wait_hint(100);
+    }
+}
+
+/// A cheap, well-mixed hash (for per-rank, per-round pseudo-random delays).
+#[inline(always)]
+pub const fn mix(a: u32, b: u32, c: u32) -> u32 {
+    let mut h = a.wrapping_mul(0x9E37_79B1) ^ b.wrapping_mul(0x85EB_CA77) ^ c.wrapping_mul(0xC2B2_AE3D);
+    h ^= h >> 15;
+    h = h.wrapping_mul(0x2C1B_3C6D);
+    h ^ (h >> 12)
+}
+
+/// The value rank `lsa_rank` leaves in its peers' windows in round `round` of
+/// [`lsa_barrier_stress`].
+pub const fn stress_value(round: u32, lsa_rank: u32) -> u32 {
+    round.wrapping_mul(1000).wrapping_add(lsa_rank)
+}
+
+kernel! {
+    /// Barrier stress: `rounds` times, CTA `b` of every rank waits a pseudo-random
+    /// `0..max_delay_ns`, writes [`stress_value`] into word `[b][me]` of every peer's slot of
+    /// `win` with plain stores, meets the other ranks at LSA barrier `b`, checks that word
+    /// `[b][p]` of its own slot holds peer `p`'s value for this round (counting mismatches
+    /// in `*errors`), and meets them again before the next round may overwrite.
+    ///
+    /// Needs `grid` barriers and `grid * lsa_size * 4` bytes of `win`.
+    ///
+    /// # Safety
+    /// `comm` and `win` come from live handles; `errors` is a valid word.
+    pub unsafe fn lsa_barrier_stress(comm: DevComm, win: DevWindow, rounds: u32, max_delay_ns: u32, errors: *mut u32) {
+        let b = arch::block_idx_x() as u32;
+        let (me, n) = (comm.lsa_rank, comm.lsa_size);
+        let tid = arch::thread_rank_in_block();
+        let row = (b * n) as usize;
+        // SAFETY: the kernel's contract gives one barrier per CTA.
+        let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b) };
+        let mut bad = 0u32;
+        for round in 1..=rounds {
+            if max_delay_ns > 0 {
+                delay_ns(u64::from(mix(comm.rank, round, b) % max_delay_ns));
+            }
+            let mut p = tid;
+            while p < n as usize {
+                // SAFETY: word [b][me] lies in peer p's slot (window sized by the contract).
+                unsafe { win.lsa_ptr::<u32>((row + me as usize) * 4, p as u32).write_volatile(stress_value(round, me)) };
+                p += arch::block_size();
+            }
+            bar.sync();
+            let mut p = tid;
+            while p < n as usize {
+                // SAFETY: word [b][p] lies in this rank's slot.
+                let v = unsafe { win.local_ptr::<u32>((row + p) * 4).read_volatile() };
+                bad += u32::from(v != stress_value(round, p as u32));
+                p += arch::block_size();
+            }
+            bar.sync();
+        }
+        if bad != 0 {
+            // SAFETY: `errors` is valid (kernel contract).
+            unsafe { arch::atomic::fetch_add(errors, bad, arch::RmwOrder::Relaxed, arch::Scope::Sys) };
+        }
+    }
+}
+
+kernel! {
+    /// Barrier latency: CTA `b` runs `warmup` then `rounds` LSA barrier rounds on barrier `b`
+    /// and writes the `%globaltimer` nanoseconds of the timed rounds to `out_ns[b]`.
+    ///
+    /// # Safety
+    /// `comm` comes from a live handle with at least `grid` barriers; `out_ns` holds `grid` words.
+    pub unsafe fn lsa_barrier_bench(comm: DevComm, warmup: u32, rounds: u32, out_ns: *mut u64) {
+        let b = arch::block_idx_x();
+        // SAFETY: one barrier per CTA (kernel contract).
+        let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+        for _ in 0..warmup {
+            bar.sync();
+        }
+        let t0 = arch::global_timer_ns();
+        for _ in 0..rounds {
+            bar.sync();
+        }
+        let t1 = arch::global_timer_ns();
+        if arch::thread_rank_in_block() == 0 {
+            // SAFETY: `out_ns` holds one word per CTA.
+            unsafe { out_ns.add(b).write(t1 - t0) };
+        }
+    }
+}
+
+kernel! {
+    /// Put: copies `bytes` bytes from local `src` into LSA peer `peer`'s slot of `win` at
+    /// `dst_offset`, with every thread of the grid (plain stores; no completion signal —
+    /// follow with a barrier, or let the kernel boundary order it for the host).
+    ///
+    /// # Safety
+    /// `src` holds `bytes` bytes; `dst_offset + bytes <= win.size`; `peer < win.lsa_size`.
+    pub unsafe fn lsa_put(win: DevWindow, peer: u32, dst_offset: usize, src: *const u8, bytes: usize) {
+        // SAFETY: the destination range lies in the peer's slot (kernel contract).
+        unsafe {
+            crate::kernels::copy::copy_bytes(
+                win.lsa_ptr(dst_offset, peer), src, bytes, arch::global_thread_idx_x(), arch::grid_threads_x(),
+            )
+        }
+    }
+}
+
+kernel! {
+    /// The ring pattern: every rank copies `bytes` bytes of `src` into offset 0 of the next
+    /// rank's (`(lsa_rank + 1) % lsa_size`) slot of `win`, CTA `b` taking part `b` of the
+    /// range, then meets the other ranks at LSA barrier `b`. After it, each rank's slot holds
+    /// the previous rank's `src`.
+    ///
+    /// # Safety
+    /// `src` holds `bytes` bytes; `bytes <= win.size`; `grid <= lsa_barrier_count`.
+    pub unsafe fn lsa_ring_exchange(comm: DevComm, win: DevWindow, src: *const u8, bytes: usize) {
+        let b = arch::block_idx_x();
+        let next = (comm.lsa_rank + 1) % comm.lsa_size;
+        // SAFETY: the range lies in the next rank's slot (kernel contract).
+        unsafe { lsa::copy(CoopCta, win.lsa_ptr(0, next), src, bytes, b, arch::grid_dim_x()) };
+        // SAFETY: one barrier per CTA (kernel contract).
+        let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+        bar.sync();
+    }
+}
+
+kernel! {
+    /// One-shot all-reduce (sum of `f32`) over LSA: every rank's input is `count` floats at
+    /// offset 0 of its slot of `win`. CTA `b` meets the other ranks at barrier `b` (inputs
+    /// complete), sums part `b` of every peer's input directly into `out`, and meets them
+    /// again (no rank may overwrite its input while peers still read it). Every rank gets
+    /// bitwise the same sums (same order: peer 0, 1, …).
+    ///
+    /// # Safety
+    /// `win.size >= count * 4`; `out` holds `count` floats; `grid <= lsa_barrier_count`.
+    pub unsafe fn lsa_allreduce_sum_f32(comm: DevComm, win: DevWindow, out: *mut f32, count: usize) {
+        let b = arch::block_idx_x();
+        // SAFETY: one barrier per CTA (kernel contract).
+        let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+        bar.sync();
+        // SAFETY: every peer's slot holds `count` floats at offset 0; `out` holds `count`.
+        unsafe { lsa::reduce_sum_window(CoopCta, &[out], &win, 0, count, b, arch::grid_dim_x()) };
+        bar.sync();
+    }
+}
+
+/// The value [`lsa_fused_scale_put`] computes from input `x` on world rank `rank`.
+#[inline(always)]
+pub fn fused_value(x: f32, scale: f32, rank: u32) -> f32 {
+    x * scale + rank as f32
+}
+
+kernel! {
+    /// Fused compute and communication: computes `input[i] * scale + rank` for `count`
+    /// floats and stores each 16-byte tile straight into the next rank's slot of `win` (no
+    /// local staging buffer), then meets the other ranks at barrier `b`, after which each
+    /// rank's slot holds the previous rank's results.
+    ///
+    /// # Safety
+    /// `input` holds `count` floats (16-byte aligned); `win.size >= count * 4`;
+    /// `grid <= lsa_barrier_count`.
+    pub unsafe fn lsa_fused_scale_put(comm: DevComm, win: DevWindow, input: *const f32, count: usize, scale: f32) {
+        let next = (comm.lsa_rank + 1) % comm.lsa_size;
+        let dst = win.lsa_ptr::<f32>(0, next);
+        let (i0, stride) = (arch::global_thread_idx_x(), arch::grid_threads_x());
+        let vectors = count / 4;
+        let mut v = i0;
+        while v < vectors {
+            // SAFETY: vector v lies in both ranges (kernel contract), 16-byte aligned.
+            unsafe {
+                let x = arch::load_v4(input.add(4 * v) as *const U32x4);
+                let y = U32x4(x.0.map(|w| fused_value(f32::from_bits(w), scale, comm.rank).to_bits()));
+                arch::store_v4(dst.add(4 * v) as *mut U32x4, y);
+            }
+            v += stride;
+        }
+        let mut i = 4 * vectors + i0;
+        while i < count {
+            // SAFETY: i < count.
+            unsafe { dst.add(i).write(fused_value(input.add(i).read(), scale, comm.rank)) };
+            i += stride;
+        }
+        // SAFETY: one barrier per CTA (kernel contract).
+        let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, arch::block_idx_x() as u32) };
+        bar.sync();
+    }
+}
