@@ -143,8 +143,8 @@ pub unsafe fn reduce_sum_with<T: ReduceElem, C: Coop>(
     let size = core::mem::size_of::<T>();
     let (start_b, len_b) = split_16(count * size, part, parts);
     let (start, n) = (start_b / size, len_b / size);
-    let aligned =
-        (0..nsrcs).all(|s| (src(s) as usize + start_b) & 15 == 0) && dsts.iter().all(|p| (*p as usize + start_b) & 15 == 0);
+    let aligned = (0..nsrcs).all(|s| (src(s) as usize + start_b) & 15 == 0)
+        && dsts.iter().all(|p| (*p as usize + start_b) & 15 == 0);
     let (rank, nthreads) = (coop.thread_rank(), coop.size());
     let per_vec = 16 / size;
     let vectors = if aligned { n / per_vec } else { 0 };

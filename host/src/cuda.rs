@@ -355,3 +355,169 @@ impl Drop for RawEvent {
         let _ = unsafe { result::event::destroy(self.0) };
     }
 }
+
+// ---- virtual memory management (cuMem*) -----------------------------------------------
+
+/// A physical allocation made with `cuMemCreate` (exportable as a POSIX file descriptor,
+/// for multi-process windows later), released on drop.
+#[derive(Debug)]
+pub struct PhysicalAllocation {
+    handle: sys::CUmemGenericAllocationHandle,
+    /// Size in bytes (a multiple of the granularity).
+    pub size: usize,
+}
+
+fn allocation_prop(dev: &CudaDevice) -> sys::CUmemAllocationProp {
+    // SAFETY: an all-zero CUmemAllocationProp is a valid starting value (the C API's
+    // documented way to initialize it); the fields we need are set below.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev.device;
+    prop
+}
+
+impl CudaDevice {
+    /// The VMM allocation granularity (recommended) of this GPU: 2 MiB on the H200.
+    pub fn vmm_granularity(&self) -> Result<usize> {
+        self.bind()?;
+        let prop = allocation_prop(self);
+        let mut g = 0usize;
+        // SAFETY: `prop` and `g` are valid for the call.
+        unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut g,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+            )
+        }
+        .result()
+        .map_err(cuda_err("cuMemGetAllocationGranularity"))?;
+        Ok(g)
+    }
+
+    /// Creates `size` bytes (a multiple of the granularity) of physical memory on this GPU.
+    pub fn mem_create(&self, size: usize) -> Result<PhysicalAllocation> {
+        self.bind()?;
+        let prop = allocation_prop(self);
+        let mut handle = 0;
+        // SAFETY: `prop` describes pinned device memory on this GPU; `handle` is written.
+        unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) }.result().map_err(cuda_err("cuMemCreate"))?;
+        Ok(PhysicalAllocation { handle, size })
+    }
+
+    /// Whether this GPU can map memory of `peer` (peer access over NVLink/PCIe).
+    pub fn can_access_peer(&self, peer: &CudaDevice) -> Result<bool> {
+        if peer.device == self.device {
+            return Ok(true);
+        }
+        let mut can = 0;
+        // SAFETY: both device handles are valid.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.device, peer.device) }
+            .result()
+            .map_err(cuda_err("cuDeviceCanAccessPeer"))?;
+        Ok(can != 0)
+    }
+
+    /// The device handle's ordinal identity (for comparing devices).
+    pub fn raw_device(&self) -> i32 {
+        self.device
+    }
+}
+
+impl Drop for PhysicalAllocation {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from cuMemCreate; the driver frees the memory once its last
+        // mapping is gone (owners unmap before releasing).
+        let _ = unsafe { sys::cuMemRelease(self.handle) };
+    }
+}
+
+/// A reserved virtual address range (`cuMemAddressReserve`), freed on drop after its
+/// mappings are removed.
+#[derive(Debug)]
+pub struct AddressRange {
+    /// Base address.
+    pub base: sys::CUdeviceptr,
+    /// Size in bytes.
+    pub size: usize,
+    mapped: Vec<(usize, usize)>,
+}
+
+impl AddressRange {
+    /// Reserves `size` bytes aligned to `align`.
+    pub fn reserve(dev: &CudaDevice, size: usize, align: usize) -> Result<AddressRange> {
+        dev.bind()?;
+        let mut base = 0;
+        // SAFETY: reserves address space only; `base` is written.
+        unsafe { sys::cuMemAddressReserve(&mut base, size, align, 0, 0) }
+            .result()
+            .map_err(cuda_err("cuMemAddressReserve"))?;
+        Ok(AddressRange { base, size, mapped: Vec::new() })
+    }
+
+    /// Maps all of `phys` at `offset` in this range.
+    pub fn map(&mut self, dev: &CudaDevice, offset: usize, phys: &PhysicalAllocation) -> Result<()> {
+        if offset.checked_add(phys.size).is_none_or(|end| end > self.size) {
+            return Err(Error::InvalidArgument(format!(
+                "mapping {} bytes at offset {offset} overruns a {}-byte range",
+                phys.size, self.size
+            )));
+        }
+        dev.bind()?;
+        // SAFETY: [base + offset, + size) lies in the reservation and is unmapped (each
+        // offset is mapped once by the owners); `phys` is alive.
+        unsafe { sys::cuMemMap(self.base + offset as u64, phys.size, 0, phys.handle, 0) }
+            .result()
+            .map_err(cuda_err("cuMemMap"))?;
+        self.mapped.push((offset, phys.size));
+        Ok(())
+    }
+
+    /// Grants read/write access to the whole range to each of `devices`.
+    pub fn set_access(&self, dev: &CudaDevice, devices: &[&CudaDevice]) -> Result<()> {
+        dev.bind()?;
+        let descs: Vec<sys::CUmemAccessDesc> = devices
+            .iter()
+            .map(|d| {
+                // SAFETY: all-zero is a valid starting value for this plain C struct.
+                let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+                desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                desc.location.id = d.device;
+                desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+                desc
+            })
+            .collect();
+        // SAFETY: the range is fully mapped (callers map every slot first); `descs` is valid.
+        unsafe { sys::cuMemSetAccess(self.base, self.size, descs.as_ptr(), descs.len()) }
+            .result()
+            .map_err(cuda_err("cuMemSetAccess"))
+    }
+
+    /// Unmaps everything mapped and frees the reservation.
+    pub fn release(mut self, dev: &CudaDevice) -> Result<()> {
+        self.release_inner(dev)
+    }
+
+    fn release_inner(&mut self, dev: &CudaDevice) -> Result<()> {
+        dev.bind()?;
+        for (offset, size) in self.mapped.drain(..) {
+            // SAFETY: this exact sub-range was mapped by `map`; no work uses it (owners
+            // synchronize the devices first).
+            unsafe { sys::cuMemUnmap(self.base + offset as u64, size) }.result().map_err(cuda_err("cuMemUnmap"))?;
+        }
+        if self.size > 0 {
+            // SAFETY: the reservation is unmapped and freed once (size set to 0 after).
+            unsafe { sys::cuMemAddressFree(self.base, self.size) }.result().map_err(cuda_err("cuMemAddressFree"))?;
+            self.size = 0;
+        }
+        Ok(())
+    }
+}
+
+/// Free and total device memory of the current context's GPU (`cuMemGetInfo`).
+pub fn mem_info(dev: &CudaDevice) -> Result<(usize, usize)> {
+    dev.bind()?;
+    result::mem_get_info().map_err(cuda_err("cuMemGetInfo"))
+}

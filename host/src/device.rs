@@ -119,6 +119,41 @@ impl Device {
         }
     }
 
+    /// Writes `src` to device address `addr`, after waiting for all work on the device; the
+    /// data has landed when this returns.
+    ///
+    /// # Safety
+    /// `[addr, addr + src.len())` is device memory of this device that the caller owns.
+    pub(crate) unsafe fn write_bytes(&self, addr: u64, src: &[u8]) -> Result<()> {
+        self.synchronize()?;
+        match &self.0.imp {
+            // SAFETY: the caller's contract; the device is idle.
+            DeviceImpl::Cuda(d) => unsafe { d.htod(addr, src) },
+            DeviceImpl::Cpu(_) => {
+                // SAFETY: the caller's contract; no stream runs (synchronized above).
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads device address `addr` into `dst`, after waiting for all work on the device.
+    ///
+    /// # Safety
+    /// As [`Device::write_bytes`].
+    pub(crate) unsafe fn read_bytes(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        self.synchronize()?;
+        match &self.0.imp {
+            // SAFETY: the caller's contract; the device is idle.
+            DeviceImpl::Cuda(d) => unsafe { d.dtoh(dst, addr) },
+            DeviceImpl::Cpu(_) => {
+                // SAFETY: the caller's contract; no stream runs.
+                unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
+                Ok(())
+            }
+        }
+    }
+
     pub(crate) fn same_as(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }

@@ -89,6 +89,12 @@ unsafe impl<T: 'static> KernelParam for *const T {}
 // SAFETY: as above.
 unsafe impl<T: 'static> KernelParam for *mut T {}
 
+// SAFETY: `#[repr(C)]` Pod structs of u32/u64 fields, passed as `.param .align 8 .b8 [N]`
+// (checked in the PTX: DevComm is 80 bytes, DevWindow 32); device addresses inside.
+unsafe impl KernelParam for ferrolink_device::DevComm {}
+// SAFETY: as above.
+unsafe impl KernelParam for ferrolink_device::DevWindow {}
+
 /// A tuple of [`KernelParam`]s: the arguments of one launch, matching the kernel's
 /// declared parameter types exactly (the [`ferrolink_device::kernel::Kernel`] type says which).
 pub trait KernelArgs: Copy + 'static {

@@ -84,18 +84,9 @@ impl<T: Pod> DeviceBuffer<T> {
                 self.len
             )));
         }
-        self.dev.synchronize()?;
-        let bytes: &[u8] = bytemuck::cast_slice(src);
-        match &self.dev.0.imp {
-            // SAFETY: the buffer holds `bytes.len()` bytes and the device is idle.
-            DeviceImpl::Cuda(d) => unsafe { d.htod(self.addr, bytes) },
-            DeviceImpl::Cpu(_) => {
-                // SAFETY: the allocation holds `bytes.len()` bytes, does not overlap `src`,
-                // and no stream touches it (the device was synchronized above).
-                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.addr as *mut u8, bytes.len()) };
-                Ok(())
-            }
-        }
+        // SAFETY: the buffer owns `self.bytes()` bytes at `addr`; `&mut self` excludes other
+        // host access.
+        unsafe { self.dev.write_bytes(self.addr, bytemuck::cast_slice(src)) }
     }
 
     /// Copies the buffer into `dst` (lengths must match). Waits for the device first.
@@ -107,17 +98,8 @@ impl<T: Pod> DeviceBuffer<T> {
                 self.len
             )));
         }
-        self.dev.synchronize()?;
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
-        match &self.dev.0.imp {
-            // SAFETY: the buffer holds `bytes.len()` bytes and the device is idle.
-            DeviceImpl::Cuda(d) => unsafe { d.dtoh(bytes, self.addr) },
-            DeviceImpl::Cpu(_) => {
-                // SAFETY: as in copy_from_host.
-                unsafe { std::ptr::copy_nonoverlapping(self.addr as *const u8, bytes.as_mut_ptr(), bytes.len()) };
-                Ok(())
-            }
-        }
+        // SAFETY: the buffer owns `self.bytes()` bytes at `addr`.
+        unsafe { self.dev.read_bytes(self.addr, bytemuck::cast_slice_mut(dst)) }
     }
 
     /// The buffer's contents as a `Vec`. Waits for the device first.

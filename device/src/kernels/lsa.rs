@@ -203,3 +203,51 @@ kernel! {
         bar.sync();
     }
 }
+
+/// [`lsa_barrier_try_sync`] status: every rank arrived.
+pub const TRY_SYNC_OK: u32 = 1;
+/// [`lsa_barrier_try_sync`] status: the wait timed out.
+pub const TRY_SYNC_TIMED_OUT: u32 = 2;
+
+kernel! {
+    /// One LSA barrier round on barrier `block_idx` with a device-side timeout; CTA `b` writes
+    /// [`TRY_SYNC_OK`] or [`TRY_SYNC_TIMED_OUT`] to `status[b]`. A rank that never arrives
+    /// makes the others time out instead of hanging.
+    ///
+    /// # Safety
+    /// `comm` from a live handle with at least `grid` barriers; `status` holds `grid` words.
+    pub unsafe fn lsa_barrier_try_sync(comm: DevComm, timeout_ns: u64, status: *mut u32) {
+        let b = arch::block_idx_x();
+        // SAFETY: one barrier per CTA (kernel contract).
+        let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+        let result = match bar.sync_timeout(timeout_ns) {
+            Ok(()) => TRY_SYNC_OK,
+            Err(_) => TRY_SYNC_TIMED_OUT,
+        };
+        if arch::thread_rank_in_block() == 0 {
+            // SAFETY: `status` holds one word per CTA.
+            unsafe { status.add(b).write(result) };
+        }
+    }
+}
+
+kernel! {
+    /// Copies the device communicator's window table (`comm.window(i)` for every registered
+    /// `i`) to `out` and the count to `*count`: lets the host check what kernels see.
+    ///
+    /// # Safety
+    /// `comm` from a live handle; `out` holds `comm.window_count` entries; `count` is valid.
+    pub unsafe fn lsa_window_table_probe(comm: DevComm, out: *mut DevWindow, count: *mut u32) {
+        if arch::global_thread_idx_x() != 0 {
+            return;
+        }
+        let mut i = 0;
+        // SAFETY: the handle is alive (kernel contract); `out` has room for every entry.
+        while let Some(w) = unsafe { comm.window(i) } {
+            unsafe { out.add(i as usize).write(w) };
+            i += 1;
+        }
+        // SAFETY: `count` is valid.
+        unsafe { count.write(i) };
+    }
+}

@@ -1,0 +1,412 @@
+//! Tests of communicators, symmetric windows and the LSA device API, on the CPU emulator
+//! and (where present) CUDA, with several virtual ranks per device.
+
+use ferrolink::testing::for_each_backend;
+use ferrolink::{
+    Backend, Communicator, DevCommHandle, DevCommRequirements, Device, Error, LaunchConfig, Window, create_dev_comms,
+    register_window,
+};
+use ferrolink_device::DevWindow;
+use ferrolink_device::emulator::EmuError;
+use ferrolink_device::kernels::{lsa, workqueue};
+use ferrolink_tests::{first_mismatch, random_bytes};
+use std::time::Duration;
+
+fn check(cond: bool, what: impl FnOnce() -> String) -> ferrolink::Result<()> {
+    if cond { Ok(()) } else { Err(Error::InvalidArgument(format!("check failed: {}", what()))) }
+}
+
+/// `n` virtual ranks on `dev`, a window of `bytes` per rank, and device communicators.
+fn job(
+    dev: &Device,
+    n: usize,
+    bytes: usize,
+) -> ferrolink::Result<(Vec<Communicator>, Vec<Window>, Vec<DevCommHandle>)> {
+    let comms = Communicator::init_all(&vec![dev.clone(); n])?;
+    let bufs = comms.iter().map(|c| c.mem_alloc(bytes)).collect::<ferrolink::Result<Vec<_>>>()?;
+    let windows = register_window(&comms, bufs)?;
+    let handles = create_dev_comms(&comms, DevCommRequirements::default())?;
+    Ok((comms, windows, handles))
+}
+
+/// Threads per CTA for LSA kernels: realistic on a GPU, small on the emulator.
+fn block(dev: &Device) -> u32 {
+    if dev.backend() == Backend::Cuda { 256 } else { 32 }
+}
+
+fn sync_all(comms: &[Communicator]) -> ferrolink::Result<()> {
+    comms.iter().try_for_each(|c| c.stream().synchronize())
+}
+
+#[test]
+fn ranks_know_their_teams() {
+    for_each_backend("ranks_know_their_teams", |dev| {
+        let comms = Communicator::init_all(&vec![dev.clone(); 4])?;
+        for (r, c) in comms.iter().enumerate() {
+            check(c.rank() == r && c.nranks() == 4 && c.lsa_size() == 4 && c.lsa_rank() == r, || format!("{c:?}"))?;
+            check(c.rail_team().size == 1 && c.world_team().rank == r as u32, || format!("{c:?}"))?;
+            check(c.lsa_scope() == ferrolink_device::arch::Scope::Gpu, || "virtual ranks must use .gpu scope".into())?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn ring_pattern_moves_each_buffer_to_the_next_rank() {
+    for_each_backend("ring_pattern_moves_each_buffer_to_the_next_rank", |dev| {
+        for n in [2usize, 3, 8] {
+            let bytes = 1_000_003;
+            let (comms, windows, handles) = job(dev, n, bytes)?;
+            let srcs: Vec<_> = (0..n).map(|r| random_bytes(r as u64 + 100, bytes)).collect();
+            let src_bufs = comms
+                .iter()
+                .zip(&srcs)
+                .map(|(c, s)| c.device().alloc_from(s))
+                .collect::<ferrolink::Result<Vec<_>>>()?;
+            for r in 0..n {
+                let c = &comms[r];
+                // SAFETY: windows and buffers hold `bytes` bytes and outlive the kernels
+                // (synchronized below); 8 CTAs <= 32 barriers.
+                unsafe {
+                    c.stream().launch(
+                        c.device().builtin_module()?,
+                        &lsa::lsa_ring_exchange,
+                        LaunchConfig::linear(8, block(dev)),
+                        (handles[r].dev_comm(), windows[r].dev_window(), src_bufs[r].as_kernel_ptr(), bytes),
+                    )?;
+                }
+            }
+            sync_all(&comms)?;
+            for r in 0..n {
+                let got: Vec<u8> = windows[r].read(0, bytes)?;
+                let want = &srcs[(r + n - 1) % n];
+                check(&got == want, || {
+                    format!("{n} ranks: rank {r} first wrong byte {:?}", first_mismatch(&got, want))
+                })?;
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn barrier_stress_orders_window_writes_across_ranks() {
+    for_each_backend("barrier_stress_orders_window_writes_across_ranks", |dev| {
+        let (ctas, rounds, delay) = match dev.backend() {
+            Backend::Cuda => (32u32, 2000u32, 2000u32),
+            Backend::Cpu => (2, 40, 20_000),
+        };
+        for n in [2usize, 4, 8] {
+            let (comms, windows, handles) = job(dev, n, (ctas as usize) * n * 4)?;
+            let mut errors = Vec::new();
+            for r in 0..n {
+                let c = &comms[r];
+                let mut e = c.device().alloc::<u32>(1)?;
+                // SAFETY: the window holds ctas * n words; `ctas` <= 32 barriers; buffers
+                // outlive the kernels (synchronized below).
+                unsafe {
+                    c.stream().launch(
+                        c.device().builtin_module()?,
+                        &lsa::lsa_barrier_stress,
+                        LaunchConfig::linear(ctas, block(dev)),
+                        (handles[r].dev_comm(), windows[r].dev_window(), rounds, delay, e.as_kernel_mut_ptr()),
+                    )?;
+                }
+                errors.push(e);
+            }
+            sync_all(&comms)?;
+            for (r, e) in errors.iter().enumerate() {
+                let bad = e.to_vec()?[0];
+                check(bad == 0, || format!("{n} ranks: rank {r} saw {bad} stale words"))?;
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn one_shot_allreduce_matches_the_host_sum_on_every_rank() {
+    for_each_backend("one_shot_allreduce_matches_the_host_sum_on_every_rank", |dev| {
+        for (n, count) in [(2usize, 100_003usize), (4, 4096), (8, 1 << 18)] {
+            let (comms, windows, handles) = job(dev, n, count * 4)?;
+            // Small integers: sums are exact in f32, so the check can be exact.
+            let inputs: Vec<Vec<f32>> = (0..n)
+                .map(|r| random_bytes(r as u64 * 7 + 1, count).iter().map(|&b| f32::from(b) - 128.0).collect())
+                .collect();
+            let want: Vec<f32> = (0..count).map(|i| inputs.iter().map(|v| v[i]).sum()).collect();
+            let mut outs = Vec::new();
+            for r in 0..n {
+                windows[r].copy_from_host(0, &inputs[r])?;
+                outs.push(comms[r].device().alloc::<f32>(count)?);
+            }
+            for (r, out) in outs.iter_mut().enumerate() {
+                let c = &comms[r];
+                // SAFETY: every window slot holds `count` floats, `out` too; 16 CTAs <= 32
+                // barriers; synchronized below.
+                unsafe {
+                    c.stream().launch(
+                        c.device().builtin_module()?,
+                        &lsa::lsa_allreduce_sum_f32,
+                        LaunchConfig::linear(16, block(dev)),
+                        (handles[r].dev_comm(), windows[r].dev_window(), out.as_kernel_mut_ptr(), count),
+                    )?;
+                }
+            }
+            sync_all(&comms)?;
+            for (r, out) in outs.iter().enumerate() {
+                let got = out.to_vec()?;
+                check(got == want, || {
+                    format!("{n} ranks: rank {r} first wrong sum {:?}", first_mismatch(&got, &want))
+                })?;
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn fused_kernel_writes_computed_tiles_into_the_next_rank() {
+    for_each_backend("fused_kernel_writes_computed_tiles_into_the_next_rank", |dev| {
+        let (n, count, scale) = (4usize, 50_001usize, 0.5f32);
+        let (comms, windows, handles) = job(dev, n, count * 4)?;
+        let inputs: Vec<Vec<f32>> =
+            (0..n).map(|r| (0..count).map(|i| (i % 1000) as f32 + r as f32).collect()).collect();
+        let bufs =
+            comms.iter().zip(&inputs).map(|(c, v)| c.device().alloc_from(v)).collect::<ferrolink::Result<Vec<_>>>()?;
+        for r in 0..n {
+            let c = &comms[r];
+            // SAFETY: input and window hold `count` floats; 8 CTAs <= 32 barriers.
+            unsafe {
+                c.stream().launch(
+                    c.device().builtin_module()?,
+                    &lsa::lsa_fused_scale_put,
+                    LaunchConfig::linear(8, block(dev)),
+                    (handles[r].dev_comm(), windows[r].dev_window(), bufs[r].as_kernel_ptr(), count, scale),
+                )?;
+            }
+        }
+        sync_all(&comms)?;
+        for r in 0..n {
+            let prev = (r + n - 1) % n;
+            let want: Vec<f32> = inputs[prev].iter().map(|&x| lsa::fused_value(x, scale, prev as u32)).collect();
+            let got: Vec<f32> = windows[r].read(0, count)?;
+            check(got == want, || format!("rank {r}: first wrong value {:?}", first_mismatch(&got, &want)))?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn work_queue_processes_every_item_exactly_once() {
+    for_each_backend("work_queue_processes_every_item_exactly_once", |dev| {
+        let items = 20_000u32;
+        let want_sum = (0..items).fold(0u32, |s, i| s.wrapping_add(workqueue::item_work(i, workqueue::item_cost(i))));
+        let (grid, threads) = if dev.backend() == Backend::Cuda { (dev.sm_count() * 2, 256) } else { (2, 64) };
+        for static_split in [0u32, 1] {
+            let stream = dev.create_stream()?;
+            let mut next = dev.alloc::<u32>(1)?;
+            let mut hits = dev.alloc::<u32>(items as usize)?;
+            let mut sum = dev.alloc::<u32>(1)?;
+            let mut cta_ns = dev.alloc::<u64>(grid as usize)?;
+            // SAFETY: buffers sized per the kernel's contract; synchronized by the reads below.
+            unsafe {
+                stream.launch(
+                    dev.builtin_module()?,
+                    &workqueue::persistent_work_queue,
+                    LaunchConfig::linear(grid, threads),
+                    (
+                        next.as_kernel_mut_ptr(),
+                        items,
+                        64,
+                        static_split,
+                        hits.as_kernel_mut_ptr(),
+                        sum.as_kernel_mut_ptr(),
+                        cta_ns.as_kernel_mut_ptr(),
+                    ),
+                )?;
+            }
+            let h = hits.to_vec()?;
+            check(h.iter().all(|&x| x == 1), || {
+                format!("static={static_split}: item hit counts {:?}", first_mismatch(&h, &vec![1; h.len()]))
+            })?;
+            let s = sum.to_vec()?[0];
+            check(s == want_sum, || format!("static={static_split}: checksum {s:#x}, want {want_sum:#x}"))?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn window_table_in_dev_comm_lists_added_windows() {
+    for_each_backend("window_table_in_dev_comm_lists_added_windows", |dev| {
+        let (comms, windows, mut handles) = job(dev, 2, 4096)?;
+        let more = register_window(&comms, comms.iter().map(|c| c.mem_alloc(100)).collect::<ferrolink::Result<_>>()?)?;
+        for r in 0..2 {
+            check(handles[r].add_window(&windows[r])? == 0, || "first index".into())?;
+            check(handles[r].add_window(&more[r])? == 1, || "second index".into())?;
+            let c = &comms[r];
+            let mut out = c.device().alloc::<u64>(8)?; // 2 DevWindows of 32 bytes
+            let mut count = c.device().alloc::<u32>(1)?;
+            // SAFETY: `out` holds 2 DevWindows, `count` one word.
+            unsafe {
+                c.stream().launch(
+                    c.device().builtin_module()?,
+                    &lsa::lsa_window_table_probe,
+                    LaunchConfig::linear(1, 32),
+                    (handles[r].dev_comm(), out.as_kernel_mut_ptr() as *mut DevWindow, count.as_kernel_mut_ptr()),
+                )?;
+            }
+            let raw = out.to_vec()?;
+            let seen: &[DevWindow] = bytemuck_cast(&raw);
+            check(count.to_vec()?[0] == 2, || "count".into())?;
+            check(seen[0] == windows[r].dev_window() && seen[1] == more[r].dev_window(), || format!("{seen:?}"))?;
+        }
+        // A window of another rank is refused.
+        check(matches!(handles[0].add_window(&windows[1]), Err(Error::InvalidArgument(_))), || {
+            "foreign window accepted".into()
+        })
+    });
+}
+
+fn bytemuck_cast(words: &[u64]) -> &[DevWindow] {
+    // DevWindow is 32 bytes of u64/u32 fields: 4 words each.
+    assert_eq!(std::mem::size_of::<DevWindow>(), 32);
+    let n = words.len() / 4;
+    // SAFETY: `words` holds n * 32 bytes, u64-aligned (DevWindow's alignment), and every bit
+    // pattern is a valid DevWindow (plain integers).
+    unsafe { std::slice::from_raw_parts(words.as_ptr() as *const DevWindow, n) }
+}
+
+#[test]
+fn bad_window_input_gets_clear_errors() {
+    for_each_backend("bad_window_input_gets_clear_errors", |dev| {
+        let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
+        check(matches!(comms[0].mem_alloc(0), Err(Error::InvalidArgument(m)) if m.contains("size 0")), || {
+            "size 0".into()
+        })?;
+        // Mismatched sizes.
+        let r = register_window(&comms, vec![comms[0].mem_alloc(4096)?, comms[1].mem_alloc(8192)?]);
+        check(matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("same size")), || format!("{r:?}"))?;
+        // One buffer for two ranks.
+        let r = register_window(&comms, vec![comms[0].mem_alloc(4096)?]);
+        check(matches!(&r, Err(Error::InvalidArgument(_))), || format!("{r:?}"))?;
+        // Ranks out of order.
+        let swapped = [comms[1].clone(), comms[0].clone()];
+        let r = register_window(&swapped, vec![comms[1].mem_alloc(64)?, comms[0].mem_alloc(64)?]);
+        check(
+            matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("rank order") || m.contains("not rank")),
+            || format!("{r:?}"),
+        )?;
+        // Host access out of bounds or misaligned.
+        let w = register_window(&comms, vec![comms[0].mem_alloc(100)?, comms[1].mem_alloc(100)?])?;
+        check(matches!(w[0].copy_from_host(96, &[0u32; 2]), Err(Error::InvalidArgument(_))), || "overrun".into())?;
+        check(matches!(w[0].copy_from_host(2, &[0u32; 1]), Err(Error::InvalidArgument(_))), || "misaligned".into())?;
+        check(matches!(w[0].copy_from_host(usize::MAX, &[0u8; 1]), Err(Error::InvalidArgument(_))), || {
+            "overflow".into()
+        })?;
+        w[0].copy_from_host(96, &[7u32])?;
+        check(w[0].read::<u32>(96, 1)? == [7], || "in-bounds write".into())?;
+        // A window slot written by rank 0 is seen through rank 1's flat mapping (aliasing).
+        check(w[1].dev_window().flat_base == w[0].dev_window().flat_base, || "virtual ranks share one mapping".into())?;
+        check(
+            matches!(
+                create_dev_comms(&comms, DevCommRequirements { lsa_barrier_count: 0, window_capacity: 1 }),
+                Err(Error::InvalidArgument(_))
+            ),
+            || "0 barriers".into(),
+        )
+    });
+}
+
+#[test]
+fn windows_release_their_memory_when_dropped() {
+    for_each_backend("windows_release_their_memory_when_dropped", |dev| {
+        let comms = Communicator::init_all(&vec![dev.clone(); 4])?;
+        let measure = || -> ferrolink::Result<usize> {
+            dev.synchronize()?;
+            Ok(match dev.backend() {
+                Backend::Cuda => {
+                    let free = ferrolink::cuda_mem_free(dev)?;
+                    usize::MAX - free
+                }
+                Backend::Cpu => {
+                    std::fs::read_to_string("/proc/self/maps").unwrap_or_default().matches("ferrolink-vmm").count()
+                }
+            })
+        };
+        let before = measure()?;
+        for _ in 0..10 {
+            let bufs = comms.iter().map(|c| c.mem_alloc(16 << 20)).collect::<ferrolink::Result<Vec<_>>>()?;
+            let w = register_window(&comms, bufs)?;
+            let h = create_dev_comms(&comms, DevCommRequirements::default())?;
+            // Drop order the user picks: the window first, the handles after.
+            drop(w);
+            drop(h);
+        }
+        let after = measure()?;
+        let slack = if dev.backend() == Backend::Cuda { 64 << 20 } else { 0 };
+        check(after <= before + slack, || format!("in use before {before}, after {after}"))
+    });
+}
+
+/// A rank that never reaches the barrier makes the others fail instead of hanging: on the
+/// emulator the launch times out with an error naming the kernel; on the GPU the kernel's
+/// own timeout reports it.
+#[test]
+fn missing_barrier_arrival_ends_with_a_timeout() {
+    for_each_backend("missing_barrier_arrival_ends_with_a_timeout", |dev| {
+        let (comms, _windows, handles) = job(dev, 2, 4096)?;
+        let c = &comms[0];
+        let mut status = c.device().alloc::<u32>(1)?;
+        let limit = Duration::from_millis(500);
+        let device_timeout = if dev.backend() == Backend::Cuda { 50_000_000u64 } else { u64::MAX / 2 };
+        // Only rank 0 launches: rank 1's arrival never comes.
+        // SAFETY: `status` holds one word; one CTA <= 32 barriers.
+        unsafe {
+            c.stream().launch(
+                c.device().builtin_module()?,
+                &lsa::lsa_barrier_try_sync,
+                LaunchConfig::linear(1, block(dev)).with_emulator_timeout(limit),
+                (handles[0].dev_comm(), device_timeout, status.as_kernel_mut_ptr()),
+            )?;
+        }
+        let r = c.stream().synchronize();
+        match dev.backend() {
+            Backend::Cpu => check(
+                matches!(&r, Err(Error::Emulator(EmuError::Timeout { kernel: "lsa_barrier_try_sync", .. }))),
+                || format!("{r:?}"),
+            ),
+            Backend::Cuda => {
+                r?;
+                check(status.to_vec()?[0] == lsa::TRY_SYNC_TIMED_OUT, || "status".into())
+            }
+        }
+    });
+}
+
+#[test]
+fn barrier_with_every_rank_present_does_not_time_out() {
+    for_each_backend("barrier_with_every_rank_present_does_not_time_out", |dev| {
+        let (comms, _windows, handles) = job(dev, 4, 4096)?;
+        let mut statuses = Vec::new();
+        for (r, c) in comms.iter().enumerate() {
+            let mut status = c.device().alloc::<u32>(4)?;
+            // SAFETY: `status` holds 4 words; 4 CTAs <= 32 barriers.
+            unsafe {
+                c.stream().launch(
+                    c.device().builtin_module()?,
+                    &lsa::lsa_barrier_try_sync,
+                    LaunchConfig::linear(4, block(dev)),
+                    (handles[r].dev_comm(), 10_000_000_000u64, status.as_kernel_mut_ptr()),
+                )?;
+            }
+            statuses.push(status);
+        }
+        sync_all(&comms)?;
+        for s in &statuses {
+            let v = s.to_vec()?;
+            check(v.iter().all(|&x| x == lsa::TRY_SYNC_OK), || format!("{v:?}"))?;
+        }
+        Ok(())
+    });
+}
