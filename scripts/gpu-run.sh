@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the GPU bundle on the GPU machine: every test binary on CUDA (a missing GPU fails),
-# every example, then the perf suite. Logs and summary.txt go to $OUT (or ./gpu-out).
-#   PERF=0 skips the perf suite; TESTS=0 skips the tests; PERF_ARGS adds perf arguments.
+# every example, then the perf suite. Logs go to $OUT (or ./gpu-out) as four files at most
+# (tests.log, examples.log, perf.log, summary.txt: the device tool returns 8 files).
+#   PERF=0 skips the perf suite; TESTS=0 skips the tests; PERF_ARGS replaces the perf
+#   arguments (default `all`, e.g. PERF_ARGS="copy --sweep").
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-$here/gpu-out}"
@@ -20,22 +22,26 @@ if [ "${TESTS:-1}" = 1 ]; then
   for t in "$here"/bin/test-*; do
     name="$(basename "$t")"
     start=$(date +%s%N)
-    if "$t" --test-threads=4 > "$out/$name.log" 2>&1; then res=PASS; else res=FAIL; status=1; fi
+    log="$out/tests.log"
+    echo "===== $name" >> "$log"
+    if "$t" --test-threads=4 > "$here/last.log" 2>&1; then res=PASS; else res=FAIL; status=1; fi
+    cat "$here/last.log" >> "$log"
     ms=$(( ($(date +%s%N) - start) / 1000000 ))
-    line=$(grep -E "^test result:" "$out/$name.log" | tail -n1)
+    line=$(grep -E "^test result:" "$here/last.log" | tail -n1)
     echo "$res $name (${ms} ms): $line" | tee -a "$summary"
-    [ "$res" = FAIL ] && grep -E "panicked|FAILED|failed on" "$out/$name.log" | head -n 20 | tee -a "$summary"
+    [ "$res" = FAIL ] && grep -E "panicked|FAILED|failed on" "$here/last.log" | head -n 20 | tee -a "$summary"
   done
   for e in "$here"/bin/example-*; do
     [ -e "$e" ] || continue
     name="$(basename "$e")"
-    if timeout 120 "$e" > "$out/$name.log" 2>&1; then res=PASS; else res=FAIL; status=1; fi
-    echo "$res $name: $(tail -n1 "$out/$name.log")" | tee -a "$summary"
+    if timeout 120 "$e" > "$here/last.log" 2>&1; then res=PASS; else res=FAIL; status=1; fi
+    { echo "===== $name"; cat "$here/last.log"; } >> "$out/examples.log"
+    echo "$res $name: $(tail -n1 "$here/last.log")" | tee -a "$summary"
   done
 fi
 if [ "${PERF:-1}" = 1 ]; then
-  echo "== ferrolink-perf copy ${PERF_ARGS:-}" | tee -a "$summary"
-  "$here/bin/ferrolink-perf" copy ${PERF_ARGS:-} 2>&1 | tee -a "$out/perf.log" | tee -a "$summary" || status=1
+  echo "== ferrolink-perf ${PERF_ARGS:-all}" | tee -a "$summary"
+  "$here/bin/ferrolink-perf" ${PERF_ARGS:-all} 2>&1 | tee -a "$out/perf.log" | tee -a "$summary" || status=1
 fi
 echo "exit status: $status" | tee -a "$summary"
 exit $status

@@ -8,8 +8,7 @@ use ferrolink::{
 };
 use ferrolink_device::DevWindow;
 use ferrolink_device::emulator::EmuError;
-use ferrolink_device::kernels::{lsa, workqueue};
-use ferrolink_tests::{first_mismatch, random_bytes};
+use ferrolink_device::kernels::lsa;
 use std::time::Duration;
 
 fn check(cond: bool, what: impl FnOnce() -> String) -> ferrolink::Result<()> {
@@ -51,42 +50,35 @@ fn ranks_know_their_teams() {
     });
 }
 
+/// The examples (examples/lib.rs) check their own results; run them at several rank counts.
 #[test]
-fn ring_pattern_moves_each_buffer_to_the_next_rank() {
-    for_each_backend("ring_pattern_moves_each_buffer_to_the_next_rank", |dev| {
-        for n in [2usize, 3, 8] {
-            let bytes = 1_000_003;
-            let (comms, windows, handles) = job(dev, n, bytes)?;
-            let srcs: Vec<_> = (0..n).map(|r| random_bytes(r as u64 + 100, bytes)).collect();
-            let src_bufs = comms
-                .iter()
-                .zip(&srcs)
-                .map(|(c, s)| c.device().alloc_from(s))
-                .collect::<ferrolink::Result<Vec<_>>>()?;
-            for r in 0..n {
-                let c = &comms[r];
-                // SAFETY: windows and buffers hold `bytes` bytes and outlive the kernels
-                // (synchronized below); 8 CTAs <= 32 barriers.
-                unsafe {
-                    c.stream().launch(
-                        c.device().builtin_module()?,
-                        &lsa::lsa_ring_exchange,
-                        LaunchConfig::linear(8, block(dev)),
-                        (handles[r].dev_comm(), windows[r].dev_window(), src_bufs[r].as_kernel_ptr(), bytes),
-                    )?;
-                }
-            }
-            sync_all(&comms)?;
-            for r in 0..n {
-                let got: Vec<u8> = windows[r].read(0, bytes)?;
-                let want = &srcs[(r + n - 1) % n];
-                check(&got == want, || {
-                    format!("{n} ranks: rank {r} first wrong byte {:?}", first_mismatch(&got, want))
-                })?;
-            }
+fn example_ring_pattern_moves_each_buffer_to_the_next_rank() {
+    for_each_backend("example_ring_pattern", |dev| {
+        for n in [2, 3, 8] {
+            ferrolink_examples::ring::run(dev, n, 1_000_003)?;
         }
         Ok(())
     });
+}
+
+#[test]
+fn example_one_shot_allreduce_matches_the_host_sum_on_every_rank() {
+    for_each_backend("example_one_shot_allreduce", |dev| {
+        for (n, count) in [(2, 100_003), (4, 4096), (8, 1 << 18)] {
+            ferrolink_examples::allreduce::run(dev, n, count)?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn example_fused_kernel_writes_computed_tiles_into_the_next_rank() {
+    for_each_backend("example_fused_kernel", |dev| ferrolink_examples::fused::run(dev, 4, 50_001).map(drop));
+}
+
+#[test]
+fn example_work_queue_processes_every_item_exactly_once() {
+    for_each_backend("example_work_queue", |dev| ferrolink_examples::work_queue::run(dev, 20_000).map(drop));
 }
 
 #[test]
@@ -119,118 +111,6 @@ fn barrier_stress_orders_window_writes_across_ranks() {
                 let bad = e.to_vec()?[0];
                 check(bad == 0, || format!("{n} ranks: rank {r} saw {bad} stale words"))?;
             }
-        }
-        Ok(())
-    });
-}
-
-#[test]
-fn one_shot_allreduce_matches_the_host_sum_on_every_rank() {
-    for_each_backend("one_shot_allreduce_matches_the_host_sum_on_every_rank", |dev| {
-        for (n, count) in [(2usize, 100_003usize), (4, 4096), (8, 1 << 18)] {
-            let (comms, windows, handles) = job(dev, n, count * 4)?;
-            // Small integers: sums are exact in f32, so the check can be exact.
-            let inputs: Vec<Vec<f32>> = (0..n)
-                .map(|r| random_bytes(r as u64 * 7 + 1, count).iter().map(|&b| f32::from(b) - 128.0).collect())
-                .collect();
-            let want: Vec<f32> = (0..count).map(|i| inputs.iter().map(|v| v[i]).sum()).collect();
-            let mut outs = Vec::new();
-            for r in 0..n {
-                windows[r].copy_from_host(0, &inputs[r])?;
-                outs.push(comms[r].device().alloc::<f32>(count)?);
-            }
-            for (r, out) in outs.iter_mut().enumerate() {
-                let c = &comms[r];
-                // SAFETY: every window slot holds `count` floats, `out` too; 16 CTAs <= 32
-                // barriers; synchronized below.
-                unsafe {
-                    c.stream().launch(
-                        c.device().builtin_module()?,
-                        &lsa::lsa_allreduce_sum_f32,
-                        LaunchConfig::linear(16, block(dev)),
-                        (handles[r].dev_comm(), windows[r].dev_window(), out.as_kernel_mut_ptr(), count),
-                    )?;
-                }
-            }
-            sync_all(&comms)?;
-            for (r, out) in outs.iter().enumerate() {
-                let got = out.to_vec()?;
-                check(got == want, || {
-                    format!("{n} ranks: rank {r} first wrong sum {:?}", first_mismatch(&got, &want))
-                })?;
-            }
-        }
-        Ok(())
-    });
-}
-
-#[test]
-fn fused_kernel_writes_computed_tiles_into_the_next_rank() {
-    for_each_backend("fused_kernel_writes_computed_tiles_into_the_next_rank", |dev| {
-        let (n, count, scale) = (4usize, 50_001usize, 0.5f32);
-        let (comms, windows, handles) = job(dev, n, count * 4)?;
-        let inputs: Vec<Vec<f32>> =
-            (0..n).map(|r| (0..count).map(|i| (i % 1000) as f32 + r as f32).collect()).collect();
-        let bufs =
-            comms.iter().zip(&inputs).map(|(c, v)| c.device().alloc_from(v)).collect::<ferrolink::Result<Vec<_>>>()?;
-        for r in 0..n {
-            let c = &comms[r];
-            // SAFETY: input and window hold `count` floats; 8 CTAs <= 32 barriers.
-            unsafe {
-                c.stream().launch(
-                    c.device().builtin_module()?,
-                    &lsa::lsa_fused_scale_put,
-                    LaunchConfig::linear(8, block(dev)),
-                    (handles[r].dev_comm(), windows[r].dev_window(), bufs[r].as_kernel_ptr(), count, scale),
-                )?;
-            }
-        }
-        sync_all(&comms)?;
-        for r in 0..n {
-            let prev = (r + n - 1) % n;
-            let want: Vec<f32> = inputs[prev].iter().map(|&x| lsa::fused_value(x, scale, prev as u32)).collect();
-            let got: Vec<f32> = windows[r].read(0, count)?;
-            check(got == want, || format!("rank {r}: first wrong value {:?}", first_mismatch(&got, &want)))?;
-        }
-        Ok(())
-    });
-}
-
-#[test]
-fn work_queue_processes_every_item_exactly_once() {
-    for_each_backend("work_queue_processes_every_item_exactly_once", |dev| {
-        let items = 20_000u32;
-        let want_sum = (0..items).fold(0u32, |s, i| s.wrapping_add(workqueue::item_work(i, workqueue::item_cost(i))));
-        let (grid, threads) = if dev.backend() == Backend::Cuda { (dev.sm_count() * 2, 256) } else { (2, 64) };
-        for static_split in [0u32, 1] {
-            let stream = dev.create_stream()?;
-            let mut next = dev.alloc::<u32>(1)?;
-            let mut hits = dev.alloc::<u32>(items as usize)?;
-            let mut sum = dev.alloc::<u32>(1)?;
-            let mut cta_ns = dev.alloc::<u64>(grid as usize)?;
-            // SAFETY: buffers sized per the kernel's contract; synchronized by the reads below.
-            unsafe {
-                stream.launch(
-                    dev.builtin_module()?,
-                    &workqueue::persistent_work_queue,
-                    LaunchConfig::linear(grid, threads),
-                    (
-                        next.as_kernel_mut_ptr(),
-                        items,
-                        64,
-                        static_split,
-                        hits.as_kernel_mut_ptr(),
-                        sum.as_kernel_mut_ptr(),
-                        cta_ns.as_kernel_mut_ptr(),
-                    ),
-                )?;
-            }
-            let h = hits.to_vec()?;
-            check(h.iter().all(|&x| x == 1), || {
-                format!("static={static_split}: item hit counts {:?}", first_mismatch(&h, &vec![1; h.len()]))
-            })?;
-            let s = sum.to_vec()?[0];
-            check(s == want_sum, || format!("static={static_split}: checksum {s:#x}, want {want_sum:#x}"))?;
         }
         Ok(())
     });

@@ -163,8 +163,8 @@ impl PtxBuilder {
         self
     }
 
-    /// The target directory of the nested build (default: `$OUT_DIR/../../ferrolink-ptx` in a
-    /// build script, else `<crate>/target/ferrolink-ptx`).
+    /// The target directory of the nested build (default: `target/<profile>/ferrolink-ptx` of
+    /// the outer build in a build script, else `<crate>/target/ferrolink-ptx`).
     pub fn target_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.target_dir = Some(dir.into());
         self

@@ -80,7 +80,7 @@ impl<T> SymPtr<T> {
 
     /// The pointer `n` elements further.
     #[inline(always)]
-    pub fn add(self, n: usize) -> SymPtr<T> {
+    pub fn offset_by(self, n: usize) -> SymPtr<T> {
         SymPtr { offset: self.offset + (n * core::mem::size_of::<T>()) as u64, ..self }
     }
 }
@@ -98,7 +98,7 @@ mod tests {
         assert!(w.lsa_ptr_checked::<u32>(997, 1).is_none());
         assert!(w.lsa_ptr_checked::<u32>(0, 4).is_none());
         assert!(w.lsa_ptr_checked::<u32>(usize::MAX, 0).is_none());
-        let s = w.sym::<u64>(3).add(2);
+        let s = w.sym::<u64>(3).offset_by(2);
         assert_eq!(s.lsa(1) as u64, 0x1000_0000 + 0x20_0000 + 40);
         assert_eq!(s.local() as u64, 0x1000_0000 + 2 * 0x20_0000 + 40);
     }

@@ -156,3 +156,159 @@ mod tests {
         assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
     }
 }
+
+/// Virtual ranks on one device, with a window of `window_bytes` and device communicators.
+fn virtual_job(
+    dev: &Device,
+    nranks: usize,
+    window_bytes: usize,
+    barriers: u32,
+) -> Result<(Vec<crate::Communicator>, Vec<crate::Window>, Vec<crate::DevCommHandle>)> {
+    let comms = crate::Communicator::init_all(&vec![dev.clone(); nranks])?;
+    let bufs = comms.iter().map(|c| c.mem_alloc(window_bytes)).collect::<Result<Vec<_>>>()?;
+    let windows = crate::register_window(&comms, bufs)?;
+    let reqs = crate::DevCommRequirements { lsa_barrier_count: barriers, window_capacity: 1 };
+    let handles = crate::create_dev_comms(&comms, reqs)?;
+    Ok((comms, windows, handles))
+}
+
+/// LSA barrier latency for one shape.
+#[derive(Clone, Debug)]
+pub struct BarrierFigure {
+    /// Ranks (virtual, on one device).
+    pub nranks: usize,
+    /// CTAs per rank, each on its own barrier.
+    pub ctas: u32,
+    /// Microseconds per round at the scope the communicator chose (`.gpu` for virtual ranks).
+    pub us_per_round: f64,
+    /// Microseconds per round with the same kernel forced to `.sys` scope (the baseline:
+    /// what peers on other GPUs need).
+    pub us_per_round_sys: f64,
+}
+
+/// Times `rounds` LSA barrier rounds (after `rounds / 10` warm-up rounds) on `nranks` virtual
+/// ranks with `ctas` CTAs of 32 threads each, at the chosen scope and at `.sys`. The figure is
+/// the slowest CTA's average round.
+pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Result<BarrierFigure> {
+    use ferrolink_device::arch::Scope;
+    use ferrolink_device::kernels::{lsa::lsa_barrier_bench, selftest::scope_code};
+    let (comms, _windows, handles) = virtual_job(dev, nranks, 4096, ctas)?;
+    let run = |scope: Option<Scope>| -> Result<f64> {
+        let mut outs = Vec::new();
+        for (c, h) in comms.iter().zip(&handles) {
+            let mut dc = h.dev_comm();
+            if let Some(s) = scope {
+                dc.lsa_scope_code = scope_code(s);
+            }
+            let mut out = c.device().alloc::<u64>(ctas as usize)?;
+            // SAFETY: `out` holds one word per CTA; `ctas` barriers exist; all ranks launch
+            // the same grid; synchronized below before `out` is read or dropped.
+            unsafe {
+                c.stream().launch(
+                    c.device().builtin_module()?,
+                    &lsa_barrier_bench,
+                    LaunchConfig::linear(ctas, 32),
+                    (dc, rounds / 10, rounds, out.as_kernel_mut_ptr()),
+                )?;
+            }
+            outs.push(out);
+        }
+        let mut worst = 0u64;
+        for out in &outs {
+            worst = worst.max(out.to_vec()?.into_iter().max().unwrap_or(0));
+        }
+        Ok(worst as f64 / f64::from(rounds) / 1e3)
+    };
+    let us_per_round = run(None)?;
+    let us_per_round_sys = run(Some(Scope::Sys))?;
+    Ok(BarrierFigure { nranks, ctas, us_per_round, us_per_round_sys })
+}
+
+/// Put bandwidth: `lsa_put` of `bytes` from rank 0 into rank 1's window slot vs the driver's
+/// copy between the same addresses, on 2 virtual ranks. Medians of `trials` x `iters`.
+pub fn put_bench(dev: &Device, bytes: usize, iters: usize, trials: usize) -> Result<CopyReport> {
+    use ferrolink_device::kernels::lsa::lsa_put;
+    let (comms, windows, _handles) = virtual_job(dev, 2, bytes, 1)?;
+    let src: DeviceBuffer<u8> = dev.alloc_from(&(0..bytes).map(|i| (i * 31 % 253) as u8).collect::<Vec<u8>>())?;
+    let win = windows[0].dev_window();
+    let peer_addr = win.lsa_ptr::<u8>(0, 1) as u64;
+    let cfg = ops::copy_launch_config(dev, bytes);
+    let module = dev.builtin_module()?;
+    let (mut base, mut kern) = (Vec::new(), Vec::new());
+    for _ in 0..trials.max(1) {
+        base.push(time_gbps(dev, bytes, iters, |s| s.copy_raw_dtod(peer_addr, src.addr(), bytes))?);
+        kern.push(time_gbps(dev, bytes, iters, |s| {
+            // SAFETY: `src` holds `bytes` bytes; rank 1's slot holds `bytes` bytes; both live
+            // until synchronized (time_gbps waits for its events).
+            unsafe { s.launch(module, &lsa_put, cfg, (win, 1u32, 0usize, src.as_kernel_ptr(), bytes)) }
+        })?);
+    }
+    drop(comms);
+    Ok(CopyReport {
+        bytes,
+        baseline: CopyFigure { method: "cuMemcpyDtoD to the peer slot".into(), gbps: median(&mut base) },
+        kernel: CopyFigure { method: format!("lsa_put {}x{}", cfg.grid.0, cfg.block.0), gbps: median(&mut kern) },
+        sweep: Vec::new(),
+    })
+}
+
+/// Ring throughput: every one of `nranks` virtual ranks sends `bytes` to the next rank with
+/// `lsa_ring_exchange` (puts plus one barrier), `iters` times, vs every rank's stream doing a
+/// driver copy of the same bytes into the same destinations. Aggregate GB/s (bytes moved by
+/// all ranks per second, launch costs included), medians of `trials`.
+pub fn ring_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trials: usize) -> Result<CopyReport> {
+    use ferrolink_device::kernels::lsa::lsa_ring_exchange;
+    let ctas = (dev.sm_count() * 2 / nranks as u32).clamp(1, 32);
+    let (comms, windows, handles) = virtual_job(dev, nranks, bytes, ctas)?;
+    let srcs = comms.iter().map(|c| c.device().alloc::<u8>(bytes)).collect::<Result<Vec<_>>>()?;
+    let threads = if dev.backend() == crate::Backend::Cuda { 512 } else { 32 };
+    let wall = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        f()?; // warm-up
+        for c in &comms {
+            c.stream().synchronize()?;
+        }
+        let t = std::time::Instant::now();
+        for _ in 0..iters {
+            f()?;
+        }
+        for c in &comms {
+            c.stream().synchronize()?;
+        }
+        Ok((bytes * nranks * iters) as f64 / t.elapsed().as_secs_f64() / 1e9)
+    };
+    let (mut base, mut kern) = (Vec::new(), Vec::new());
+    for _ in 0..trials.max(1) {
+        base.push(wall(&mut || {
+            for r in 0..nranks {
+                let next = windows[r].dev_window().lsa_ptr::<u8>(0, ((r + 1) % nranks) as u32) as u64;
+                comms[r].stream().copy_raw_dtod(next, srcs[r].addr(), bytes)?;
+            }
+            Ok(())
+        })?);
+        kern.push(wall(&mut || {
+            for r in 0..nranks {
+                let c = &comms[r];
+                // SAFETY: sources and window slots hold `bytes` bytes and outlive the kernels
+                // (synchronized in `wall`); `ctas` barriers exist; every rank launches the same grid.
+                unsafe {
+                    c.stream().launch(
+                        c.device().builtin_module()?,
+                        &lsa_ring_exchange,
+                        LaunchConfig::linear(ctas, threads),
+                        (handles[r].dev_comm(), windows[r].dev_window(), srcs[r].as_kernel_ptr(), bytes),
+                    )?;
+                }
+            }
+            Ok(())
+        })?);
+    }
+    Ok(CopyReport {
+        bytes,
+        baseline: CopyFigure { method: format!("cuMemcpyDtoD on {nranks} streams"), gbps: median(&mut base) },
+        kernel: CopyFigure {
+            method: format!("lsa_ring_exchange {nranks} ranks x {ctas}x{threads}"),
+            gbps: median(&mut kern),
+        },
+        sweep: Vec::new(),
+    })
+}

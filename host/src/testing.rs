@@ -17,7 +17,11 @@ use crate::{Backend, Device, Result};
 
 /// The backends a test should run on here, with the reason for any that is skipped.
 pub fn test_backends() -> (Vec<Backend>, Vec<(Backend, String)>) {
-    let wanted = std::env::var("FERROLINK_TEST_BACKENDS").unwrap_or_else(|_| "all".into());
+    let wanted = std::env::var("FERROLINK_TEST_BACKENDS").unwrap_or_else(|_| "all".into()).to_ascii_lowercase();
+    assert!(
+        matches!(wanted.as_str(), "all" | "cpu" | "cuda"),
+        "FERROLINK_TEST_BACKENDS={wanted:?}: use `all`, `cpu` or `cuda` (a test must not silently run nowhere)"
+    );
     let mut run = Vec::new();
     let mut skipped = Vec::new();
     if wanted == "all" || wanted == "cpu" {

@@ -244,6 +244,7 @@ kernel! {
         let mut i = 0;
         // SAFETY: the handle is alive (kernel contract); `out` has room for every entry.
         while let Some(w) = unsafe { comm.window(i) } {
+            // SAFETY: `out` holds `window_count` entries and i < window_count.
             unsafe { out.add(i as usize).write(w) };
             i += 1;
         }

@@ -43,6 +43,26 @@ enum Command {
         #[arg(long)]
         sweep: bool,
     },
+    /// LSA barrier latency at 2/4/8 virtual ranks x 1/8/32 CTAs, chosen scope vs `.sys`.
+    Barrier {
+        /// Timed rounds per measurement.
+        #[arg(long, default_value_t = 20_000)]
+        rounds: u32,
+    },
+    /// Device put into a peer's window slot vs the driver's copy to the same address.
+    Put {
+        /// Comma-separated sizes. Default: 256M on a GPU, 16M on the CPU.
+        #[arg(long, value_delimiter = ',', value_parser = perf::parse_size)]
+        sizes: Vec<usize>,
+    },
+    /// Ring pattern throughput (every rank puts to the next, then a barrier) vs driver copies.
+    Ring {
+        /// Bytes each rank sends. Default: 64M on a GPU, 1M on the CPU.
+        #[arg(long, value_parser = perf::parse_size)]
+        bytes: Option<usize>,
+    },
+    /// Everything above with default settings.
+    All,
 }
 
 fn main() {
@@ -69,40 +89,105 @@ fn run(cli: Cli) -> ferrolink::Result<()> {
     let dev = open(&cli)?;
     match cli.command {
         Command::Info => Ok(()),
-        Command::Copy { mut sizes, iters, trials, sweep } => {
-            if sizes.is_empty() {
-                sizes = match dev.backend() {
-                    Backend::Cuda => vec![256 << 20, 1 << 30],
-                    Backend::Cpu => vec![64 << 20],
-                };
-            }
-            let (iters, trials) =
-                if dev.backend() == Backend::Cpu { (iters.min(3), trials.min(3)) } else { (iters, trials) };
-            println!("{:>10}  {:>16}  {:>36}  {:>6}", "bytes", "baseline GB/s", "copy kernel GB/s", "ratio");
-            for bytes in sizes {
-                let r = perf::copy_bench(&dev, bytes, iters, trials, sweep)?;
-                println!(
-                    "{:>10}  {:>16.1}  {:>36}  {:>6.3}",
-                    bytes,
-                    r.baseline.gbps,
-                    format!("{:.1} ({})", r.kernel.gbps, r.kernel.method),
-                    r.ratio()
-                );
-                for f in &r.sweep {
-                    println!(
-                        "{:>10}  {:>16}  {:>36}  {:>6.3}",
-                        "",
-                        "",
-                        format!("{:.1} ({})", f.gbps, f.method),
-                        f.gbps / r.baseline.gbps
-                    );
-                }
-            }
-            println!(
-                "(baseline: {}; GB/s = 10^9 bytes copied per second; medians of {trials} trials x {iters} copies)",
-                if dev.backend() == Backend::Cuda { "cuMemcpyDtoDAsync" } else { "host memcpy on a CPU stream" }
-            );
-            Ok(())
+        Command::Copy { sizes, iters, trials, sweep } => copy(&dev, sizes, iters, trials, sweep),
+        Command::Barrier { rounds } => barrier(&dev, rounds),
+        Command::Put { sizes } => put(&dev, sizes),
+        Command::Ring { bytes } => ring(&dev, bytes),
+        Command::All => {
+            copy(&dev, Vec::new(), 20, 5, false)?;
+            put(&dev, Vec::new())?;
+            barrier(&dev, if dev.backend() == Backend::Cuda { 20_000 } else { 200 })?;
+            ring(&dev, None)
         }
     }
+}
+
+fn gpu(dev: &Device) -> bool {
+    dev.backend() == Backend::Cuda
+}
+
+fn barrier(dev: &Device, rounds: u32) -> ferrolink::Result<()> {
+    let rounds = if gpu(dev) { rounds } else { rounds.min(200) };
+    println!("\n== LSA barrier: microseconds per round (slowest CTA), {rounds} rounds, CTAs of 32 threads");
+    println!("{:>6} {:>10} {:>14} {:>18} {:>7}", "ranks", "CTAs/rank", "chosen scope", "baseline .sys", "ratio");
+    let ctas: &[u32] = if gpu(dev) { &[1, 8, 32] } else { &[1, 2] };
+    for n in [2usize, 4, 8] {
+        for &c in ctas {
+            let f = perf::barrier_bench(dev, n, c, rounds)?;
+            println!(
+                "{:>6} {:>10} {:>11.3} us {:>15.3} us {:>7.3}",
+                f.nranks,
+                f.ctas,
+                f.us_per_round,
+                f.us_per_round_sys,
+                f.us_per_round / f.us_per_round_sys
+            );
+        }
+    }
+    println!("(chosen scope: .gpu, as all virtual ranks share the GPU; ratio < 1 means faster than .sys)");
+    Ok(())
+}
+
+fn put(dev: &Device, mut sizes: Vec<usize>) -> ferrolink::Result<()> {
+    if sizes.is_empty() {
+        sizes = vec![if gpu(dev) { 256 << 20 } else { 16 << 20 }];
+    }
+    println!("\n== device put into a peer window slot (2 virtual ranks)");
+    for bytes in sizes {
+        let r = perf::put_bench(dev, bytes, if gpu(dev) { 20 } else { 2 }, if gpu(dev) { 7 } else { 2 })?;
+        println!(
+            "{bytes:>11} bytes: {} {:.1} GB/s | {} {:.1} GB/s | ratio {:.3}",
+            r.baseline.method,
+            r.baseline.gbps,
+            r.kernel.method,
+            r.kernel.gbps,
+            r.ratio()
+        );
+    }
+    Ok(())
+}
+
+fn ring(dev: &Device, bytes: Option<usize>) -> ferrolink::Result<()> {
+    let bytes = bytes.unwrap_or(if gpu(dev) { 64 << 20 } else { 1 << 20 });
+    println!("\n== ring pattern: each rank puts {bytes} bytes to the next, then an LSA barrier");
+    for n in [2usize, 4, 8] {
+        let r = perf::ring_bench(dev, n, bytes, if gpu(dev) { 20 } else { 2 }, if gpu(dev) { 5 } else { 1 })?;
+        println!(
+            "{n} ranks: {} {:.1} GB/s | {} {:.1} GB/s | ratio {:.3}",
+            r.baseline.method,
+            r.baseline.gbps,
+            r.kernel.method,
+            r.kernel.gbps,
+            r.ratio()
+        );
+    }
+    println!("(aggregate bytes moved by all ranks per second, wall clock, launches included)");
+    Ok(())
+}
+
+fn copy(dev: &Device, mut sizes: Vec<usize>, iters: usize, trials: usize, sweep: bool) -> ferrolink::Result<()> {
+    if sizes.is_empty() {
+        sizes = if gpu(dev) { vec![256 << 20, 1 << 30] } else { vec![64 << 20] };
+    }
+    let (iters, trials) = if gpu(dev) { (iters, trials) } else { (iters.min(3), trials.min(3)) };
+    println!("\n== copy kernel vs the driver's device-to-device copy");
+    println!("{:>10}  {:>16}  {:>40}  {:>6}", "bytes", "baseline GB/s", "copy kernel GB/s", "ratio");
+    for bytes in sizes {
+        let r = perf::copy_bench(dev, bytes, iters, trials, sweep)?;
+        let row = |gbps: f64, method: &str| format!("{gbps:.1} ({method})");
+        println!(
+            "{bytes:>10}  {:>16.1}  {:>40}  {:>6.3}",
+            r.baseline.gbps,
+            row(r.kernel.gbps, &r.kernel.method),
+            r.ratio()
+        );
+        for f in &r.sweep {
+            println!("{:>10}  {:>16}  {:>40}  {:>6.3}", "", "", row(f.gbps, &f.method), f.gbps / r.baseline.gbps);
+        }
+    }
+    println!(
+        "(baseline: {}; GB/s = 10^9 bytes copied per second; medians of {trials} trials x {iters} copies)",
+        if gpu(dev) { "cuMemcpyDtoDAsync" } else { "host memcpy on a CPU stream" }
+    );
+    Ok(())
 }
