@@ -90,10 +90,11 @@ fn barrier_stress_orders_window_writes_across_ranks() {
         };
         for n in [2usize, 4, 8] {
             let (comms, windows, handles) = job(dev, n, (ctas as usize) * n * 4)?;
-            let mut errors = Vec::new();
+            // Allocate before launching: host-side work between the ranks' launches could
+            // wait on a rank that already spins for one not yet launched.
+            let mut errors = comms.iter().map(|c| c.device().alloc::<u32>(1)).collect::<ferrolink::Result<Vec<_>>>()?;
             for r in 0..n {
                 let c = &comms[r];
-                let mut e = c.device().alloc::<u32>(1)?;
                 // SAFETY: the window holds ctas * n words; `ctas` <= 32 barriers; buffers
                 // outlive the kernels (synchronized below).
                 unsafe {
@@ -101,10 +102,9 @@ fn barrier_stress_orders_window_writes_across_ranks() {
                         c.device().builtin_module()?,
                         &lsa::lsa_barrier_stress,
                         LaunchConfig::linear(ctas, block(dev)),
-                        (handles[r].dev_comm(), windows[r].dev_window(), rounds, delay, e.as_kernel_mut_ptr()),
+                        (handles[r].dev_comm(), windows[r].dev_window(), rounds, delay, errors[r].as_kernel_mut_ptr()),
                     )?;
                 }
-                errors.push(e);
             }
             sync_all(&comms)?;
             for (r, e) in errors.iter().enumerate() {
@@ -268,19 +268,17 @@ fn missing_barrier_arrival_ends_with_a_timeout() {
 fn barrier_with_every_rank_present_does_not_time_out() {
     for_each_backend("barrier_with_every_rank_present_does_not_time_out", |dev| {
         let (comms, _windows, handles) = job(dev, 4, 4096)?;
-        let mut statuses = Vec::new();
+        let mut statuses = comms.iter().map(|c| c.device().alloc::<u32>(4)).collect::<ferrolink::Result<Vec<_>>>()?;
         for (r, c) in comms.iter().enumerate() {
-            let mut status = c.device().alloc::<u32>(4)?;
             // SAFETY: `status` holds 4 words; 4 CTAs <= 32 barriers.
             unsafe {
                 c.stream().launch(
                     c.device().builtin_module()?,
                     &lsa::lsa_barrier_try_sync,
                     LaunchConfig::linear(4, block(dev)),
-                    (handles[r].dev_comm(), 10_000_000_000u64, status.as_kernel_mut_ptr()),
+                    (handles[r].dev_comm(), 10_000_000_000u64, statuses[r].as_kernel_mut_ptr()),
                 )?;
             }
-            statuses.push(status);
         }
         sync_all(&comms)?;
         for s in &statuses {

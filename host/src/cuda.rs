@@ -124,7 +124,16 @@ impl CudaDevice {
         unsafe { result::memset_d8_sync(dst, 0, bytes) }.map_err(cuda_err("cuMemsetD8"))?;
         // cuMemsetD8 may return before the fill is done, and it is ordered only with the
         // legacy default stream, not with our non-blocking streams: wait for it.
-        self.synchronize()
+        self.wait_legacy_stream()
+    }
+
+    /// Waits for the work on the legacy default stream (where the synchronous memcpy and
+    /// memset calls run) and nothing else. In particular it does not wait for kernels on our
+    /// non-blocking streams: an allocation or host copy made while one rank's kernel spins,
+    /// waiting for a rank not yet launched, must not deadlock (seen on the H200 when it did).
+    fn wait_legacy_stream(&self) -> Result<()> {
+        // SAFETY: the null stream handle names the legacy default stream of the current context.
+        unsafe { result::stream::synchronize(std::ptr::null_mut()) }.map_err(cuda_err("cuStreamSynchronize(legacy)"))
     }
 
     /// Copies host bytes to device memory; the data has landed when it returns.
@@ -138,7 +147,7 @@ impl CudaDevice {
         // From pageable memory, cuMemcpyHtoD returns once the data is staged, possibly before
         // the DMA lands, and only the legacy default stream is ordered after it: kernels on
         // our non-blocking streams could read stale bytes (seen on the H200). Wait for it.
-        self.synchronize()
+        self.wait_legacy_stream()
     }
 
     /// Copies device memory to host bytes, synchronously.

@@ -9,7 +9,12 @@ use std::marker::PhantomData;
 ///
 /// Host access ([`copy_from_host`](Self::copy_from_host), [`to_vec`](Self::to_vec), …) first
 /// waits for all work on the device, so the host never races a kernel. Dropping a buffer also
-/// waits for the device, so no queued kernel can outlive the memory it uses.
+/// waits for the device, so no queued kernel can outlive the memory it uses. Allocating does
+/// not wait for running kernels.
+///
+/// With several ranks on one device, launch every rank's kernel before touching any buffer
+/// from the host: a host access waits for all kernels, and a kernel that waits for a rank
+/// whose launch comes after that access never finishes.
 pub struct DeviceBuffer<T: Pod> {
     dev: Device,
     addr: u64,

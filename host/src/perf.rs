@@ -194,13 +194,13 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Res
     use ferrolink_device::kernels::{lsa::lsa_barrier_bench, selftest::scope_code};
     let (comms, _windows, handles) = virtual_job(dev, nranks, 4096, ctas)?;
     let run = |scope: Option<Scope>| -> Result<f64> {
-        let mut outs = Vec::new();
-        for (c, h) in comms.iter().zip(&handles) {
+        // Allocate first: host work between the ranks' launches could wait on spinning ranks.
+        let mut outs = comms.iter().map(|c| c.device().alloc::<u64>(ctas as usize)).collect::<Result<Vec<_>>>()?;
+        for ((c, h), out) in comms.iter().zip(&handles).zip(&mut outs) {
             let mut dc = h.dev_comm();
             if let Some(s) = scope {
                 dc.lsa_scope_code = scope_code(s);
             }
-            let mut out = c.device().alloc::<u64>(ctas as usize)?;
             // SAFETY: `out` holds one word per CTA; `ctas` barriers exist; all ranks launch
             // the same grid; synchronized below before `out` is read or dropped.
             unsafe {
@@ -211,7 +211,6 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Res
                     (dc, rounds / 10, rounds, out.as_kernel_mut_ptr()),
                 )?;
             }
-            outs.push(out);
         }
         let mut worst = 0u64;
         for out in &outs {
@@ -261,7 +260,7 @@ pub fn ring_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trial
     let ctas = (dev.sm_count() * 2 / nranks as u32).clamp(1, 32);
     let (comms, windows, handles) = virtual_job(dev, nranks, bytes, ctas)?;
     let srcs = comms.iter().map(|c| c.device().alloc::<u8>(bytes)).collect::<Result<Vec<_>>>()?;
-    let threads = if dev.backend() == crate::Backend::Cuda { 512 } else { 32 };
+    let threads = if dev.backend() == crate::Backend::Cuda { 256 } else { 32 };
     let wall = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
         f()?; // warm-up
         for c in &comms {
