@@ -53,8 +53,8 @@ pub mod ring {
         let (comms, windows, handles) = virtual_job(dev, nranks, bytes)?;
         let srcs: Vec<Vec<u8>> = (0..nranks).map(|r| rank_bytes(r, bytes)).collect();
         let bufs = comms.iter().zip(&srcs).map(|(c, s)| c.device().alloc_from(s)).collect::<Result<Vec<_>>>()?;
-        for r in 0..nranks {
-            let c = &comms[r];
+        ferrolink::launch_all(&comms, |c| {
+            let r = c.rank();
             // SAFETY: source and window slots hold `bytes` bytes and outlive the kernels
             // (synchronized below); 8 CTAs use 8 of the 32 barriers; every rank launches the
             // same grid.
@@ -66,7 +66,8 @@ pub mod ring {
                     (handles[r].dev_comm(), windows[r].dev_window(), bufs[r].as_kernel_ptr(), bytes),
                 )?;
             }
-        }
+            Ok(())
+        })?;
         sync_all(&comms)?;
         for r in 0..nranks {
             let got: Vec<u8> = windows[r].read(0, bytes)?;
@@ -95,8 +96,9 @@ pub mod allreduce {
             windows[r].copy_from_host(0, &inputs[r])?;
             outs.push(comms[r].device().alloc::<f32>(count)?);
         }
-        for (r, out) in outs.iter_mut().enumerate() {
-            let c = &comms[r];
+        let out_ptrs: Vec<*mut f32> = outs.iter_mut().map(|o| o.as_kernel_mut_ptr()).collect();
+        ferrolink::launch_all(&comms, |c| {
+            let r = c.rank();
             // SAFETY: every slot holds `count` floats, `out` too; 16 CTAs <= 32 barriers;
             // synchronized below.
             unsafe {
@@ -104,10 +106,10 @@ pub mod allreduce {
                     c.device().builtin_module()?,
                     &lsa_allreduce_sum_f32,
                     LaunchConfig::linear(16, block_threads(dev)),
-                    (handles[r].dev_comm(), windows[r].dev_window(), out.as_kernel_mut_ptr(), count),
-                )?;
+                    (handles[r].dev_comm(), windows[r].dev_window(), out_ptrs[r], count),
+                )
             }
-        }
+        })?;
         sync_all(&comms)?;
         for (r, out) in outs.iter().enumerate() {
             let got = out.to_vec()?;
@@ -131,8 +133,8 @@ pub mod fused {
         let inputs: Vec<Vec<f32>> =
             (0..nranks).map(|r| (0..count).map(|i| (i % 1000) as f32 + r as f32).collect()).collect();
         let bufs = comms.iter().zip(&inputs).map(|(c, v)| c.device().alloc_from(v)).collect::<Result<Vec<_>>>()?;
-        for r in 0..nranks {
-            let c = &comms[r];
+        ferrolink::launch_all(&comms, |c| {
+            let r = c.rank();
             // SAFETY: input and window slots hold `count` floats; 8 CTAs <= 32 barriers.
             unsafe {
                 c.stream().launch(
@@ -142,7 +144,8 @@ pub mod fused {
                     (handles[r].dev_comm(), windows[r].dev_window(), bufs[r].as_kernel_ptr(), count, scale),
                 )?;
             }
-        }
+            Ok(())
+        })?;
         sync_all(&comms)?;
         for r in 0..nranks {
             let prev = (r + nranks - 1) % nranks;

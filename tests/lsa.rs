@@ -93,8 +93,8 @@ fn barrier_stress_orders_window_writes_across_ranks() {
             // Allocate before launching: host-side work between the ranks' launches could
             // wait on a rank that already spins for one not yet launched.
             let mut errors = comms.iter().map(|c| c.device().alloc::<u32>(1)).collect::<ferrolink::Result<Vec<_>>>()?;
-            for r in 0..n {
-                let c = &comms[r];
+            ferrolink::launch_all(&comms, |c| {
+                let r = c.rank();
                 // SAFETY: the window holds ctas * n words; `ctas` <= 32 barriers; buffers
                 // outlive the kernels (synchronized below).
                 unsafe {
@@ -105,7 +105,8 @@ fn barrier_stress_orders_window_writes_across_ranks() {
                         (handles[r].dev_comm(), windows[r].dev_window(), rounds, delay, errors[r].as_kernel_mut_ptr()),
                     )?;
                 }
-            }
+                Ok(())
+            })?;
             sync_all(&comms)?;
             for (r, e) in errors.iter().enumerate() {
                 let bad = e.to_vec()?[0];
@@ -268,18 +269,21 @@ fn missing_barrier_arrival_ends_with_a_timeout() {
 fn barrier_with_every_rank_present_does_not_time_out() {
     for_each_backend("barrier_with_every_rank_present_does_not_time_out", |dev| {
         let (comms, _windows, handles) = job(dev, 4, 4096)?;
-        let mut statuses = comms.iter().map(|c| c.device().alloc::<u32>(4)).collect::<ferrolink::Result<Vec<_>>>()?;
-        for (r, c) in comms.iter().enumerate() {
+        let mut statuses: Vec<ferrolink::DeviceBuffer<u32>> =
+            comms.iter().map(|c| c.device().alloc::<u32>(4)).collect::<ferrolink::Result<Vec<_>>>()?;
+        let ptrs: Vec<*mut u32> = statuses.iter_mut().map(|s| s.as_kernel_mut_ptr()).collect();
+        ferrolink::launch_all(&comms, |c| {
+            let r = c.rank();
             // SAFETY: `status` holds 4 words; 4 CTAs <= 32 barriers.
             unsafe {
                 c.stream().launch(
                     c.device().builtin_module()?,
                     &lsa::lsa_barrier_try_sync,
                     LaunchConfig::linear(4, block(dev)),
-                    (handles[r].dev_comm(), 10_000_000_000u64, statuses[r].as_kernel_mut_ptr()),
-                )?;
+                    (handles[r].dev_comm(), 10_000_000_000u64, ptrs[r]),
+                )
             }
-        }
+        })?;
         sync_all(&comms)?;
         for s in &statuses {
             let v = s.to_vec()?;

@@ -50,6 +50,9 @@ pub const fn seq_reached(value: u32, target: u32) -> bool {
     (value.wrapping_sub(target) as i32) >= 0
 }
 
+/// Polls of an inbox word before a waiting thread starts to back off with `nanosleep`.
+const SPINS_BEFORE_BACKOFF: u32 = 2048;
+
 /// A barrier wait that gave up after its timeout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BarrierTimeout;
@@ -119,21 +122,33 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
 
     fn wait_until(&mut self, deadline_ns: u64) -> Result<(), BarrierTimeout> {
         let scope = self.comm.lsa_scope();
+        let timed = deadline_ns != u64::MAX;
         let mut timed_out = false;
         let mut p = self.coop.thread_rank();
         while p < self.comm.lsa_size as usize && !timed_out {
             let slot = self.comm.barrier_window.local_ptr::<u32>(self.inbox_offset(p as u32));
+            let mut spins = 0u32;
             // SAFETY: `slot` is inside this rank's barrier row.
             while !seq_reached(unsafe { atomic::load(slot, LoadOrder::Acquire, scope) }, self.epoch) {
-                if deadline_ns != u64::MAX && arch::global_timer_ns() >= deadline_ns {
+                spins = spins.wrapping_add(1);
+                // Spin tight first: peers usually arrive within a microsecond, and a
+                // nanosleep costs more than that. Back off only for long waits.
+                if spins > SPINS_BEFORE_BACKOFF {
+                    arch::spin_wait_hint(64);
+                }
+                if timed && spins.is_multiple_of(64) && arch::global_timer_ns() >= deadline_ns {
                     timed_out = true;
                     break;
                 }
-                arch::spin_wait_hint(20);
             }
             p += self.coop.size();
         }
-        if self.coop.sync_any(timed_out) { Err(BarrierTimeout) } else { Ok(()) }
+        if timed {
+            if self.coop.sync_any(timed_out) { Err(BarrierTimeout) } else { Ok(()) }
+        } else {
+            self.coop.sync();
+            Ok(())
+        }
     }
 
     /// `arrive` then `wait`: a full barrier among the LSA domain's ranks.

@@ -141,6 +141,31 @@ impl Communicator {
     }
 }
 
+/// Launches work for every rank of a group: calls `launch(comm)` for each rank in order,
+/// as one unit with respect to ferrolink's context-wide waits (device synchronization, module
+/// loads, frees) made by other threads, which otherwise could stall a GPU whose first ranks
+/// already spin waiting for ranks not yet launched. Use it whenever the kernels of different
+/// ranks wait for each other (LSA barriers, signals).
+///
+/// Inside `launch`, do only launches and other non-blocking calls: a host access to device
+/// memory there waits for kernels that wait for ranks launched after it.
+///
+/// ```
+/// # use ferrolink::{Communicator, Device};
+/// # fn main() -> ferrolink::Result<()> {
+/// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+/// ferrolink::launch_all(&comms, |c| {
+///     // e.g. `unsafe { c.stream().launch(module, &kernel, cfg, (dev_comms[c.rank()].dev_comm(), ..)) }`
+///     let _ = c.rank();
+///     Ok(())
+/// })?;
+/// # Ok(()) }
+/// ```
+pub fn launch_all(comms: &[Communicator], mut launch: impl FnMut(&Communicator) -> Result<()>) -> Result<()> {
+    crate::cuda::group_launch(|| comms.iter().try_for_each(&mut launch))
+}
+
 /// Checks that `comms` are all ranks of one communicator, in rank order.
 pub(crate) fn check_all_ranks(comms: &[Communicator], what: &str) -> Result<()> {
     let Some(first) = comms.first() else {

@@ -6,8 +6,52 @@
 use crate::error::cuda_err;
 use crate::{Error, Result};
 use cudarc::driver::{result, sys};
+use std::cell::Cell;
 use std::ffi::{CString, c_void};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock};
+
+/// Orders context-wide blocking driver calls against group launches.
+///
+/// Several ranks on one GPU share its primary context. A driver call that waits for the
+/// whole context (`cuCtxSynchronize`, module load/unload, `cuMemFree`, VMM unmap) made while
+/// another thread has launched only some ranks of a group waits for kernels that spin until
+/// the rest of the group is launched — and the driver may hold a context lock that stalls
+/// those launches: a deadlock (seen on the H200 with concurrent tests). Group launches
+/// ([`crate::comm::launch_all`]) hold this lock exclusively; context-wide calls hold it shared,
+/// so they never interleave with a half-launched group.
+static GROUP_LOCK: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// Set while this thread holds `GROUP_LOCK` exclusively (its context-wide calls inside
+    /// the group launch must not try to take it again).
+    static IN_GROUP_LAUNCH: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs a context-wide blocking driver call outside any half-launched group.
+pub(crate) fn context_wide<R>(f: impl FnOnce() -> R) -> R {
+    if IN_GROUP_LAUNCH.get() {
+        return f();
+    }
+    let _shared = GROUP_LOCK.read().unwrap_or_else(|e| e.into_inner());
+    f()
+}
+
+/// Runs `f` (which launches every rank of a group) with the group lock held exclusively.
+pub(crate) fn group_launch<R>(f: impl FnOnce() -> R) -> R {
+    if IN_GROUP_LAUNCH.get() {
+        return f();
+    }
+    let _exclusive = GROUP_LOCK.write().unwrap_or_else(|e| e.into_inner());
+    IN_GROUP_LAUNCH.set(true);
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_GROUP_LAUNCH.set(false);
+        }
+    }
+    let _reset = Reset;
+    f()
+}
 
 /// Whether the CUDA backend can be used: the driver library loads, `cuInit` succeeds and at
 /// least one GPU is visible. Checked once per process.
@@ -91,7 +135,7 @@ impl CudaDevice {
     /// Waits for all work on the device (`cuCtxSynchronize`).
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;
-        result::ctx::synchronize().map_err(cuda_err("cuCtxSynchronize"))
+        context_wide(|| result::ctx::synchronize().map_err(cuda_err("cuCtxSynchronize")))
     }
 
     /// Allocates `bytes` of device memory (`cuMemAlloc`, 256-byte aligned).
@@ -108,7 +152,7 @@ impl CudaDevice {
     pub unsafe fn free(&self, ptr: sys::CUdeviceptr) -> Result<()> {
         self.bind()?;
         // SAFETY: the caller's contract.
-        unsafe { result::free_sync(ptr) }.map_err(cuda_err("cuMemFree"))
+        context_wide(|| unsafe { result::free_sync(ptr) }.map_err(cuda_err("cuMemFree")))
     }
 
     /// Fills `bytes` bytes at `dst` with zeros, synchronously.
@@ -174,7 +218,7 @@ impl CudaDevice {
         self.bind()?;
         let image = CString::new(ptx).map_err(|_| Error::InvalidArgument("PTX text contains a NUL byte".into()))?;
         // SAFETY: `image` is a NUL-terminated PTX string, alive during the call.
-        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+        let module = context_wide(|| unsafe { result::module::load_data(image.as_ptr() as *const c_void) })
             .map_err(cuda_err("cuModuleLoadData"))?;
         Ok(RawModule(module))
     }
@@ -290,8 +334,8 @@ impl RawModule {
     pub fn function(&self, dev: &CudaDevice, name: &str) -> Result<sys::CUfunction> {
         dev.bind()?;
         let cname = CString::new(name).map_err(|_| Error::KernelNotFound(name.into()))?;
-        // SAFETY: the module is loaded.
-        unsafe { result::module::get_function(self.0, cname) }.map_err(|e| {
+        // SAFETY: the module is loaded. (Under lazy loading this loads code onto the GPU.)
+        context_wide(|| unsafe { result::module::get_function(self.0, cname) }).map_err(|e| {
             if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_FOUND {
                 Error::KernelNotFound(name.into())
             } else {
@@ -328,7 +372,7 @@ impl Drop for RawModule {
     fn drop(&mut self) {
         // SAFETY: kernels launched from the module hold the module's owner alive until they
         // were synchronized (Module's drop synchronizes the device first).
-        let _ = unsafe { result::module::unload(self.0) };
+        let _ = context_wide(|| unsafe { result::module::unload(self.0) });
     }
 }
 
@@ -506,7 +550,7 @@ impl AddressRange {
 
     /// Unmaps everything mapped and frees the reservation.
     pub fn release(mut self, dev: &CudaDevice) -> Result<()> {
-        self.release_inner(dev)
+        context_wide(|| self.release_inner(dev))
     }
 
     fn release_inner(&mut self, dev: &CudaDevice) -> Result<()> {

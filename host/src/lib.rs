@@ -49,7 +49,7 @@ pub mod testing;
 pub mod window;
 
 pub use backend::Backend;
-pub use comm::Communicator;
+pub use comm::{Communicator, launch_all};
 pub use devcomm::{DevCommHandle, DevCommRequirements, create_dev_comms};
 pub use device::Device;
 pub use error::{Error, Result};

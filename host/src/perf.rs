@@ -196,8 +196,9 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Res
     let run = |scope: Option<Scope>| -> Result<f64> {
         // Allocate first: host work between the ranks' launches could wait on spinning ranks.
         let mut outs = comms.iter().map(|c| c.device().alloc::<u64>(ctas as usize)).collect::<Result<Vec<_>>>()?;
-        for ((c, h), out) in comms.iter().zip(&handles).zip(&mut outs) {
-            let mut dc = h.dev_comm();
+        let ptrs: Vec<*mut u64> = outs.iter_mut().map(|o| o.as_kernel_mut_ptr()).collect();
+        crate::launch_all(&comms, |c| {
+            let mut dc = handles[c.rank()].dev_comm();
             if let Some(s) = scope {
                 dc.lsa_scope_code = scope_code(s);
             }
@@ -208,10 +209,10 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Res
                     c.device().builtin_module()?,
                     &lsa_barrier_bench,
                     LaunchConfig::linear(ctas, 32),
-                    (dc, rounds / 10, rounds, out.as_kernel_mut_ptr()),
-                )?;
+                    (dc, rounds / 10, rounds, ptrs[c.rank()]),
+                )
             }
-        }
+        })?;
         let mut worst = 0u64;
         for out in &outs {
             worst = worst.max(out.to_vec()?.into_iter().max().unwrap_or(0));
@@ -257,7 +258,7 @@ pub fn put_bench(dev: &Device, bytes: usize, iters: usize, trials: usize) -> Res
 /// all ranks per second, launch costs included), medians of `trials`.
 pub fn ring_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trials: usize) -> Result<CopyReport> {
     use ferrolink_device::kernels::lsa::lsa_ring_exchange;
-    let ctas = (dev.sm_count() * 2 / nranks as u32).clamp(1, 32);
+    let ctas = (dev.sm_count() * 2 / nranks as u32).clamp(1, 128);
     let (comms, windows, handles) = virtual_job(dev, nranks, bytes, ctas)?;
     let srcs = comms.iter().map(|c| c.device().alloc::<u8>(bytes)).collect::<Result<Vec<_>>>()?;
     let threads = if dev.backend() == crate::Backend::Cuda { 256 } else { 32 };
@@ -285,8 +286,8 @@ pub fn ring_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trial
             Ok(())
         })?);
         kern.push(wall(&mut || {
-            for r in 0..nranks {
-                let c = &comms[r];
+            crate::launch_all(&comms, |c| {
+                let r = c.rank();
                 // SAFETY: sources and window slots hold `bytes` bytes and outlive the kernels
                 // (synchronized in `wall`); `ctas` barriers exist; every rank launches the same grid.
                 unsafe {
@@ -295,10 +296,9 @@ pub fn ring_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trial
                         &lsa_ring_exchange,
                         LaunchConfig::linear(ctas, threads),
                         (handles[r].dev_comm(), windows[r].dev_window(), srcs[r].as_kernel_ptr(), bytes),
-                    )?;
+                    )
                 }
-            }
-            Ok(())
+            })
         })?);
     }
     Ok(CopyReport {
