@@ -25,7 +25,7 @@ if [ "${TESTS:-1}" = 1 ]; then
     log="$out/tests.log"
     echo "===== $name" >> "$log"
     # A hard limit per binary: a GPU-side deadlock must cost minutes of the lease, not all of it.
-    if timeout "${TEST_TIMEOUT:-180}" "$t" --test-threads=4 2>&1 | tee "$here/last.log" >> "$log"; then res=PASS; else res=FAIL; status=1; fi
+    if timeout "${TEST_TIMEOUT:-180}" "$t" --test-threads="${TEST_THREADS:-1}" ${TEST_ARGS:-} 2>&1 | tee "$here/last.log" >> "$log"; then res=PASS; else res=FAIL; status=1; fi
     ms=$(( ($(date +%s%N) - start) / 1000000 ))
     line=$(grep -E "^test result:" "$here/last.log" | tail -n1)
     echo "$res $name (${ms} ms): $line" | tee -a "$summary"

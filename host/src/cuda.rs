@@ -27,7 +27,9 @@ thread_local! {
     static IN_GROUP_LAUNCH: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Runs a context-wide blocking driver call outside any half-launched group.
+/// Runs a driver call that may block on the whole context outside any half-launched group.
+/// Used for synchronization, module load/unload, allocation, VMM map/unmap and the
+/// synchronous copies and fills: all cheap to serialize against the short launch loops.
 pub(crate) fn context_wide<R>(f: impl FnOnce() -> R) -> R {
     if IN_GROUP_LAUNCH.get() {
         return f();
@@ -142,7 +144,7 @@ impl CudaDevice {
     pub fn malloc(&self, bytes: usize) -> Result<sys::CUdeviceptr> {
         self.bind()?;
         // SAFETY: a plain allocation in the current context.
-        unsafe { result::malloc_sync(bytes.max(1)) }.map_err(cuda_err("cuMemAlloc"))
+        context_wide(|| unsafe { result::malloc_sync(bytes.max(1)) }).map_err(cuda_err("cuMemAlloc"))
     }
 
     /// Frees memory from [`CudaDevice::malloc`].
@@ -165,7 +167,7 @@ impl CudaDevice {
         }
         self.bind()?;
         // SAFETY: the caller's contract.
-        unsafe { result::memset_d8_sync(dst, 0, bytes) }.map_err(cuda_err("cuMemsetD8"))?;
+        context_wide(|| unsafe { result::memset_d8_sync(dst, 0, bytes) }).map_err(cuda_err("cuMemsetD8"))?;
         // cuMemsetD8 may return before the fill is done, and it is ordered only with the
         // legacy default stream, not with our non-blocking streams: wait for it.
         self.wait_legacy_stream()
@@ -187,7 +189,7 @@ impl CudaDevice {
     pub unsafe fn htod(&self, dst: sys::CUdeviceptr, src: &[u8]) -> Result<()> {
         self.bind()?;
         // SAFETY: the caller's contract; `src` is a valid host slice.
-        unsafe { result::memcpy_htod_sync(dst, src) }.map_err(cuda_err("cuMemcpyHtoD"))?;
+        context_wide(|| unsafe { result::memcpy_htod_sync(dst, src) }).map_err(cuda_err("cuMemcpyHtoD"))?;
         // From pageable memory, cuMemcpyHtoD returns once the data is staged, possibly before
         // the DMA lands, and only the legacy default stream is ordered after it: kernels on
         // our non-blocking streams could read stale bytes (seen on the H200). Wait for it.
@@ -201,7 +203,7 @@ impl CudaDevice {
     pub unsafe fn dtoh(&self, dst: &mut [u8], src: sys::CUdeviceptr) -> Result<()> {
         self.bind()?;
         // SAFETY: the caller's contract; `dst` is a valid host slice.
-        unsafe { result::memcpy_dtoh_sync(dst, src) }.map_err(cuda_err("cuMemcpyDtoH"))
+        context_wide(|| unsafe { result::memcpy_dtoh_sync(dst, src) }).map_err(cuda_err("cuMemcpyDtoH"))
     }
 
     /// Creates a non-blocking stream (no implicit synchronization with the legacy default
@@ -456,7 +458,8 @@ impl CudaDevice {
         let prop = allocation_prop(self);
         let mut handle = 0;
         // SAFETY: `prop` describes pinned device memory on this GPU; `handle` is written.
-        unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) }.result().map_err(cuda_err("cuMemCreate"))?;
+        context_wide(|| unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) }.result())
+            .map_err(cuda_err("cuMemCreate"))?;
         Ok(PhysicalAllocation { handle, size })
     }
 
@@ -483,7 +486,7 @@ impl Drop for PhysicalAllocation {
     fn drop(&mut self) {
         // SAFETY: the handle came from cuMemCreate; the driver frees the memory once its last
         // mapping is gone (owners unmap before releasing).
-        let _ = unsafe { sys::cuMemRelease(self.handle) };
+        let _ = context_wide(|| unsafe { sys::cuMemRelease(self.handle) });
     }
 }
 
@@ -521,8 +524,7 @@ impl AddressRange {
         dev.bind()?;
         // SAFETY: [base + offset, + size) lies in the reservation and is unmapped (each
         // offset is mapped once by the owners); `phys` is alive.
-        unsafe { sys::cuMemMap(self.base + offset as u64, phys.size, 0, phys.handle, 0) }
-            .result()
+        context_wide(|| unsafe { sys::cuMemMap(self.base + offset as u64, phys.size, 0, phys.handle, 0) }.result())
             .map_err(cuda_err("cuMemMap"))?;
         self.mapped.push((offset, phys.size));
         Ok(())
@@ -543,8 +545,7 @@ impl AddressRange {
             })
             .collect();
         // SAFETY: the range is fully mapped (callers map every slot first); `descs` is valid.
-        unsafe { sys::cuMemSetAccess(self.base, self.size, descs.as_ptr(), descs.len()) }
-            .result()
+        context_wide(|| unsafe { sys::cuMemSetAccess(self.base, self.size, descs.as_ptr(), descs.len()) }.result())
             .map_err(cuda_err("cuMemSetAccess"))
     }
 
