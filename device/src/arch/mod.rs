@@ -36,15 +36,16 @@ pub use time::*;
 pub use warp::*;
 
 /// Waits until every thread of the CTA has reached this call, and makes each thread's
-/// earlier shared- and global-memory writes visible to the others (`bar.sync 0`, which
-/// orders memory at CTA scope). Threads that have exited count as arrived.
+/// earlier shared- and global-memory writes visible to the others (`barrier.sync 0`, which
+/// orders memory at CTA scope). Threads that have exited count as arrived. Warps may arrive
+/// diverged (the non-aligned form; sm_70+).
 #[inline(always)]
 pub fn sync_threads() {
     imp::sync_threads()
 }
 
 /// [`sync_threads`] that also reduces a predicate: returns whether `pred` was true in any
-/// thread of the CTA (`bar.red.or.pred`, CUDA's `__syncthreads_or`).
+/// thread of the CTA (`barrier.red.or.pred`, CUDA's `__syncthreads_or`).
 #[inline(always)]
 pub fn sync_threads_or(pred: bool) -> bool {
     imp::sync_threads_or(pred)

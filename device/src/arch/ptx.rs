@@ -49,17 +49,21 @@ pub(super) fn lane_id() -> u32 {
 
 #[inline(always)]
 pub(super) fn sync_threads() {
-    // SAFETY: a CTA barrier; the caller's control flow reaches it uniformly (documented
-    // contract of `arch::sync_threads`). Not `nomem`: it orders memory.
-    unsafe { asm!("bar.sync 0;", options(nostack)) }
+    // SAFETY: a CTA barrier every non-exited thread reaches. Not `nomem`: it orders memory.
+    // `barrier.sync` (not `bar.sync`, which means `barrier.sync.aligned`): the aligned form
+    // requires every warp to arrive converged, and our protocols reach it from diverged
+    // warps (lanes that spun on a peer's flag arrive later than their warp-mates); with the
+    // aligned form the LSA barrier stress kernel hung on the H200.
+    unsafe { asm!("barrier.sync 0;", options(nostack)) }
 }
 
 #[inline(always)]
 pub(super) fn sync_threads_or(pred: bool) -> bool {
     let r: u32;
-    // SAFETY: a CTA barrier with an OR reduction; same contract as `sync_threads`.
+    // SAFETY: a CTA barrier with an OR reduction; same contract as `sync_threads` (and the
+    // same reason for the non-aligned form).
     unsafe {
-        asm!("{{ .reg .pred %pi; .reg .pred %po; setp.ne.u32 %pi, {v}, 0; bar.red.or.pred %po, 0, %pi; selp.u32 {r}, 1, 0, %po; }}",
+        asm!("{{ .reg .pred %pi; .reg .pred %po; setp.ne.u32 %pi, {v}, 0; barrier.red.or.pred %po, 0, %pi; selp.u32 {r}, 1, 0, %po; }}",
             v = in(reg32) pred as u32, r = out(reg32) r, options(nostack))
     };
     r != 0
