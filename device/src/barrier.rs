@@ -9,9 +9,8 @@
 //! * **arrive**: the coop meets (`coop.sync()`), the epoch becomes `e + 1`, and coop thread
 //!   `p` (striding over peers) stores `e + 1` into `inbox_p[index][me]` with a **release**
 //!   at the LSA scope.
-//! * **wait**: coop thread `p` polls `inbox_me[index][p]` with relaxed loads at the LSA scope
-//!   until it reaches `e + 1` (wrap-safe compare), then issues `fence.acq_rel` at that scope
-//!   (together, an **acquire** pattern); then the coop meets again.
+//! * **wait**: coop thread `p` spins until `inbox_me[index][p]` reaches `e + 1` (wrap-safe
+//!   compare), loading with **acquire** at the LSA scope; then the coop meets again.
 //!
 //! # Ordering argument
 //! A write made before `arrive` by any thread of the arriving coop is ordered before that
@@ -31,7 +30,6 @@
 //! Use one barrier index per CTA: two CTAs must never use the same index at the same time.
 
 use crate::arch::{self, LoadOrder, StoreOrder, atomic};
-
 use crate::comm::DevComm;
 use crate::coop::Coop;
 
@@ -130,11 +128,8 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
         while p < self.comm.lsa_size as usize && !timed_out {
             let slot = self.comm.barrier_window.local_ptr::<u32>(self.inbox_offset(p as u32));
             let mut spins = 0u32;
-            // Poll relaxed; the acquire comes from the fence after the loop (PTX's acquire
-            // pattern: a relaxed load that observes the release, then `fence.acq_rel`), so each
-            // poll is a plain load rather than a load with acquire semantics.
             // SAFETY: `slot` is inside this rank's barrier row.
-            while !seq_reached(unsafe { atomic::load(slot, LoadOrder::Relaxed, scope) }, self.epoch) {
+            while !seq_reached(unsafe { atomic::load(slot, LoadOrder::Acquire, scope) }, self.epoch) {
                 spins = spins.wrapping_add(1);
                 // Spin tight first: peers usually arrive within a microsecond, and a
                 // nanosleep costs more than that. Back off only for long waits.
@@ -148,7 +143,6 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
             }
             p += self.coop.size();
         }
-        atomic::fence(arch::FenceOrder::AcqRel, scope);
         if timed {
             if self.coop.sync_any(timed_out) { Err(BarrierTimeout) } else { Ok(()) }
         } else {
