@@ -184,6 +184,8 @@ pub struct BarrierFigure {
     /// Microseconds per round with the same kernel forced to `.sys` scope (the baseline:
     /// what peers on other GPUs need).
     pub us_per_round_sys: f64,
+    /// Microseconds per round at the chosen scope with a warp as the coop (`CoopWarp`).
+    pub us_per_round_warp: f64,
 }
 
 /// Times `rounds` LSA barrier rounds (after `rounds / 10` warm-up rounds) on `nranks` virtual
@@ -193,7 +195,7 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Res
     use ferrolink_device::arch::Scope;
     use ferrolink_device::kernels::{lsa::lsa_barrier_bench, selftest::scope_code};
     let (comms, _windows, handles) = virtual_job(dev, nranks, 4096, ctas)?;
-    let run = |scope: Option<Scope>| -> Result<f64> {
+    let run = |scope: Option<Scope>, warp_coop: u32| -> Result<f64> {
         // Allocate first: host work between the ranks' launches could wait on spinning ranks.
         let mut outs = comms.iter().map(|c| c.device().alloc::<u64>(ctas as usize)).collect::<Result<Vec<_>>>()?;
         let ptrs: Vec<*mut u64> = outs.iter_mut().map(|o| o.as_kernel_mut_ptr()).collect();
@@ -209,7 +211,7 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Res
                     c.device().builtin_module()?,
                     &lsa_barrier_bench,
                     LaunchConfig::linear(ctas, 32),
-                    (dc, rounds / 10, rounds, ptrs[c.rank()]),
+                    (dc, rounds / 10, rounds, warp_coop, ptrs[c.rank()]),
                 )
             }
         })?;
@@ -219,9 +221,10 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Res
         }
         Ok(worst as f64 / f64::from(rounds) / 1e3)
     };
-    let us_per_round = run(None)?;
-    let us_per_round_sys = run(Some(Scope::Sys))?;
-    Ok(BarrierFigure { nranks, ctas, us_per_round, us_per_round_sys })
+    let us_per_round = run(None, 0)?;
+    let us_per_round_sys = run(Some(Scope::Sys), 0)?;
+    let us_per_round_warp = run(None, 1)?;
+    Ok(BarrierFigure { nranks, ctas, us_per_round, us_per_round_sys, us_per_round_warp })
 }
 
 /// Put bandwidth: `lsa_put` of `bytes` from rank 0 into rank 1's window slot vs the driver's

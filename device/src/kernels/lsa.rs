@@ -81,27 +81,42 @@ kernel! {
     }
 }
 
+/// Times `warmup` then `rounds` barrier rounds of one session; returns the timed nanoseconds.
+#[inline(always)]
+fn time_rounds<C: crate::coop::Coop>(coop: C, comm: &DevComm, index: u32, warmup: u32, rounds: u32) -> u64 {
+    // SAFETY: the caller's kernel contract gives this coop barrier `index`.
+    let mut bar = unsafe { LsaBarrierSession::new(coop, comm, index) };
+    for _ in 0..warmup {
+        bar.sync();
+    }
+    let t0 = arch::global_timer_ns();
+    for _ in 0..rounds {
+        bar.sync();
+    }
+    arch::global_timer_ns() - t0
+}
+
 kernel! {
     /// Barrier latency: CTA `b` runs `warmup` then `rounds` LSA barrier rounds on barrier `b`
-    /// and writes the `%globaltimer` nanoseconds of the timed rounds to `out_ns[b]`.
+    /// and writes the `%globaltimer` nanoseconds of the timed rounds to `out_ns[b]`. With
+    /// `warp_coop != 0` the session's coop is the CTA's first warp ([`crate::coop::CoopWarp`];
+    /// launch 32-thread CTAs), else the whole CTA.
     ///
     /// # Safety
     /// `comm` comes from a live handle with at least `grid` barriers; `out_ns` holds `grid` words.
-    pub unsafe fn lsa_barrier_bench(comm: DevComm, warmup: u32, rounds: u32, out_ns: *mut u64) {
+    pub unsafe fn lsa_barrier_bench(comm: DevComm, warmup: u32, rounds: u32, warp_coop: u32, out_ns: *mut u64) {
         let b = arch::block_idx_x();
-        // SAFETY: one barrier per CTA (kernel contract).
-        let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
-        for _ in 0..warmup {
-            bar.sync();
-        }
-        let t0 = arch::global_timer_ns();
-        for _ in 0..rounds {
-            bar.sync();
-        }
-        let t1 = arch::global_timer_ns();
+        let ns = if warp_coop != 0 {
+            if arch::warp_id_in_block() != 0 {
+                return;
+            }
+            time_rounds(crate::coop::CoopWarp, &comm, b as u32, warmup, rounds)
+        } else {
+            time_rounds(CoopCta, &comm, b as u32, warmup, rounds)
+        };
         if arch::thread_rank_in_block() == 0 {
             // SAFETY: `out_ns` holds one word per CTA.
-            unsafe { out_ns.add(b).write(t1 - t0) };
+            unsafe { out_ns.add(b).write(ns) };
         }
     }
 }

@@ -109,22 +109,29 @@ fn gpu(dev: &Device) -> bool {
 fn barrier(dev: &Device, rounds: u32) -> ferrolink::Result<()> {
     let rounds = if gpu(dev) { rounds } else { rounds.min(200) };
     println!("\n== LSA barrier: microseconds per round (slowest CTA), {rounds} rounds, CTAs of 32 threads");
-    println!("{:>6} {:>10} {:>14} {:>18} {:>7}", "ranks", "CTAs/rank", "chosen scope", "baseline .sys", "ratio");
+    println!(
+        "{:>6} {:>10} {:>14} {:>18} {:>7} {:>16}",
+        "ranks", "CTAs/rank", "chosen scope", "baseline .sys", "ratio", "warp coop"
+    );
     let ctas: &[u32] = if gpu(dev) { &[1, 8, 32] } else { &[1, 2] };
     for n in [2usize, 4, 8] {
         for &c in ctas {
             let f = perf::barrier_bench(dev, n, c, rounds)?;
             println!(
-                "{:>6} {:>10} {:>11.3} us {:>15.3} us {:>7.3}",
+                "{:>6} {:>10} {:>11.3} us {:>15.3} us {:>7.3} {:>13.3} us",
                 f.nranks,
                 f.ctas,
                 f.us_per_round,
                 f.us_per_round_sys,
-                f.us_per_round / f.us_per_round_sys
+                f.us_per_round / f.us_per_round_sys,
+                f.us_per_round_warp
             );
         }
     }
-    println!("(chosen scope: .gpu, as all virtual ranks share the GPU; ratio < 1 means faster than .sys)");
+    println!(
+        "(CTA coop unless noted; chosen scope .gpu, as all virtual ranks share the GPU; ratio < 1 means \
+         faster than .sys; warp coop: the same at .gpu with CoopWarp sessions)"
+    );
     Ok(())
 }
 
