@@ -64,6 +64,48 @@ impl Stream {
     /// The argument tuple's type is the kernel's declared parameter types, so wrong
     /// arguments do not compile; the launch shape is validated before anything is queued.
     ///
+    /// ```
+    /// # use ferrolink::{Device, LaunchConfig};
+    /// # use ferrolink_device::kernels::copy::ferrolink_copy;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = Device::open(0)?;
+    /// let stream = dev.create_stream()?;
+    /// let src = dev.alloc_from(&[7u8; 64])?;
+    /// let mut dst = dev.alloc::<u8>(64)?;
+    /// // SAFETY: both buffers hold 64 bytes and outlive the kernel (`to_vec` waits for it).
+    /// unsafe {
+    ///     stream.launch(
+    ///         dev.builtin_module()?,
+    ///         &ferrolink_copy,
+    ///         LaunchConfig::linear(1, 32),
+    ///         (dst.as_kernel_mut_ptr(), src.as_kernel_ptr(), 64usize),
+    ///     )?
+    /// };
+    /// assert_eq!(dst.to_vec()?, vec![7u8; 64]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// `ferrolink_copy` takes `(*mut u8, *const u8, usize)`; a `u32` length is a compile error:
+    ///
+    /// ```compile_fail
+    /// # use ferrolink::{Device, LaunchConfig};
+    /// # use ferrolink_device::kernels::copy::ferrolink_copy;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open(0)?;
+    /// # let stream = dev.create_stream()?;
+    /// # let src = dev.alloc_from(&[7u8; 64])?;
+    /// # let mut dst = dev.alloc::<u8>(64)?;
+    /// unsafe {
+    ///     stream.launch(
+    ///         dev.builtin_module()?,
+    ///         &ferrolink_copy,
+    ///         LaunchConfig::linear(1, 32),
+    ///         (dst.as_kernel_mut_ptr(), src.as_kernel_ptr(), 64u32),
+    ///     )?
+    /// };
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Safety
     /// The kernel's documented contract must hold: every pointer in `args` refers to device
     /// memory (of this device) valid for what the kernel does with it until the kernel has
