@@ -123,30 +123,42 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     fn wait_until(&mut self, deadline_ns: u64) -> Result<(), BarrierTimeout> {
         let scope = self.comm.lsa_scope();
         let timed = deadline_ns != u64::MAX;
+        let n = self.comm.lsa_size as usize;
+        let coop = self.coop;
+        // The coop's lanes of each warp poll together and leave together (the loop conditions
+        // are warp-uniform through `warp_any`), so warps reach the closing barrier converged
+        // and it may use the cheaper aligned form.
         let mut timed_out = false;
-        let mut p = self.coop.thread_rank();
-        while p < self.comm.lsa_size as usize && !timed_out {
-            let slot = self.comm.barrier_window.local_ptr::<u32>(self.inbox_offset(p as u32));
+        let mut p = coop.thread_rank();
+        while coop.warp_any(p < n) && !timed_out {
+            let slot = (p < n).then(|| self.comm.barrier_window.local_ptr::<u32>(self.inbox_offset(p as u32)));
             let mut spins = 0u32;
-            // SAFETY: `slot` is inside this rank's barrier row.
-            while !seq_reached(unsafe { atomic::load(slot, LoadOrder::Acquire, scope) }, self.epoch) {
+            loop {
+                let pending = match slot {
+                    // SAFETY: `slot` is inside this rank's barrier row.
+                    Some(s) => !seq_reached(unsafe { atomic::load(s, LoadOrder::Acquire, scope) }, self.epoch),
+                    None => false,
+                };
+                if !coop.warp_any(pending) {
+                    break;
+                }
                 spins = spins.wrapping_add(1);
                 // Spin tight first: peers usually arrive within a microsecond, and a
                 // nanosleep costs more than that. Back off only for long waits.
                 if spins > SPINS_BEFORE_BACKOFF {
                     arch::spin_wait_hint(64);
                 }
-                if timed && spins.is_multiple_of(64) && arch::global_timer_ns() >= deadline_ns {
+                if timed && spins.is_multiple_of(64) && coop.warp_any(arch::global_timer_ns() >= deadline_ns) {
                     timed_out = true;
                     break;
                 }
             }
-            p += self.coop.size();
+            p += coop.size();
         }
         if timed {
-            if self.coop.sync_any(timed_out) { Err(BarrierTimeout) } else { Ok(()) }
+            if coop.sync_any(timed_out) { Err(BarrierTimeout) } else { Ok(()) }
         } else {
-            self.coop.sync();
+            coop.sync_converged();
             Ok(())
         }
     }

@@ -14,6 +14,14 @@ pub trait Coop: Copy {
     fn sync(&self);
     /// [`Coop::sync`], returning whether `pred` was true for any thread of the group.
     fn sync_any(&self, pred: bool) -> bool;
+    /// Whether `pred` holds for any of the group's threads in the caller's warp (no
+    /// group-wide barrier). Keeps loops warp-uniform.
+    fn warp_any(&self, pred: bool) -> bool;
+    /// [`Coop::sync`] for callers whose warps arrive converged (every lane of a warp reaches
+    /// it together); may use a cheaper instruction.
+    fn sync_converged(&self) {
+        self.sync()
+    }
 }
 
 /// One thread on its own.
@@ -43,6 +51,10 @@ impl Coop for CoopThread {
     fn sync_any(&self, pred: bool) -> bool {
         pred
     }
+    #[inline(always)]
+    fn warp_any(&self, pred: bool) -> bool {
+        pred
+    }
 }
 
 impl Coop for CoopWarp {
@@ -60,6 +72,10 @@ impl Coop for CoopWarp {
     }
     #[inline(always)]
     fn sync_any(&self, pred: bool) -> bool {
+        arch::ballot_sync(arch::FULL_MASK, pred) != 0
+    }
+    #[inline(always)]
+    fn warp_any(&self, pred: bool) -> bool {
         arch::ballot_sync(arch::FULL_MASK, pred) != 0
     }
 }
@@ -80,5 +96,14 @@ impl Coop for CoopCta {
     #[inline(always)]
     fn sync_any(&self, pred: bool) -> bool {
         arch::sync_threads_or(pred)
+    }
+    #[inline(always)]
+    fn warp_any(&self, pred: bool) -> bool {
+        // Every thread of the CTA takes part, so the active lanes are the warp's lanes.
+        arch::ballot_sync(arch::active_mask(), pred) != 0
+    }
+    #[inline(always)]
+    fn sync_converged(&self) {
+        arch::sync_threads_converged()
     }
 }

@@ -35,6 +35,10 @@ pub(super) fn sync_threads() {
     emulator::sync_threads()
 }
 
+pub(super) fn sync_threads_converged() {
+    emulator::sync_threads()
+}
+
 pub(super) fn sync_threads_or(pred: bool) -> bool {
     emulator::sync_threads_or(pred)
 }

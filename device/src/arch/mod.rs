@@ -44,6 +44,14 @@ pub fn sync_threads() {
     imp::sync_threads()
 }
 
+/// [`sync_threads`] for callers whose warps arrive converged: `bar.sync 0`
+/// (= `barrier.sync.aligned`), cheaper than the non-aligned form. Every lane of a warp must
+/// reach it together; otherwise use [`sync_threads`].
+#[inline(always)]
+pub fn sync_threads_converged() {
+    imp::sync_threads_converged()
+}
+
 /// [`sync_threads`] that also reduces a predicate: returns whether `pred` was true in any
 /// thread of the CTA (`barrier.red.or.pred`, CUDA's `__syncthreads_or`).
 #[inline(always)]

@@ -58,6 +58,13 @@ pub(super) fn sync_threads() {
 }
 
 #[inline(always)]
+pub(super) fn sync_threads_converged() {
+    // SAFETY: a CTA barrier reached by converged warps (contract of
+    // `arch::sync_threads_converged`). Orders memory like `barrier.sync`.
+    unsafe { asm!("bar.sync 0;", options(nostack)) }
+}
+
+#[inline(always)]
 pub(super) fn sync_threads_or(pred: bool) -> bool {
     let r: u32;
     // SAFETY: a CTA barrier with an OR reduction; same contract as `sync_threads` (and the
