@@ -20,3 +20,9 @@ pub fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
 pub fn first_mismatch<T: PartialEq>(a: &[T], b: &[T]) -> Option<usize> {
     a.iter().zip(b).position(|(x, y)| x != y).or((a.len() != b.len()).then(|| a.len().min(b.len())))
 }
+
+/// `Ok(())` if `cond`, else an error carrying `what()`: device tests return errors from inside
+/// `for_each_backend` bodies, which then fail naming the backend.
+pub fn check(cond: bool, what: impl FnOnce() -> String) -> ferrolink::Result<()> {
+    if cond { Ok(()) } else { Err(ferrolink::Error::InvalidArgument(format!("check failed: {}", what()))) }
+}

@@ -7,12 +7,8 @@ use ferrolink::{Backend, Device, DeviceBuffer, Error, LaunchConfig, ops};
 use ferrolink_device::arch::Scope;
 use ferrolink_device::emulator::EmuError;
 use ferrolink_device::kernels::selftest::{self, WAIT_SEEN, WAIT_TIMED_OUT, WARP_TEST_WORDS};
-use ferrolink_tests::{first_mismatch, random_bytes};
+use ferrolink_tests::{check, first_mismatch, random_bytes};
 use std::time::{Duration, Instant};
-
-fn check(cond: bool, what: impl FnOnce() -> String) -> ferrolink::Result<()> {
-    if cond { Ok(()) } else { Err(Error::InvalidArgument(format!("check failed: {}", what()))) }
-}
 
 /// Copies `bytes` bytes between the given offsets and checks the destination, including
 /// that nothing outside the copied range was written.

@@ -3,30 +3,14 @@
 
 use ferrolink::testing::for_each_backend;
 use ferrolink::{
-    Backend, Communicator, DevCommHandle, DevCommRequirements, Device, Error, LaunchConfig, Window, create_dev_comms,
-    register_window,
+    Backend, Communicator, DevCommRequirements, Device, Error, LaunchConfig, create_dev_comms, register_window,
 };
 use ferrolink_device::DevWindow;
 use ferrolink_device::emulator::EmuError;
 use ferrolink_device::kernels::lsa;
+use ferrolink_examples::virtual_job as job;
+use ferrolink_tests::check;
 use std::time::Duration;
-
-fn check(cond: bool, what: impl FnOnce() -> String) -> ferrolink::Result<()> {
-    if cond { Ok(()) } else { Err(Error::InvalidArgument(format!("check failed: {}", what()))) }
-}
-
-/// `n` virtual ranks on `dev`, a window of `bytes` per rank, and device communicators.
-fn job(
-    dev: &Device,
-    n: usize,
-    bytes: usize,
-) -> ferrolink::Result<(Vec<Communicator>, Vec<Window>, Vec<DevCommHandle>)> {
-    let comms = Communicator::init_all(&vec![dev.clone(); n])?;
-    let bufs = comms.iter().map(|c| c.mem_alloc(bytes)).collect::<ferrolink::Result<Vec<_>>>()?;
-    let windows = register_window(&comms, bufs)?;
-    let handles = create_dev_comms(&comms, DevCommRequirements::default())?;
-    Ok((comms, windows, handles))
-}
 
 /// Threads per CTA for LSA kernels: realistic on a GPU, small on the emulator.
 fn block(dev: &Device) -> u32 {

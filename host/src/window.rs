@@ -116,10 +116,9 @@ impl SymBuffer {
             DeviceImpl::Cpu(_) => Physical::Cpu(CpuPhysical::create(size)?),
         };
         let mut local = reserve(dev, size, g)?;
-        let mut buf = SymBuffer { dev: dev.clone(), phys, local: Range::Cpu(CpuRange { base: 0, size: 0 }), len };
-        map(dev, &mut local, 0, &buf.phys)?;
+        map(dev, &mut local, 0, &phys)?;
         grant_access(dev, &local)?;
-        buf.local = local;
+        let buf = SymBuffer { dev: dev.clone(), phys, local, len };
         if let DeviceImpl::Cuda(d) = &dev.0.imp {
             // SAFETY: the range is mapped, accessible to `d`, `size` bytes, and unused.
             unsafe { d.memset_zero(buf.addr(), size)? };
