@@ -76,6 +76,8 @@ fn copy_rejects_out_of_bounds_ranges() {
 }
 
 fn message_passing(dev: &Device, scope: Scope) -> ferrolink::Result<()> {
+    // Offsets of device addresses on the host use `wrapping_add`: on CUDA they are not host
+    // allocations, so `add`'s in-bounds rule cannot hold.
     let (rounds, words) = match dev.backend() {
         Backend::Cuda => (2000u32, 8192u32),
         Backend::Cpu => (100, 2048),
@@ -92,7 +94,15 @@ fn message_passing(dev: &Device, scope: Scope) -> ferrolink::Result<()> {
             module,
             &selftest::selftest_message_passing,
             LaunchConfig::linear(2, 256),
-            (data.as_kernel_mut_ptr(), f, f.add(1), f.add(2), rounds, words, selftest::scope_code(scope)),
+            (
+                data.as_kernel_mut_ptr(),
+                f,
+                f.wrapping_add(1),
+                f.wrapping_add(2),
+                rounds,
+                words,
+                selftest::scope_code(scope),
+            ),
         )?;
     }
     stream.synchronize()?;
@@ -131,7 +141,7 @@ fn contended_counters_reach_exact_totals() {
                     dev.builtin_module()?,
                     &selftest::selftest_counters,
                     LaunchConfig::linear(grid, block),
-                    (cas.as_kernel_mut_ptr(), w, w.add(1), iters, selftest::scope_code(scope)),
+                    (cas.as_kernel_mut_ptr(), w, w.wrapping_add(1), iters, selftest::scope_code(scope)),
                 )?;
             }
             stream.synchronize()?;
@@ -277,7 +287,7 @@ fn signal_from_another_stream_ends_a_wait() {
                 module,
                 &selftest::selftest_wait_flag,
                 LaunchConfig::linear(1, 32),
-                (w as *const u32, 1, timeout_ns, w.add(1)),
+                (w as *const u32, 1, timeout_ns, w.wrapping_add(1)),
             )?;
             signaller.launch(module, &selftest::selftest_signal, LaunchConfig::linear(1, 1), (w, 1))?;
         }
@@ -309,7 +319,7 @@ fn missing_signal_ends_with_a_timeout() {
                 dev.builtin_module()?,
                 &selftest::selftest_wait_flag,
                 LaunchConfig::linear(2, 64).with_emulator_timeout(limit),
-                (w as *const u32, 1, device_timeout_ns, w.add(1)),
+                (w as *const u32, 1, device_timeout_ns, w.wrapping_add(1)),
             )?;
         }
         let r = stream.synchronize();

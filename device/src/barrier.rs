@@ -28,6 +28,9 @@
 //! epoch back when dropped, so the next session on the same index continues the sequence.
 //!
 //! Use one barrier index per CTA: two CTAs must never use the same index at the same time.
+//! Within a CTA, consecutive sessions on one index with *different* coops (say a warp's, then
+//! the whole CTA's) need a `CoopCta` sync between them: the first session's threads save the
+//! epoch, and threads outside that coop would otherwise read a stale one.
 
 use crate::arch::{self, LoadOrder, StoreOrder, atomic};
 use crate::comm::DevComm;

@@ -2,7 +2,6 @@
 //! kernels by value (defined once, here, and used by the host crate).
 
 use crate::arch::Scope;
-use crate::kernels::selftest::scope_from_code;
 use crate::window::DevWindow;
 use bytemuck::{Pod, Zeroable};
 
@@ -34,7 +33,7 @@ pub struct DevComm {
     pub lsa_rank: u32,
     /// Ranks in the LSA domain.
     pub lsa_size: u32,
-    /// Scope at which LSA peers synchronize, as a `selftest::scope_code`: `.gpu` when every
+    /// Scope at which LSA peers synchronize, as a [`Scope::code`]: `.gpu` when every
     /// LSA peer runs on this GPU (virtual ranks), `.sys` when peers are on other GPUs.
     pub lsa_scope_code: u32,
     /// Barrier indices available to [`crate::barrier::LsaBarrierSession`] (one per CTA).
@@ -73,7 +72,7 @@ impl DevComm {
     /// The scope LSA synchronization uses (see [`DevComm::lsa_scope_code`]).
     #[inline(always)]
     pub fn lsa_scope(&self) -> Scope {
-        scope_from_code(self.lsa_scope_code)
+        Scope::from_code(self.lsa_scope_code)
     }
 
     /// World rank of team rank `r` of `team` (which must contain this rank).

@@ -6,7 +6,6 @@ use crate::memory::DeviceBuffer;
 use crate::window::{Window, register_window};
 use crate::{Error, Result};
 use ferrolink_device::barrier::inbox_bytes;
-use ferrolink_device::kernels::selftest::scope_code;
 use ferrolink_device::{DevComm, DevWindow};
 
 /// What the kernels using a device communicator need (NCCL's `ncclDevCommRequirements`).
@@ -66,7 +65,7 @@ pub fn create_dev_comms(comms: &[Communicator], reqs: DevCommRequirements) -> Re
                 nranks: c.nranks() as u32,
                 lsa_rank: c.lsa_rank() as u32,
                 lsa_size: lsa,
-                lsa_scope_code: scope_code(c.lsa_scope()),
+                lsa_scope_code: c.lsa_scope().code(),
                 lsa_barrier_count: reqs.lsa_barrier_count,
                 barrier_window: barrier_window.dev_window(),
                 barrier_epochs: epochs.addr(),
@@ -86,7 +85,9 @@ impl DevCommHandle {
     }
 
     /// Adds `window` (this rank's handle, same communicator) to the device-side window table,
-    /// so kernels can use `DevComm::window(index)`; returns the index. Waits for the device
+    /// so kernels can use `DevComm::window(index)`; returns the index. [`dev_comm`](Self::dev_comm)
+    /// returns a copy: take it again after adding windows (an older copy's `window_count`
+    /// does not include them, and `window(i)` returns `None` for them). Waits for the device
     /// (the table must not change under running kernels). The window stays alive at least
     /// as long as this handle.
     pub fn add_window(&mut self, window: &Window) -> Result<u32> {

@@ -193,7 +193,7 @@ pub struct BarrierFigure {
 /// the slowest CTA's average round.
 pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Result<BarrierFigure> {
     use ferrolink_device::arch::Scope;
-    use ferrolink_device::kernels::{lsa::lsa_barrier_bench, selftest::scope_code};
+    use ferrolink_device::kernels::lsa::lsa_barrier_bench;
     let (comms, _windows, handles) = virtual_job(dev, nranks, 4096, ctas)?;
     let run = |scope: Option<Scope>, warp_coop: u32| -> Result<f64> {
         // Allocate first: host work between the ranks' launches could wait on spinning ranks.
@@ -202,7 +202,7 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Res
         crate::launch_all(&comms, |c| {
             let mut dc = handles[c.rank()].dev_comm();
             if let Some(s) = scope {
-                dc.lsa_scope_code = scope_code(s);
+                dc.lsa_scope_code = s.code();
             }
             // SAFETY: `out` holds one word per CTA; `ctas` barriers exist; all ranks launch
             // the same grid; synchronized below before `out` is read or dropped.

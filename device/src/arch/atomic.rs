@@ -33,6 +33,27 @@ pub enum Scope {
     Sys,
 }
 
+impl Scope {
+    /// The scope as a `u32` for kernel arguments and `#[repr(C)]` structs: `0` CTA, `1` GPU,
+    /// `2` system.
+    pub const fn code(self) -> u32 {
+        match self {
+            Scope::Cta => 0,
+            Scope::Gpu => 1,
+            Scope::Sys => 2,
+        }
+    }
+
+    /// Decodes [`Scope::code`]; unknown codes mean [`Scope::Sys`], the strongest.
+    pub const fn from_code(code: u32) -> Scope {
+        match code {
+            0 => Scope::Cta,
+            1 => Scope::Gpu,
+            _ => Scope::Sys,
+        }
+    }
+}
+
 /// Ordering of an atomic load (PTX `ld.{relaxed,acquire}.scope`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoadOrder {

@@ -4,22 +4,14 @@
 use crate::arch::{self, LoadOrder, RmwOrder, Scope, StoreOrder, atomic};
 use crate::kernel;
 
-/// Encodes a [`Scope`] as a kernel argument (`0` CTA, `1` GPU, `2` system).
+/// Encodes a [`Scope`] as a kernel argument ([`Scope::code`]).
 pub const fn scope_code(scope: Scope) -> u32 {
-    match scope {
-        Scope::Cta => 0,
-        Scope::Gpu => 1,
-        Scope::Sys => 2,
-    }
+    scope.code()
 }
 
-/// Decodes [`scope_code`]; unknown codes mean [`Scope::Sys`], the strongest.
+/// Decodes [`scope_code`] ([`Scope::from_code`]).
 pub const fn scope_from_code(code: u32) -> Scope {
-    match code {
-        0 => Scope::Cta,
-        1 => Scope::Gpu,
-        _ => Scope::Sys,
-    }
+    Scope::from_code(code)
 }
 
 /// The value the message-passing litmus writes into word `i` in round `r`.
