@@ -289,8 +289,10 @@ impl PtxBuilder {
             // dir per profile so rebuilds are incremental.
             builder.target_dir = PathBuf::from(out_dir).ancestors().nth(3).map(|p| p.join("ferrolink-ptx"));
         }
-        for path in source_files(&builder.crate_dir) {
-            println!("cargo:rerun-if-changed={}", path.display());
+        for dir in std::iter::once(builder.crate_dir.clone()).chain(path_dependencies(&builder.crate_dir)) {
+            for path in source_files(&dir) {
+                println!("cargo:rerun-if-changed={}", path.display());
+            }
         }
         println!("cargo:rerun-if-env-changed=FERROLINK_PTXAS");
         println!("cargo:rerun-if-env-changed=FERROLINK_REQUIRE_PTXAS");
@@ -482,6 +484,31 @@ pub fn find_ptxas() -> Option<PathBuf> {
     dirs.into_iter().map(|d| d.join("ptxas")).find(|p| p.is_file())
 }
 
+/// Local crates the device crate depends on by `path = "..."` (recursively), so that a change
+/// in, say, a path dependency on `ferrolink-device` rebuilds the PTX too. Dependencies
+/// inherited from a workspace (`workspace = true`) are not followed.
+pub fn path_dependencies(crate_dir: &Path) -> Vec<PathBuf> {
+    let crate_dir = &crate_dir.canonicalize().unwrap_or_else(|_| crate_dir.to_path_buf());
+    let mut found: Vec<PathBuf> = Vec::new();
+    let mut todo = vec![crate_dir.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        let Ok(text) = std::fs::read_to_string(dir.join("Cargo.toml")) else { continue };
+        for rest in text.split("path").skip(1) {
+            // `path = "../x"` inside a dependency table or inline table.
+            let Some(value) = rest.trim_start().strip_prefix('=') else { continue };
+            let Some(value) = value.trim_start().strip_prefix('"') else { continue };
+            let Some(end) = value.find('"') else { continue };
+            let dep = dir.join(&value[..end]);
+            let Ok(dep) = dep.canonicalize() else { continue };
+            if dep.join("Cargo.toml").is_file() && !found.contains(&dep) && dep != crate_dir {
+                found.push(dep.clone());
+                todo.push(dep);
+            }
+        }
+    }
+    found
+}
+
 fn source_files(crate_dir: &Path) -> Vec<PathBuf> {
     let mut files = vec![crate_dir.join("Cargo.toml")];
     let mut stack = vec![crate_dir.join("src")];
@@ -539,6 +566,27 @@ ptxas info    : Used 10 registers, used 1 barriers, 360 bytes cmem[0]\n";
         assert_eq!(r[1].registers, 10);
         assert_eq!(r[1].spill_load_bytes, 0);
         assert!(resources_table(&r).contains("copy"));
+    }
+
+    #[test]
+    fn path_dependencies_are_found_recursively() {
+        let root = std::env::temp_dir().join(format!("ferrolink-builder-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for (name, manifest) in [
+            (
+                "kernels",
+                "[package]\nname = \"kernels\"\n[dependencies]\nmid = { path = \"../mid\" }\nbytemuck = \"1\"\n",
+            ),
+            ("mid", "[package]\nname = \"mid\"\n[dependencies.leaf]\npath = \"../leaf\"\n"),
+            ("leaf", "[package]\nname = \"leaf\"\n"),
+        ] {
+            std::fs::create_dir_all(root.join(name).join("src")).unwrap();
+            std::fs::write(root.join(name).join("Cargo.toml"), manifest).unwrap();
+        }
+        let deps = path_dependencies(&root.join("kernels").canonicalize().unwrap());
+        let names: Vec<_> = deps.iter().map(|d| d.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        assert_eq!(names, vec!["mid", "leaf"]);
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]
