@@ -500,7 +500,7 @@ pub fn path_dependencies(crate_dir: &Path) -> Vec<PathBuf> {
             let Some(end) = value.find('"') else { continue };
             let dep = dir.join(&value[..end]);
             let Ok(dep) = dep.canonicalize() else { continue };
-            if dep.join("Cargo.toml").is_file() && !found.contains(&dep) && dep != crate_dir {
+            if dep.join("Cargo.toml").is_file() && !found.contains(&dep) && dep != *crate_dir {
                 found.push(dep.clone());
                 todo.push(dep);
             }

@@ -179,6 +179,10 @@ struct FlatMapping {
 
 struct WindowShared {
     comm_id: u64,
+    /// Serializes host reads and writes of the window's buffers: handles are `Clone` and
+    /// `Send`, and on the CPU backend two unsynchronized host copies into one slot would be a
+    /// data race on host memory.
+    host_access: std::sync::Mutex<()>,
     devices: Vec<Device>,
     flat: Vec<FlatMapping>,
     buffers: Vec<SymBuffer>,
@@ -271,7 +275,13 @@ pub fn register_window(comms: &[Communicator], buffers: Vec<SymBuffer>) -> Resul
             devices.push(c.device().clone());
         }
     }
-    let shared = Arc::new(WindowShared { comm_id: comms[0].shared.id, devices, flat, buffers });
+    let shared = Arc::new(WindowShared {
+        comm_id: comms[0].shared.id,
+        host_access: std::sync::Mutex::new(()),
+        devices,
+        flat,
+        buffers,
+    });
     Ok(comms
         .iter()
         .map(|c| Window {
@@ -324,7 +334,9 @@ impl Window {
     /// device first).
     pub fn copy_from_host<T: Pod>(&self, offset: usize, src: &[T]) -> Result<()> {
         let addr = self.check_range::<T>(offset, src.len())?;
-        // SAFETY: the range was bounds-checked against this rank's live buffer.
+        let _exclusive = self.shared.host_access.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the range was bounds-checked against this rank's live buffer; the lock
+        // excludes other host copies of this window.
         unsafe { self.shared.buffers[self.rank].device().write_bytes(addr, bytemuck::cast_slice(src)) }
     }
 
@@ -332,6 +344,7 @@ impl Window {
     /// device first).
     pub fn copy_to_host<T: Pod>(&self, offset: usize, dst: &mut [T]) -> Result<()> {
         let addr = self.check_range::<T>(offset, dst.len())?;
+        let _exclusive = self.shared.host_access.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: as above.
         unsafe { self.shared.buffers[self.rank].device().read_bytes(addr, bytemuck::cast_slice_mut(dst)) }
     }
