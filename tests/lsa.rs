@@ -318,3 +318,49 @@ fn ranks_on_two_devices_map_every_peer_on_each_device() {
         assert_eq!(windows[r].read::<u8>(0, bytes).unwrap(), srcs[(r + 3) % 4], "rank {r}");
     }
 }
+
+/// After a timed-out barrier (one rank never arrived), `reset_barriers` puts every rank back in
+/// step: a full barrier stress run afterwards sees no stale data.
+#[test]
+fn barriers_work_again_after_a_timeout_and_reset() {
+    for_each_backend("barriers_work_again_after_a_timeout_and_reset", |dev| {
+        let (comms, windows, mut handles) = job(dev, 2, 32 * 2 * 4)?;
+        let mut status = comms[0].device().alloc::<u32>(1)?;
+        let c = &comms[0];
+        // Only rank 0 arrives; its device-side timeout ends the wait.
+        // SAFETY: `status` holds one word; one CTA <= 32 barriers.
+        unsafe {
+            c.stream().launch(
+                c.device().builtin_module()?,
+                &lsa::lsa_barrier_try_sync,
+                LaunchConfig::linear(1, block(dev)),
+                (handles[0].dev_comm(), 20_000_000u64, status.as_kernel_mut_ptr()),
+            )?;
+        }
+        check(status.to_vec()?[0] == lsa::TRY_SYNC_TIMED_OUT, || "the lone rank should time out".into())?;
+        ferrolink::reset_barriers(&mut handles)?;
+        let mut errors = comms.iter().map(|c| c.device().alloc::<u32>(1)).collect::<ferrolink::Result<Vec<_>>>()?;
+        let ptrs: Vec<*mut u32> = errors.iter_mut().map(|e| e.as_kernel_mut_ptr()).collect();
+        let rounds = if dev.backend() == Backend::Cuda { 500u32 } else { 20 };
+        ferrolink::launch_all(&comms, |c| {
+            let r = c.rank();
+            // SAFETY: the window holds 32 * 2 words; 32 CTAs <= 32 barriers; synchronized below.
+            unsafe {
+                c.stream().launch(
+                    c.device().builtin_module()?,
+                    &lsa::lsa_barrier_stress,
+                    LaunchConfig::linear(if dev.backend() == Backend::Cuda { 32 } else { 2 }, block(dev)),
+                    (handles[r].dev_comm(), windows[r].dev_window(), rounds, 0u32, ptrs[r]),
+                )
+            }
+        })?;
+        sync_all(&comms)?;
+        for (r, e) in errors.iter().enumerate() {
+            let bad = e.to_vec()?[0];
+            check(bad == 0, || format!("rank {r} saw {bad} stale words after the reset"))?;
+        }
+        check(matches!(ferrolink::reset_barriers(&mut handles[..1]), Err(Error::InvalidArgument(_))), || {
+            "a partial reset must be refused".into()
+        })
+    });
+}

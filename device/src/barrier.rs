@@ -82,7 +82,7 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     pub unsafe fn new(coop: C, comm: &'a DevComm, index: u32) -> Self {
         // SAFETY: the epochs array holds `lsa_barrier_count` words (caller: index in range).
         let epoch = unsafe {
-            atomic::load((comm.barrier_epochs as *const u32).add(index as usize), LoadOrder::Relaxed, arch::Scope::Cta)
+            atomic::load((comm.barrier_epochs as *const u32).add(index as usize), LoadOrder::Relaxed, arch::Scope::Gpu)
         };
         LsaBarrierSession { coop, comm, index, epoch }
     }
@@ -115,8 +115,10 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     }
 
     /// [`wait`](Self::wait) that gives up after `timeout_ns` of `%globaltimer`. The result is
-    /// the same for every thread of the coop. After a timeout the barrier is out of step:
-    /// abandon the kernel's protocol (report the error to the host).
+    /// the same for every thread of the coop. After a timeout the barrier is out of step (this
+    /// rank already signalled the epoch): abandon the kernel's protocol, report the error to
+    /// the host, and have the host call `ferrolink::reset_barriers` before the barriers are
+    /// used again.
     #[inline(always)]
     pub fn wait_timeout(&mut self, timeout_ns: u64) -> Result<(), BarrierTimeout> {
         let start = arch::global_timer_ns();
@@ -189,14 +191,16 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
 impl<C: Coop> Drop for LsaBarrierSession<'_, C> {
     fn drop(&mut self) {
         // Every thread of the coop stores the same epoch: a later session's `new`, in any
-        // thread, then reads this value without needing another coop barrier.
+        // thread, then reads this value without needing another coop barrier. `.gpu` scope,
+        // so that a later session in another CTA (a persistent kernel handing the index on
+        // after a GPU-scope sync) also reads it.
         // SAFETY: in range (caller of `new`); this coop owns the index.
         unsafe {
             atomic::store(
                 (self.comm.barrier_epochs as *mut u32).add(self.index as usize),
                 self.epoch,
                 StoreOrder::Relaxed,
-                arch::Scope::Cta,
+                arch::Scope::Gpu,
             )
         };
     }

@@ -32,7 +32,8 @@ pub struct CoopThread;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CoopWarp;
 
-/// All threads of this thread's CTA.
+/// All threads of this thread's CTA. Every thread of the CTA must take part in each
+/// operation (none may have exited).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CoopCta;
 
@@ -72,7 +73,10 @@ impl Coop for CoopWarp {
     }
     #[inline(always)]
     fn sync_any(&self, pred: bool) -> bool {
-        arch::ballot_sync(arch::FULL_MASK, pred) != 0
+        let any = arch::ballot_sync(arch::FULL_MASK, pred) != 0;
+        // `vote.sync` converges the lanes but does not order memory: `bar.warp.sync` does.
+        arch::sync_warp(arch::FULL_MASK);
+        any
     }
     #[inline(always)]
     fn warp_any(&self, pred: bool) -> bool {
@@ -99,8 +103,13 @@ impl Coop for CoopCta {
     }
     #[inline(always)]
     fn warp_any(&self, pred: bool) -> bool {
-        // Every thread of the CTA takes part, so the active lanes are the warp's lanes.
-        arch::ballot_sync(arch::active_mask(), pred) != 0
+        // Every thread of the CTA takes part, so the vote names every lane the warp has (not
+        // `activemask`, which reports only the lanes converged right now and would let a split
+        // warp vote in parts); `vote.sync` then reconverges them.
+        let first = arch::warp_id_in_block() * arch::WARP_SIZE;
+        let lanes = (arch::block_size() - first).min(arch::WARP_SIZE);
+        let mask = if lanes == arch::WARP_SIZE { arch::FULL_MASK } else { (1u32 << lanes) - 1 };
+        arch::ballot_sync(mask, pred) != 0
     }
     #[inline(always)]
     fn sync_converged(&self) {

@@ -228,6 +228,12 @@ fn abort_thread() -> ! {
     std::panic::resume_unwind(Box::new(AbortToken))
 }
 
+/// Whether this thread may unwind now: not while it is already unwinding (a `Drop` in the
+/// kernel that polls would otherwise cause a double panic, aborting the process).
+fn may_abort() -> bool {
+    !std::thread::panicking()
+}
+
 // ---- rendezvous: CTA barrier and warp exchange -----------------------------------------
 
 #[derive(Default)]
@@ -267,7 +273,7 @@ fn wait_generation<'a, T>(
         if pick(&mut guard).generation != generation_seen {
             break;
         }
-        if launch.check(what).is_err() {
+        if launch.check(what).is_err() && may_abort() {
             drop(guard);
             abort_thread();
         }
@@ -285,9 +291,16 @@ struct Cta {
 struct Warp {
     /// Lanes that exist in this warp (a partial last warp has fewer than 32).
     present: u32,
-    alive: Mutex<u32>,
-    rounds: Mutex<HashMap<u32, Round>>,
+    state: Mutex<WarpState>,
     cv: Condvar,
+}
+
+/// A warp's lanes that have not exited, and its open rendezvous, keyed by the caller's mask.
+/// One lock for both, so an exiting lane can release the rounds that were waiting for it.
+#[derive(Default)]
+struct WarpState {
+    alive: u32,
+    rounds: HashMap<u32, Round>,
 }
 
 impl Cta {
@@ -297,7 +310,11 @@ impl Cta {
             .map(|w| {
                 let lanes = (threads - w * 32).min(32);
                 let present = if lanes == 32 { u32::MAX } else { (1u32 << lanes) - 1 };
-                Warp { present, alive: Mutex::new(present), rounds: Mutex::new(HashMap::new()), cv: Condvar::new() }
+                Warp {
+                    present,
+                    state: Mutex::new(WarpState { alive: present, rounds: HashMap::new() }),
+                    cv: Condvar::new(),
+                }
             })
             .collect();
         Cta {
@@ -330,42 +347,69 @@ impl Cta {
             self.barrier_cv.notify_all();
         }
         drop(r);
-        *lock(&self.warps[warp].alive) &= !(1 << lane);
+        self.warps[warp].lane_exited(lane);
     }
 }
 
 impl Warp {
-    /// All lanes in `mask` (that exist) deposit `value`; each gets every lane's value.
-    /// Returns the values and the mask of lanes that took part.
+    /// All lanes in `mask` that have not exited deposit `value`; each gets every lane's
+    /// value. Returns the values and the mask of lanes that took part. As on the GPU, lanes of
+    /// `mask` that exited do not take part (and a lane exiting while others wait releases them).
     fn exchange(&self, mask: u32, lane: u32, value: u64, launch: &LaunchState) -> ([u64; 32], u32) {
-        let members = mask & self.present;
-        if members & (1 << lane) == 0 {
+        if mask & self.present & (1 << lane) == 0 {
             panic!(
                 "warp operation with mask {mask:#010x} called by lane {lane}, which is not in the \
                  mask (undefined behaviour on the GPU)"
             );
         }
-        let mut rounds = lock(&self.rounds);
-        let r = rounds.entry(members).or_default();
-        r.expected = members.count_ones();
-        r.present = members;
+        let mut st = lock(&self.state);
+        let alive = st.alive;
+        let r = st.rounds.entry(mask).or_default();
         r.values[lane as usize] = value;
         r.arrived += 1;
+        r.present = mask & alive;
+        r.expected = r.present.count_ones();
         if r.arrived >= r.expected {
             r.complete();
             self.cv.notify_all();
-            return (r.snapshot, members);
+            return (r.snapshot, r.present);
         }
         let generation_seen = r.generation;
-        let mut rounds = wait_generation(
+        let mut st = wait_generation(
             &self.cv,
-            rounds,
+            st,
             generation_seen,
-            |m| m.get_mut(&members).expect("round exists while waited on"),
+            |w| w.rounds.get_mut(&mask).expect("round exists while waited on"),
             launch,
             "a warp operation (shfl/ballot/sync_warp)",
         );
-        (rounds.get_mut(&members).expect("round exists").snapshot, members)
+        let r = st.rounds.get_mut(&mask).expect("round exists");
+        (r.snapshot, r.present)
+    }
+
+    /// Removes `lane` from the live lanes and completes any open round now complete without it.
+    fn lane_exited(&self, lane: u32) {
+        let mut st = lock(&self.state);
+        st.alive &= !(1 << lane);
+        let alive = st.alive;
+        let mut released = false;
+        for (mask, r) in st.rounds.iter_mut() {
+            if r.arrived > 0 && mask & (1 << lane) != 0 {
+                r.present = mask & alive;
+                r.expected = r.present.count_ones();
+                if r.arrived >= r.expected {
+                    r.complete();
+                    released = true;
+                }
+            }
+        }
+        if released {
+            self.cv.notify_all();
+        }
+    }
+
+    fn alive(&self) -> u32 {
+        lock(&self.state).alive
     }
 }
 
@@ -413,7 +457,7 @@ pub(crate) fn warp_exchange(mask: u32, value: u64) -> ([u64; 32], u32) {
 }
 
 pub(crate) fn active_mask() -> u32 {
-    with_ctx(|c| *lock(&c.cta.warps[c.warp].alive))
+    with_ctx(|c| c.cta.warps[c.warp].alive())
 }
 
 pub(crate) fn dynamic_shared_mem() -> *mut u8 {
@@ -430,7 +474,7 @@ pub(crate) fn poll(what: &'static str) {
     }
     thread::yield_now();
     let abort = CTX.with_borrow(|c| c.as_ref().map(|c| c.launch.check(what).is_err()));
-    if abort == Some(true) {
+    if abort == Some(true) && may_abort() {
         abort_thread();
     }
 }
@@ -465,7 +509,7 @@ const EMULATED_THREAD_STACK: usize = 256 * 1024;
 /// The same contract as launching the kernel on a GPU: every pointer in `args` must be
 /// valid for what the kernel does with it, for the whole launch, and the kernel's own
 /// documented requirements must hold.
-pub unsafe fn launch<A: Copy>(spec: &LaunchSpec, entry: fn(A), args: A) -> Result<(), EmuError> {
+pub unsafe fn launch<A: Copy>(spec: &LaunchSpec, entry: unsafe fn(A), args: A) -> Result<(), EmuError> {
     validate(spec)?;
     let launch = Arc::new(LaunchState {
         name: spec.name,
@@ -524,7 +568,7 @@ pub unsafe fn launch<A: Copy>(spec: &LaunchSpec, entry: fn(A), args: A) -> Resul
     }
 }
 
-fn run_thread<A: Copy>(ctx: ThreadCtx, entry: fn(A), args: &SendArgs<A>) {
+fn run_thread<A: Copy>(ctx: ThreadCtx, entry: unsafe fn(A), args: &SendArgs<A>) {
     let cta = ctx.cta.clone();
     let launch = ctx.launch.clone();
     let (warp, lane) = (ctx.warp, ctx.lane);
@@ -532,10 +576,12 @@ fn run_thread<A: Copy>(ctx: ThreadCtx, entry: fn(A), args: &SendArgs<A>) {
     CTX.set(Some(ctx));
     POLLS.set(0);
     let a = args.0;
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| entry(a)));
+    // SAFETY: `launch`'s caller guarantees the kernel's contract for these arguments.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { entry(a) }));
     CTX.set(None);
-    cta.thread_exited(warp, lane);
-    if let Err(payload) = outcome
+    // Record a panic before this thread counts as exited: its exit may release the others
+    // from a barrier, and their later errors must not be reported as the cause.
+    if let Err(payload) = &outcome
         && payload.downcast_ref::<AbortToken>().is_none()
     {
         let message = if let Some(s) = payload.downcast_ref::<&str>() {
@@ -547,4 +593,5 @@ fn run_thread<A: Copy>(ctx: ThreadCtx, entry: fn(A), args: &SendArgs<A>) {
         };
         launch.record(EmuError::Panicked { kernel: launch.name, thread: label, message }, ABORT_PANIC);
     }
+    cta.thread_exited(warp, lane);
 }

@@ -18,7 +18,7 @@ use core::marker::PhantomData;
 pub struct Kernel<A> {
     name: &'static str,
     #[cfg(not(target_arch = "nvptx64"))]
-    host_entry: fn(A),
+    host_entry: unsafe fn(A),
     _args: PhantomData<fn(A)>,
 }
 
@@ -26,7 +26,7 @@ impl<A> Kernel<A> {
     /// Used by [`kernel!`](crate::kernel!); not meant to be called directly.
     #[doc(hidden)]
     #[cfg(not(target_arch = "nvptx64"))]
-    pub const fn new(name: &'static str, host_entry: fn(A)) -> Self {
+    pub const fn new(name: &'static str, host_entry: unsafe fn(A)) -> Self {
         Kernel { name, host_entry, _args: PhantomData }
     }
 
@@ -35,9 +35,10 @@ impl<A> Kernel<A> {
         self.name
     }
 
-    /// The per-thread function the CPU emulator runs.
+    /// The per-thread function the CPU emulator runs. Calling it is the kernel body itself,
+    /// so it is `unsafe` with the kernel's contract (and needs an emulator thread context).
     #[cfg(not(target_arch = "nvptx64"))]
-    pub fn host_entry(&self) -> fn(A) {
+    pub fn host_entry(&self) -> unsafe fn(A) {
         self.host_entry
     }
 }
@@ -74,10 +75,11 @@ macro_rules! kernel {
         $vis const $name: $crate::kernel::Kernel<($($ty,)*)> = {
             #[allow(clippy::too_many_arguments)]
             unsafe fn body($($arg: $ty),*) $body
-            fn entry(args: ($($ty,)*)) {
+            unsafe fn entry(args: ($($ty,)*)) {
                 #[allow(unused_variables)]
                 let ($($arg,)*) = args;
-                // SAFETY: the launch is `unsafe`; its caller guarantees the kernel's contract.
+                // SAFETY: the caller (the emulator, inside an `unsafe` launch) guarantees the
+                // kernel's contract.
                 unsafe { body($($arg),*) }
             }
             $crate::kernel::Kernel::new(stringify!($name), entry)

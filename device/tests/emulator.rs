@@ -166,3 +166,37 @@ fn atomics_and_timers_work_outside_a_launch() {
     std::thread::sleep(Duration::from_millis(2));
     assert!(arch::global_timer_ns() - t0 >= 2_000_000);
 }
+
+kernel! {
+    /// Lanes 16..32 of each warp exit; the rest run a full-mask ballot and shuffle, which on the
+    /// GPU involve only the lanes that have not exited.
+    pub unsafe fn warp_ops_after_some_lanes_exit(out: *mut u32) {
+        let lane = arch::lane_id();
+        if lane >= 16 {
+            return;
+        }
+        let ballot = arch::ballot_sync(arch::FULL_MASK, lane.is_multiple_of(2));
+        let from_lane_3 = arch::shfl_sync(arch::FULL_MASK, lane + 100, 3);
+        arch::sync_warp(arch::FULL_MASK);
+        // SAFETY: `out` holds two words per thread (test contract).
+        unsafe {
+            out.add(2 * arch::global_thread_idx_x()).write(ballot);
+            out.add(2 * arch::global_thread_idx_x() + 1).write(from_lane_3);
+        }
+    }
+}
+
+#[test]
+fn lanes_that_exited_do_not_take_part_in_warp_operations() {
+    let mut out = vec![0u32; 2 * 64];
+    let mut s = spec("warp_ops_after_some_lanes_exit", 1, 64);
+    s.timeout = Duration::from_secs(10);
+    // SAFETY: `out` holds two words per thread and outlives the launch.
+    unsafe { emulator::launch(&s, warp_ops_after_some_lanes_exit.host_entry(), (out.as_mut_ptr(),)) }.unwrap();
+    for t in 0..64 {
+        if t % 32 < 16 {
+            assert_eq!(out[2 * t], 0x5555, "thread {t} ballot");
+            assert_eq!(out[2 * t + 1], 103, "thread {t} shuffle");
+        }
+    }
+}

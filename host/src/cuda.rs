@@ -38,6 +38,12 @@ pub(crate) fn context_wide<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Whether the calling thread is inside [`group_launch`] (where waiting for the whole device
+/// would wait for ranks launched later: a deadlock).
+pub(crate) fn in_group_launch() -> bool {
+    IN_GROUP_LAUNCH.get()
+}
+
 /// Runs `f` (which launches every rank of a group) with the group lock held exclusively.
 pub(crate) fn group_launch<R>(f: impl FnOnce() -> R) -> R {
     if IN_GROUP_LAUNCH.get() {
@@ -398,6 +404,7 @@ impl RawEvent {
         dev.bind()?;
         // SAFETY: both events are alive.
         unsafe {
+            result::event::synchronize(start.0).map_err(cuda_err("cuEventSynchronize"))?;
             result::event::synchronize(self.0).map_err(cuda_err("cuEventSynchronize"))?;
             result::event::elapsed(start.0, self.0).map_err(cuda_err("cuEventElapsedTime"))
         }

@@ -30,8 +30,7 @@ impl Default for DevCommRequirements {
 pub struct DevCommHandle {
     dev_comm: DevComm,
     barrier_window: Window,
-    // Kept alive for the `DevComm`'s pointers.
-    _epochs: DeviceBuffer<u32>,
+    epochs: DeviceBuffer<u32>,
     table: DeviceBuffer<DevWindow>,
     windows: Vec<Window>,
 }
@@ -73,7 +72,7 @@ pub fn create_dev_comms(comms: &[Communicator], reqs: DevCommRequirements) -> Re
                 window_count: 0,
                 _reserved: 0,
             };
-            Ok(DevCommHandle { dev_comm, barrier_window, _epochs: epochs, table, windows: Vec::new() })
+            Ok(DevCommHandle { dev_comm, barrier_window, epochs, table, windows: Vec::new() })
         })
         .collect()
 }
@@ -110,4 +109,28 @@ impl DevCommHandle {
         self.dev_comm.window_count += 1;
         Ok(index)
     }
+}
+
+/// Returns every rank's LSA barriers to their initial state (zero epochs, empty inboxes), after
+/// waiting for all work on the ranks' devices. Collective: pass every rank's handle.
+///
+/// Needed after a barrier wait timed out (`LsaBarrierSession::wait_timeout`): the ranks that
+/// arrived have already signalled the next epoch, so the barrier indices are out of step and
+/// later rounds would no longer order memory. Nothing may run on the devices meanwhile.
+pub fn reset_barriers(handles: &mut [DevCommHandle]) -> Result<()> {
+    let Some(first) = handles.first() else { return Ok(()) };
+    let ranks = first.dev_comm.nranks as usize;
+    let comm = first.barrier_window.comm_id();
+    if handles.len() != ranks
+        || handles.iter().enumerate().any(|(r, h)| h.barrier_window.comm_id() != comm || h.dev_comm.rank as usize != r)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "reset_barriers is collective: pass all {ranks} ranks' handles of one communicator, in rank order"
+        )));
+    }
+    for h in handles.iter_mut() {
+        h.epochs.copy_from_host(&vec![0u32; h.epochs.len()])?;
+        h.barrier_window.copy_from_host(0, &vec![0u8; h.barrier_window.size()])?;
+    }
+    Ok(())
 }

@@ -5,7 +5,7 @@ use crate::cuda::CudaDevice;
 use crate::launch::Module;
 use crate::memory::DeviceBuffer;
 use crate::stream::Stream;
-use crate::{Backend, Result};
+use crate::{Backend, Error, Result};
 use bytemuck::Pod;
 use std::sync::{Arc, OnceLock};
 
@@ -113,6 +113,13 @@ impl Device {
 
     /// Waits for all work on all streams of this device; returns the first error.
     pub fn synchronize(&self) -> Result<()> {
+        if crate::cuda::in_group_launch() {
+            return Err(Error::InvalidArgument(
+                "waiting for the whole device inside launch_all would wait for ranks not yet \
+                 launched (a deadlock): do host accesses, frees and synchronization after it"
+                    .into(),
+            ));
+        }
         match &self.0.imp {
             DeviceImpl::Cuda(d) => d.synchronize(),
             DeviceImpl::Cpu(d) => d.synchronize(),
@@ -154,7 +161,13 @@ impl Device {
         }
     }
 
+    /// Whether both handles name the same device: the same GPU on CUDA (two `Device`s opened
+    /// on one GPU share its primary context, and windows must map it once, not through two
+    /// aliasing ranges), the same emulated device on the CPU backend.
     pub(crate) fn same_as(&self, other: &Device) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        match (&self.0.imp, &other.0.imp) {
+            (DeviceImpl::Cuda(a), DeviceImpl::Cuda(b)) => a.raw_device() == b.raw_device(),
+            _ => Arc::ptr_eq(&self.0, &other.0),
+        }
     }
 }

@@ -50,7 +50,7 @@ pub mod window;
 
 pub use backend::Backend;
 pub use comm::{Communicator, launch_all};
-pub use devcomm::{DevCommHandle, DevCommRequirements, create_dev_comms};
+pub use devcomm::{DevCommHandle, DevCommRequirements, create_dev_comms, reset_barriers};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use ferrolink_device as device_api;

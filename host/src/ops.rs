@@ -24,7 +24,10 @@ pub fn copy_launch_config(dev: &Device, bytes: usize) -> LaunchConfig {
     }
 }
 
-/// Copies all of `src` into `dst` with the vectorized copy kernel (lengths must match).
+/// Copies all of `src` into `dst` with the vectorized copy kernel (lengths must match), on
+/// `stream`, and waits for it. (The safe copies are synchronous so that their borrows cover
+/// the copy; for asynchronous copies launch `ferrolink_copy` with the `unsafe`
+/// [`Stream::launch`].)
 pub fn copy<T: Pod>(stream: &Stream, dst: &mut DeviceBuffer<T>, src: &DeviceBuffer<T>) -> Result<()> {
     if dst.len() != src.len() {
         return Err(Error::InvalidArgument(format!(
@@ -34,7 +37,9 @@ pub fn copy<T: Pod>(stream: &Stream, dst: &mut DeviceBuffer<T>, src: &DeviceBuff
         )));
     }
     let cfg = copy_launch_config(stream.device(), src.bytes());
-    copy_raw(stream, &ferrolink_copy, dst.addr(), dst.device(), src.addr(), src.device(), src.bytes(), cfg)
+    copy_raw(stream, &ferrolink_copy, dst.addr(), dst.device(), src.addr(), src.device(), src.bytes(), cfg)?;
+    // The borrows end when this returns: wait, so no other stream can race the copy.
+    stream.synchronize()
 }
 
 /// Copies `bytes` bytes from `src[src_offset..]` to `dst[dst_offset..]` with the copy kernel
@@ -66,7 +71,9 @@ pub fn copy_bytes_with(
         src.device(),
         bytes,
         cfg,
-    )
+    )?;
+    // The borrows end when this returns: wait, so no other stream can race the copy.
+    stream.synchronize()
 }
 
 /// [`copy_bytes_with`] with the default launch shape.

@@ -163,8 +163,11 @@ impl Stream {
         }
     }
 
-    /// Queues a copy of `src` into `dst` by the driver's copy engine path
-    /// (`cuMemcpyDtoDAsync`; on the CPU backend a host memcpy). Lengths must match.
+    /// Copies `src` into `dst` by the driver's copy path (`cuMemcpyDtoDAsync` on this stream;
+    /// on the CPU backend a host memcpy) and waits for it: the copy is complete when this
+    /// returns, so the borrows cover it. Lengths must match. For overlapping asynchronous
+    /// copies, launch the copy kernel with [`Stream::launch`] (`unsafe`: the caller keeps
+    /// other work off the buffers).
     pub fn copy_buffer<T: Pod>(&self, dst: &mut DeviceBuffer<T>, src: &DeviceBuffer<T>) -> Result<()> {
         if !dst.device().same_as(&self.dev) || !src.device().same_as(&self.dev) {
             return Err(Error::WrongDevice("buffer"));
@@ -176,8 +179,10 @@ impl Stream {
                 src.len()
             )));
         }
-        // `&mut dst` keeps the host off it; dropping either buffer waits for the copy.
-        self.copy_raw_dtod(dst.addr(), src.addr(), src.bytes())
+        self.copy_raw_dtod(dst.addr(), src.addr(), src.bytes())?;
+        // Wait: the borrows end when this returns, and another stream could otherwise write
+        // `src` or touch `dst` while the copy runs (a data race on the CPU backend).
+        self.synchronize()
     }
 
     /// `copy_buffer` on raw addresses, for the perf module's baseline (same buffers as the
@@ -240,6 +245,9 @@ pub struct Event {
 impl Event {
     /// Milliseconds between `start` and this event (waits for this event).
     pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
+        if !self.dev.same_as(&start.dev) {
+            return Err(Error::WrongDevice("event"));
+        }
         match (&self.imp, &start.imp, &self.dev.0.imp) {
             (EventImpl::Cuda(end), EventImpl::Cuda(begin), DeviceImpl::Cuda(d)) => end.elapsed_ms_since(d, begin),
             (EventImpl::Cpu(end), EventImpl::Cpu(begin), _) => {

@@ -330,21 +330,23 @@ impl Window {
         Ok(self.shared.buffers[self.rank].addr() + offset as u64)
     }
 
-    /// Writes `src` into this rank's buffer at byte `offset` (bounds-checked; waits for the
-    /// device first).
+    /// Writes `src` into this rank's buffer at byte `offset` (bounds-checked; waits first for
+    /// every device that maps the window).
     pub fn copy_from_host<T: Pod>(&self, offset: usize, src: &[T]) -> Result<()> {
         let addr = self.check_range::<T>(offset, src.len())?;
         let _exclusive = self.shared.host_access.lock().unwrap_or_else(|e| e.into_inner());
+        self.synchronize_peers()?;
         // SAFETY: the range was bounds-checked against this rank's live buffer; the lock
         // excludes other host copies of this window.
         unsafe { self.shared.buffers[self.rank].device().write_bytes(addr, bytemuck::cast_slice(src)) }
     }
 
-    /// Reads this rank's buffer at byte `offset` into `dst` (bounds-checked; waits for the
-    /// device first).
+    /// Reads this rank's buffer at byte `offset` into `dst` (bounds-checked; waits first for
+    /// every device that maps the window).
     pub fn copy_to_host<T: Pod>(&self, offset: usize, dst: &mut [T]) -> Result<()> {
         let addr = self.check_range::<T>(offset, dst.len())?;
         let _exclusive = self.shared.host_access.lock().unwrap_or_else(|e| e.into_inner());
+        self.synchronize_peers()?;
         // SAFETY: as above.
         unsafe { self.shared.buffers[self.rank].device().read_bytes(addr, bytemuck::cast_slice_mut(dst)) }
     }
@@ -354,6 +356,12 @@ impl Window {
         let mut v = vec![T::zeroed(); len];
         self.copy_to_host(offset, &mut v)?;
         Ok(v)
+    }
+
+    /// Waits for every device whose ranks map this window: a peer on another device may be
+    /// writing this slot through its own mapping.
+    fn synchronize_peers(&self) -> Result<()> {
+        self.shared.devices.iter().try_for_each(Device::synchronize)
     }
 
     pub(crate) fn comm_id(&self) -> u64 {

@@ -178,8 +178,9 @@ pub(super) fn shfl(mode: ShflMode, mask: u32, v: u32, b: u32) -> u32 {
     let (values, members) = emulator::warp_exchange(mask, u64::from(v));
     let src = match mode {
         ShflMode::Idx => b & 31,
-        ShflMode::Down => lane + b,
-        ShflMode::Up => lane.wrapping_sub(b),
+        // PTX uses b[4:0] for the lane offset.
+        ShflMode::Down => lane + (b & 31),
+        ShflMode::Up => lane.wrapping_sub(b & 31),
         ShflMode::Xor => (lane ^ b) & 31,
     };
     if src < 32 && members & (1 << src) != 0 { values[src as usize] as u32 } else { v }
