@@ -65,6 +65,42 @@ fn example_work_queue_processes_every_item_exactly_once() {
     for_each_backend("example_work_queue", |dev| ferrolink_examples::work_queue::run(dev, 20_000).map(drop));
 }
 
+/// Runs `lsa_barrier_stress` on every rank (`ctas` CTAs, `rounds` rounds, random delays up to
+/// `delay` ns) and checks that no rank saw a stale word.
+fn stress(
+    dev: &Device,
+    comms: &[Communicator],
+    windows: &[ferrolink::Window],
+    handles: &[ferrolink::DevCommHandle],
+    ctas: u32,
+    rounds: u32,
+    delay: u32,
+) -> ferrolink::Result<()> {
+    // Allocate before launching: host-side work between the ranks' launches could wait on a
+    // rank that already spins for one not yet launched.
+    let mut errors = comms.iter().map(|c| c.device().alloc::<u32>(1)).collect::<ferrolink::Result<Vec<_>>>()?;
+    let ptrs: Vec<*mut u32> = errors.iter_mut().map(|e| e.as_kernel_mut_ptr()).collect();
+    ferrolink::launch_all(comms, |c| {
+        let r = c.rank();
+        // SAFETY: the window holds ctas * n words (callers size it); `ctas` <= 32 barriers;
+        // buffers outlive the kernels (synchronized below).
+        unsafe {
+            c.stream().launch(
+                c.device().builtin_module()?,
+                &lsa::lsa_barrier_stress,
+                LaunchConfig::linear(ctas, block(dev)),
+                (handles[r].dev_comm(), windows[r].dev_window(), rounds, delay, ptrs[r]),
+            )
+        }
+    })?;
+    sync_all(comms)?;
+    for (r, e) in errors.iter().enumerate() {
+        let bad = e.to_vec()?[0];
+        check(bad == 0, || format!("{} ranks: rank {r} saw {bad} stale words", comms.len()))?;
+    }
+    Ok(())
+}
+
 #[test]
 fn barrier_stress_orders_window_writes_across_ranks() {
     for_each_backend("barrier_stress_orders_window_writes_across_ranks", |dev| {
@@ -74,28 +110,7 @@ fn barrier_stress_orders_window_writes_across_ranks() {
         };
         for n in [2usize, 4, 8] {
             let (comms, windows, handles) = job(dev, n, (ctas as usize) * n * 4)?;
-            // Allocate before launching: host-side work between the ranks' launches could
-            // wait on a rank that already spins for one not yet launched.
-            let mut errors = comms.iter().map(|c| c.device().alloc::<u32>(1)).collect::<ferrolink::Result<Vec<_>>>()?;
-            ferrolink::launch_all(&comms, |c| {
-                let r = c.rank();
-                // SAFETY: the window holds ctas * n words; `ctas` <= 32 barriers; buffers
-                // outlive the kernels (synchronized below).
-                unsafe {
-                    c.stream().launch(
-                        c.device().builtin_module()?,
-                        &lsa::lsa_barrier_stress,
-                        LaunchConfig::linear(ctas, block(dev)),
-                        (handles[r].dev_comm(), windows[r].dev_window(), rounds, delay, errors[r].as_kernel_mut_ptr()),
-                    )?;
-                }
-                Ok(())
-            })?;
-            sync_all(&comms)?;
-            for (r, e) in errors.iter().enumerate() {
-                let bad = e.to_vec()?[0];
-                check(bad == 0, || format!("{n} ranks: rank {r} saw {bad} stale words"))?;
-            }
+            stress(dev, &comms, &windows, &handles, ctas, rounds, delay)?;
         }
         Ok(())
     });
@@ -339,26 +354,8 @@ fn barriers_work_again_after_a_timeout_and_reset() {
         }
         check(status.to_vec()?[0] == lsa::TRY_SYNC_TIMED_OUT, || "the lone rank should time out".into())?;
         ferrolink::reset_barriers(&mut handles)?;
-        let mut errors = comms.iter().map(|c| c.device().alloc::<u32>(1)).collect::<ferrolink::Result<Vec<_>>>()?;
-        let ptrs: Vec<*mut u32> = errors.iter_mut().map(|e| e.as_kernel_mut_ptr()).collect();
-        let rounds = if dev.backend() == Backend::Cuda { 500u32 } else { 20 };
-        ferrolink::launch_all(&comms, |c| {
-            let r = c.rank();
-            // SAFETY: the window holds 32 * 2 words; 32 CTAs <= 32 barriers; synchronized below.
-            unsafe {
-                c.stream().launch(
-                    c.device().builtin_module()?,
-                    &lsa::lsa_barrier_stress,
-                    LaunchConfig::linear(if dev.backend() == Backend::Cuda { 32 } else { 2 }, block(dev)),
-                    (handles[r].dev_comm(), windows[r].dev_window(), rounds, 0u32, ptrs[r]),
-                )
-            }
-        })?;
-        sync_all(&comms)?;
-        for (r, e) in errors.iter().enumerate() {
-            let bad = e.to_vec()?[0];
-            check(bad == 0, || format!("rank {r} saw {bad} stale words after the reset"))?;
-        }
+        let (ctas, rounds) = if dev.backend() == Backend::Cuda { (32, 500) } else { (2, 20) };
+        stress(dev, &comms, &windows, &handles, ctas, rounds, 0)?;
         check(matches!(ferrolink::reset_barriers(&mut handles[..1]), Err(Error::InvalidArgument(_))), || {
             "a partial reset must be refused".into()
         })
