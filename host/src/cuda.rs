@@ -563,17 +563,28 @@ impl AddressRange {
 
     fn release_inner(&mut self, dev: &CudaDevice) -> Result<()> {
         dev.bind()?;
+        // Unmap everything and free the reservation even if one step fails: report the first
+        // error, but do not strand the rest.
+        let mut first: Result<()> = Ok(());
         for (offset, size) in self.mapped.drain(..) {
             // SAFETY: this exact sub-range was mapped by `map`; no work uses it (owners
             // synchronize the devices first).
-            unsafe { sys::cuMemUnmap(self.base + offset as u64, size) }.result().map_err(cuda_err("cuMemUnmap"))?;
+            let r =
+                unsafe { sys::cuMemUnmap(self.base + offset as u64, size) }.result().map_err(cuda_err("cuMemUnmap"));
+            if first.is_ok() {
+                first = r;
+            }
         }
         if self.size > 0 {
             // SAFETY: the reservation is unmapped and freed once (size set to 0 after).
-            unsafe { sys::cuMemAddressFree(self.base, self.size) }.result().map_err(cuda_err("cuMemAddressFree"))?;
+            let r =
+                unsafe { sys::cuMemAddressFree(self.base, self.size) }.result().map_err(cuda_err("cuMemAddressFree"));
             self.size = 0;
+            if first.is_ok() {
+                first = r;
+            }
         }
-        Ok(())
+        first
     }
 }
 

@@ -15,9 +15,11 @@ pub(crate) enum DeviceImpl {
 }
 
 pub(crate) struct DeviceInner {
+    // Declared first so that it is dropped first: the module is unloaded while the device's
+    // context is still retained (`imp` releases it).
+    builtin: OnceLock<Module>,
     pub(crate) imp: DeviceImpl,
     ordinal: usize,
-    builtin: OnceLock<Module>,
 }
 
 /// A device: a GPU on [`Backend::Cuda`], or an emulated GPU on [`Backend::Cpu`]. Cheap to
@@ -46,7 +48,7 @@ impl Device {
             Backend::Cpu => DeviceImpl::Cpu(CpuDevice::new()),
         };
         tracing::debug!(%backend, ordinal, "opened device");
-        Ok(Device(Arc::new(DeviceInner { imp, ordinal, builtin: OnceLock::new() })))
+        Ok(Device(Arc::new(DeviceInner { builtin: OnceLock::new(), imp, ordinal })))
     }
 
     /// The backend this device runs on.
@@ -107,7 +109,7 @@ impl Device {
         if let Some(m) = self.0.builtin.get() {
             return Ok(m);
         }
-        let m = Module::load(self, crate::DEVICE_PTX)?;
+        let m = Module::load_builtin(self, crate::DEVICE_PTX)?;
         Ok(self.0.builtin.get_or_init(|| m))
     }
 
@@ -169,5 +171,20 @@ impl Device {
             (DeviceImpl::Cuda(a), DeviceImpl::Cuda(b)) => a.raw_device() == b.raw_device(),
             _ => Arc::ptr_eq(&self.0, &other.0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_builtin_module_does_not_keep_its_device_alive() {
+        let dev = Device::open_with(Backend::Cpu, 0).unwrap();
+        dev.builtin_module().unwrap();
+        assert_eq!(Arc::strong_count(&dev.0), 1, "the built-in module must refer to its device weakly");
+        let weak = Arc::downgrade(&dev.0);
+        drop(dev);
+        assert!(weak.upgrade().is_none(), "the device was not freed");
     }
 }

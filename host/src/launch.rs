@@ -140,10 +140,18 @@ pub(crate) enum ModuleImpl {
     Cpu,
 }
 
+/// How a module refers to its device: a user's module keeps the device alive; the device's
+/// own built-in module (stored inside the device) refers back weakly, or the two would keep
+/// each other alive forever (the device, its context retain and the module would leak).
+enum DeviceLink {
+    Owner(Device),
+    Builtin(std::sync::Weak<crate::device::DeviceInner>),
+}
+
 /// A module of kernels loaded from PTX (see [`Device::load_module`]). On the CPU backend the
 /// kernels run from their host entries, and the PTX tells which entries the module declares.
 pub struct Module {
-    pub(crate) dev: Device,
+    link: DeviceLink,
     pub(crate) imp: ModuleImpl,
     entries: HashSet<String>,
 }
@@ -156,6 +164,15 @@ impl std::fmt::Debug for Module {
 
 impl Module {
     pub(crate) fn load(dev: &Device, ptx: &str) -> Result<Module> {
+        Module::load_linked(dev, ptx, DeviceLink::Owner(dev.clone()))
+    }
+
+    /// Loads the device's built-in module, which the device itself stores.
+    pub(crate) fn load_builtin(dev: &Device, ptx: &str) -> Result<Module> {
+        Module::load_linked(dev, ptx, DeviceLink::Builtin(std::sync::Arc::downgrade(&dev.0)))
+    }
+
+    fn load_linked(dev: &Device, ptx: &str, link: DeviceLink) -> Result<Module> {
         let entries: HashSet<String> = ferrolink_device::kernel::ptx_entry_names(ptx).map(str::to_string).collect();
         if entries.is_empty() {
             return Err(Error::InvalidArgument("the PTX declares no kernel entry (.entry)".into()));
@@ -176,7 +193,20 @@ impl Module {
             }
             DeviceImpl::Cpu(_) => ModuleImpl::Cpu,
         };
-        Ok(Module { dev: dev.clone(), imp, entries })
+        Ok(Module { link, imp, entries })
+    }
+
+    /// The device the module was loaded on, if it is still alive.
+    pub(crate) fn device(&self) -> Option<Device> {
+        match &self.link {
+            DeviceLink::Owner(d) => Some(d.clone()),
+            DeviceLink::Builtin(w) => w.upgrade().map(Device),
+        }
+    }
+
+    /// Whether the module was loaded on `dev`.
+    pub(crate) fn belongs_to(&self, dev: &Device) -> bool {
+        self.device().is_some_and(|d| d.same_as(dev))
     }
 
     /// Whether the module declares a kernel entry called `name`.
@@ -190,7 +220,8 @@ impl Module {
         if let Some(f) = map.get(name) {
             return Ok(*f);
         }
-        let DeviceImpl::Cuda(d) = &self.dev.0.imp else { unreachable!("CUDA module on a CPU device") };
+        let dev = self.device().ok_or(Error::WrongDevice("module (its device was dropped)"))?;
+        let DeviceImpl::Cuda(d) = &dev.0.imp else { unreachable!("CUDA module on a CPU device") };
         let raw = module.function(d, name)?;
         let f = CudaFunction(raw, crate::cuda::function_limits(d, raw)?);
         map.insert(name.to_string(), f);
@@ -201,6 +232,9 @@ impl Module {
 impl Drop for Module {
     fn drop(&mut self) {
         // Kernels from this module may still be queued: let them finish before unloading.
-        let _ = self.dev.synchronize();
+        // (The built-in module is dropped with its device, when no work can be queued.)
+        if let Some(d) = self.device() {
+            let _ = d.synchronize();
+        }
     }
 }

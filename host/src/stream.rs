@@ -117,7 +117,7 @@ impl Stream {
         cfg: LaunchConfig,
         mut args: A,
     ) -> Result<()> {
-        if !module.dev.same_as(&self.dev) {
+        if !module.belongs_to(&self.dev) {
             return Err(Error::WrongDevice("module"));
         }
         let name = kernel.name();

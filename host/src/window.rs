@@ -29,23 +29,27 @@ enum Physical {
     Cpu(CpuPhysical),
 }
 
+/// A reserved address range with its mappings; unmapped and freed when dropped (also on the
+/// error paths of allocation and registration).
 enum Range {
-    Cuda(Option<AddressRange>),
+    Cuda { range: Option<AddressRange>, dev: Device },
     Cpu(CpuRange),
 }
 
 impl Range {
     fn base(&self) -> u64 {
         match self {
-            Range::Cuda(r) => r.as_ref().map_or(0, |r| r.base),
+            Range::Cuda { range, .. } => range.as_ref().map_or(0, |r| r.base),
             Range::Cpu(r) => r.base,
         }
     }
+}
 
-    /// Unmaps and frees (CUDA reports errors; the CPU range frees itself on drop).
-    fn release(&mut self, dev: &Device) {
-        if let (Range::Cuda(r), DeviceImpl::Cuda(d)) = (self, &dev.0.imp)
-            && let Some(r) = r.take()
+impl Drop for Range {
+    fn drop(&mut self) {
+        if let Range::Cuda { range, dev } = self
+            && let Some(r) = range.take()
+            && let DeviceImpl::Cuda(d) = &dev.0.imp
             && let Err(e) = r.release(d)
         {
             tracing::warn!(error = %e, "releasing a VMM mapping failed");
@@ -63,14 +67,14 @@ pub fn granularity(dev: &Device) -> Result<usize> {
 
 fn reserve(dev: &Device, size: usize, align: usize) -> Result<Range> {
     Ok(match &dev.0.imp {
-        DeviceImpl::Cuda(d) => Range::Cuda(Some(AddressRange::reserve(d, size, align)?)),
+        DeviceImpl::Cuda(d) => Range::Cuda { range: Some(AddressRange::reserve(d, size, align)?), dev: dev.clone() },
         DeviceImpl::Cpu(_) => Range::Cpu(CpuRange::reserve(size, align)?),
     })
 }
 
 fn map(dev: &Device, range: &mut Range, offset: usize, phys: &Physical) -> Result<()> {
     match (range, phys, &dev.0.imp) {
-        (Range::Cuda(Some(r)), Physical::Cuda(p), DeviceImpl::Cuda(d)) => r.map(d, offset, p),
+        (Range::Cuda { range: Some(r), .. }, Physical::Cuda(p), DeviceImpl::Cuda(d)) => r.map(d, offset, p),
         (Range::Cpu(r), Physical::Cpu(p), _) => r.map(offset, p),
         _ => Err(Error::InvalidArgument("window: buffers and devices of different backends".into())),
     }
@@ -79,7 +83,7 @@ fn map(dev: &Device, range: &mut Range, offset: usize, phys: &Physical) -> Resul
 /// Grants `dev` access to the whole (fully mapped) range.
 fn grant_access(dev: &Device, range: &Range) -> Result<()> {
     match (range, &dev.0.imp) {
-        (Range::Cuda(Some(r)), DeviceImpl::Cuda(d)) => r.set_access(d, &[d]),
+        (Range::Cuda { range: Some(r), .. }, DeviceImpl::Cuda(d)) => r.set_access(d, &[d]),
         _ => Ok(()),
     }
 }
@@ -89,8 +93,9 @@ fn grant_access(dev: &Device, range: &Range) -> Result<()> {
 /// [`Communicator::mem_alloc`]; registered into a [`Window`] with [`register_window`].
 pub struct SymBuffer {
     dev: Device,
-    phys: Physical,
+    // Dropped in this order: the mapping, then the physical memory.
     local: Range,
+    phys: Physical,
     len: usize,
 }
 
@@ -118,7 +123,7 @@ impl SymBuffer {
         let mut local = reserve(dev, size, g)?;
         map(dev, &mut local, 0, &phys)?;
         grant_access(dev, &local)?;
-        let buf = SymBuffer { dev: dev.clone(), phys, local, len };
+        let buf = SymBuffer { dev: dev.clone(), local, phys, len };
         if let DeviceImpl::Cuda(d) = &dev.0.imp {
             // SAFETY: the range is mapped, accessible to `d`, `size` bytes, and unused.
             unsafe { d.memset_zero(buf.addr(), size)? };
@@ -157,8 +162,8 @@ impl SymBuffer {
 
 impl Drop for SymBuffer {
     fn drop(&mut self) {
+        // Kernels may still use the memory: finish them; the fields then unmap and release.
         let _ = self.dev.synchronize();
-        self.local.release(&self.dev);
     }
 }
 
@@ -171,12 +176,6 @@ impl Communicator {
     }
 }
 
-/// The flat range of one GPU (or of the emulator) in a window.
-struct FlatMapping {
-    dev: Device,
-    range: Range,
-}
-
 struct WindowShared {
     comm_id: u64,
     /// Serializes host reads and writes of the window's buffers: handles are `Clone` and
@@ -184,7 +183,9 @@ struct WindowShared {
     /// data race on host memory.
     host_access: std::sync::Mutex<()>,
     devices: Vec<Device>,
-    flat: Vec<FlatMapping>,
+    /// One flat range per GPU per LSA domain; held (never read) so that dropping the window
+    /// unmaps and frees them.
+    _flat: Vec<Range>,
     buffers: Vec<SymBuffer>,
 }
 
@@ -197,9 +198,7 @@ impl Drop for WindowShared {
                 tracing::warn!(error = %e, "device error while releasing a window");
             }
         }
-        for m in &mut self.flat {
-            m.range.release(&m.dev);
-        }
+        // The fields then drop in order: the flat ranges (unmapped and freed), then the buffers.
     }
 }
 
@@ -245,7 +244,7 @@ pub fn register_window(comms: &[Communicator], buffers: Vec<SymBuffer>) -> Resul
     }
     let stride = buffers[0].allocated();
     let lsa = comms[0].lsa_size();
-    let mut flat: Vec<FlatMapping> = Vec::new();
+    let mut flat: Vec<Range> = Vec::new();
     // The flat base each rank's kernels use: one mapping per GPU per LSA domain, shared by
     // the virtual ranks of that GPU.
     let mut base_of = vec![0u64; comms.len()];
@@ -266,7 +265,7 @@ pub fn register_window(comms: &[Communicator], buffers: Vec<SymBuffer>) -> Resul
             grant_access(dev, &range)?;
             base_of[r] = range.base();
             domain_maps.push((dev.clone(), range.base()));
-            flat.push(FlatMapping { dev: dev.clone(), range });
+            flat.push(range);
         }
     }
     let mut devices: Vec<Device> = Vec::new();
@@ -279,7 +278,7 @@ pub fn register_window(comms: &[Communicator], buffers: Vec<SymBuffer>) -> Resul
         comm_id: comms[0].shared.id,
         host_access: std::sync::Mutex::new(()),
         devices,
-        flat,
+        _flat: flat,
         buffers,
     });
     Ok(comms
