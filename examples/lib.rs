@@ -5,22 +5,16 @@
 //!
 //! All of them use several *virtual ranks* on one device: [`virtual_job`].
 
-use ferrolink::{
-    Communicator, DevCommHandle, DevCommRequirements, Device, Error, LaunchConfig, Result, Window, create_dev_comms,
-    register_window,
-};
+use ferrolink::{Communicator, DevCommHandle, DevCommRequirements, Device, Error, LaunchConfig, Result, Window};
 
-/// `nranks` ranks on `dev`, each with a `window_bytes` window and a device communicator.
+/// `nranks` ranks on `dev`, each with a `window_bytes` window and a device communicator
+/// (default requirements).
 pub fn virtual_job(
     dev: &Device,
     nranks: usize,
     window_bytes: usize,
 ) -> Result<(Vec<Communicator>, Vec<Window>, Vec<DevCommHandle>)> {
-    let comms = Communicator::init_all(&vec![dev.clone(); nranks])?;
-    let bufs = comms.iter().map(|c| c.mem_alloc(window_bytes)).collect::<Result<Vec<_>>>()?;
-    let windows = register_window(&comms, bufs)?;
-    let handles = create_dev_comms(&comms, DevCommRequirements::default())?;
-    Ok((comms, windows, handles))
+    ferrolink::testing::virtual_job(dev, nranks, window_bytes, DevCommRequirements::default())
 }
 
 /// Threads per CTA for the LSA examples: 256 on a GPU, 32 on the emulator (OS threads).

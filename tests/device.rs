@@ -94,15 +94,7 @@ fn message_passing(dev: &Device, scope: Scope) -> ferrolink::Result<()> {
             module,
             &selftest::selftest_message_passing,
             LaunchConfig::linear(2, 256),
-            (
-                data.as_kernel_mut_ptr(),
-                f,
-                f.wrapping_add(1),
-                f.wrapping_add(2),
-                rounds,
-                words,
-                selftest::scope_code(scope),
-            ),
+            (data.as_kernel_mut_ptr(), f, f.wrapping_add(1), f.wrapping_add(2), rounds, words, scope.code()),
         )?;
     }
     stream.synchronize()?;
@@ -141,7 +133,7 @@ fn contended_counters_reach_exact_totals() {
                     dev.builtin_module()?,
                     &selftest::selftest_counters,
                     LaunchConfig::linear(grid, block),
-                    (cas.as_kernel_mut_ptr(), w, w.wrapping_add(1), iters, selftest::scope_code(scope)),
+                    (cas.as_kernel_mut_ptr(), w, w.wrapping_add(1), iters, scope.code()),
                 )?;
             }
             stream.synchronize()?;

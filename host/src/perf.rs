@@ -157,19 +157,15 @@ mod tests {
     }
 }
 
-/// Virtual ranks on one device, with a window of `window_bytes` and device communicators.
+/// Virtual ranks on one device with `barriers` LSA barriers (see [`crate::testing::virtual_job`]).
 fn virtual_job(
     dev: &Device,
     nranks: usize,
     window_bytes: usize,
     barriers: u32,
 ) -> Result<(Vec<crate::Communicator>, Vec<crate::Window>, Vec<crate::DevCommHandle>)> {
-    let comms = crate::Communicator::init_all(&vec![dev.clone(); nranks])?;
-    let bufs = comms.iter().map(|c| c.mem_alloc(window_bytes)).collect::<Result<Vec<_>>>()?;
-    let windows = crate::register_window(&comms, bufs)?;
     let reqs = crate::DevCommRequirements { lsa_barrier_count: barriers, window_capacity: 1 };
-    let handles = crate::create_dev_comms(&comms, reqs)?;
-    Ok((comms, windows, handles))
+    crate::testing::virtual_job(dev, nranks, window_bytes, reqs)
 }
 
 /// LSA barrier latency for one shape.

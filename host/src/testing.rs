@@ -13,7 +13,10 @@
 //! });
 //! ```
 
-use crate::{Backend, Device, Result};
+use crate::{
+    Backend, Communicator, DevCommHandle, DevCommRequirements, Device, Result, Window, create_dev_comms,
+    register_window,
+};
 
 /// The backends a test should run on here, with the reason for any that is skipped.
 pub fn test_backends() -> (Vec<Backend>, Vec<(Backend, String)>) {
@@ -58,4 +61,19 @@ pub fn for_each_backend(test: &str, body: impl Fn(&Device) -> Result<()>) {
         }
         println!("{test}: passed on {backend}");
     }
+}
+
+/// `nranks` virtual ranks on `dev`, each with a `window_bytes` window and a device
+/// communicator made to `reqs`: the set-up of most multi-rank tests, examples and benches.
+pub fn virtual_job(
+    dev: &Device,
+    nranks: usize,
+    window_bytes: usize,
+    reqs: DevCommRequirements,
+) -> Result<(Vec<Communicator>, Vec<Window>, Vec<DevCommHandle>)> {
+    let comms = Communicator::init_all(&vec![dev.clone(); nranks])?;
+    let bufs = comms.iter().map(|c| c.mem_alloc(window_bytes)).collect::<Result<Vec<_>>>()?;
+    let windows = register_window(&comms, bufs)?;
+    let handles = create_dev_comms(&comms, reqs)?;
+    Ok((comms, windows, handles))
 }

@@ -4,16 +4,6 @@
 use crate::arch::{self, LoadOrder, RmwOrder, Scope, StoreOrder, atomic};
 use crate::kernel;
 
-/// Encodes a [`Scope`] as a kernel argument ([`Scope::code`]).
-pub const fn scope_code(scope: Scope) -> u32 {
-    scope.code()
-}
-
-/// Decodes [`scope_code`] ([`Scope::from_code`]).
-pub const fn scope_from_code(code: u32) -> Scope {
-    Scope::from_code(code)
-}
-
 /// The value the message-passing litmus writes into word `i` in round `r`.
 pub const fn mp_value(round: u32, i: u32) -> u32 {
     round.wrapping_mul(0x9E37_79B9) ^ i
@@ -50,7 +40,7 @@ kernel! {
         data: *mut u32, flag: *mut u32, ack: *mut u32, errors: *mut u32,
         rounds: u32, words: u32, scope: u32
     ) {
-        let scope = scope_from_code(scope);
+        let scope = Scope::from_code(scope);
         let tid = arch::thread_idx_x();
         let nthreads = arch::block_dim_x();
         let producer = arch::block_idx_x() == 0;
@@ -112,7 +102,7 @@ kernel! {
     pub unsafe fn selftest_counters(
         cas_counter: *mut u64, add_counter: *mut u32, max_word: *mut u32, iters: u32, scope: u32
     ) {
-        let scope = scope_from_code(scope);
+        let scope = Scope::from_code(scope);
         for _ in 0..iters {
             // SAFETY: valid words (kernel contract), accessed only atomically.
             unsafe {
