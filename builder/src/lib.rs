@@ -178,11 +178,12 @@ impl PtxBuilder {
     }
 
     /// The RUSTFLAGS the nested build uses (they must reach `core` too, hence RUSTFLAGS and
-    /// not `cargo rustc -- …`).
+    /// not `cargo rustc -- …`). `+ptx86` raises the PTX ISA version from LLVM's default for
+    /// sm_90 (7.8) to 8.6, for `fence.acquire`/`fence.release` (CUDA 12.8; drivers ≥ 570 load it).
     pub fn rustflags(&self) -> String {
         format!(
             "-Zunstable-options -Cpanic=immediate-abort -Ctarget-cpu={} \
-             -Zcross-crate-inline-threshold=always",
+             -Zcross-crate-inline-threshold=always -Ctarget-feature=+ptx86",
             self.arch
         )
     }

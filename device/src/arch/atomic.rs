@@ -90,6 +90,13 @@ pub enum RmwOrder {
 /// Ordering of a fence (PTX `fence.{acq_rel,sc}.scope`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FenceOrder {
+    /// `fence.acquire` (PTX 8.6, sm_90): after a relaxed load that observed a release, forms
+    /// an acquire pattern. Much cheaper than `AcqRel` on Hopper: it only invalidates the
+    /// SM's L1 (`CCTL.IVALL`), where `AcqRel` waits for outstanding memory operations.
+    Acquire,
+    /// `fence.release` (PTX 8.6, sm_90): before a relaxed store, forms a release pattern
+    /// (the same cost as a release store).
+    Release,
     /// `fence.acq_rel`: a lightweight fence; with relaxed atomics around it, forms
     /// release/acquire patterns.
     AcqRel,

@@ -132,6 +132,8 @@ host_word!(u64, AtomicU64, load_u64, store_u64, add_u64, exch_u64, cas_u64, max_
 
 pub(super) fn fence(o: FenceOrder, _s: Scope) {
     match o {
+        FenceOrder::Acquire => std_atomic::fence(Ordering::Acquire),
+        FenceOrder::Release => std_atomic::fence(Ordering::Release),
         FenceOrder::AcqRel => std_atomic::fence(Ordering::AcqRel),
         FenceOrder::SeqCst => std_atomic::fence(Ordering::SeqCst),
     }

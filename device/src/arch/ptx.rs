@@ -221,6 +221,8 @@ word_impl!(u64, reg64, "u64", "b64", load_u64, store_u64, add_u64, exch_u64, cas
 #[inline(always)]
 pub(super) fn fence(o: FenceOrder, s: Scope) {
     match o {
+        FenceOrder::Acquire => scoped!(s, fence_asm!(".acquire")),
+        FenceOrder::Release => scoped!(s, fence_asm!(".release")),
         FenceOrder::AcqRel => scoped!(s, fence_asm!(".acq_rel")),
         FenceOrder::SeqCst => scoped!(s, fence_asm!(".sc")),
     }
