@@ -66,7 +66,9 @@ fn example_work_queue_processes_every_item_exactly_once() {
 }
 
 /// Runs `lsa_barrier_stress` on every rank (`ctas` CTAs, `rounds` rounds, random delays up to
-/// `delay` ns) and checks that no rank saw a stale word.
+/// `delay` ns, the given coop: 0 CTA, 1 warp, 2 thread) and checks that no rank saw a stale
+/// word.
+#[allow(clippy::too_many_arguments)]
 fn stress(
     dev: &Device,
     comms: &[Communicator],
@@ -75,6 +77,7 @@ fn stress(
     ctas: u32,
     rounds: u32,
     delay: u32,
+    coop: u32,
 ) -> ferrolink::Result<()> {
     // Allocate before launching: host-side work between the ranks' launches could wait on a
     // rank that already spins for one not yet launched.
@@ -89,14 +92,14 @@ fn stress(
                 c.device().builtin_module()?,
                 &lsa::lsa_barrier_stress,
                 LaunchConfig::linear(ctas, block(dev)),
-                (handles[r].dev_comm(), windows[r].dev_window(), rounds, delay, ptrs[r]),
+                (handles[r].dev_comm(), windows[r].dev_window(), rounds, delay, coop, ptrs[r]),
             )
         }
     })?;
     sync_all(comms)?;
     for (r, e) in errors.iter().enumerate() {
         let bad = e.to_vec()?[0];
-        check(bad == 0, || format!("{} ranks: rank {r} saw {bad} stale words", comms.len()))?;
+        check(bad == 0, || format!("{} ranks, coop {coop}: rank {r} saw {bad} stale words", comms.len()))?;
     }
     Ok(())
 }
@@ -110,7 +113,26 @@ fn barrier_stress_orders_window_writes_across_ranks() {
         };
         for n in [2usize, 4, 8] {
             let (comms, windows, handles) = job(dev, n, (ctas as usize) * n * 4)?;
-            stress(dev, &comms, &windows, &handles, ctas, rounds, delay)?;
+            stress(dev, &comms, &windows, &handles, ctas, rounds, delay, 0)?;
+        }
+        Ok(())
+    });
+}
+
+/// Warp and single-thread sessions: a thread coop serves every peer itself (the striding
+/// path of the barrier), a warp coop one peer per lane.
+#[test]
+fn barrier_stress_with_warp_and_thread_coops() {
+    for_each_backend("barrier_stress_with_warp_and_thread_coops", |dev| {
+        let (ctas, rounds, delay) = match dev.backend() {
+            Backend::Cuda => (8u32, 1000u32, 2000u32),
+            Backend::Cpu => (2, 20, 20_000),
+        };
+        for n in [2usize, 8] {
+            let (comms, windows, handles) = job(dev, n, (ctas as usize) * n * 4)?;
+            for coop in [1, 2] {
+                stress(dev, &comms, &windows, &handles, ctas, rounds, delay, coop)?;
+            }
         }
         Ok(())
     });
@@ -355,7 +377,7 @@ fn barriers_work_again_after_a_timeout_and_reset() {
         check(status.to_vec()?[0] == lsa::TRY_SYNC_TIMED_OUT, || "the lone rank should time out".into())?;
         ferrolink::reset_barriers(&mut handles)?;
         let (ctas, rounds) = if dev.backend() == Backend::Cuda { (32, 500) } else { (2, 20) };
-        stress(dev, &comms, &windows, &handles, ctas, rounds, 0)?;
+        stress(dev, &comms, &windows, &handles, ctas, rounds, 0, 0)?;
         check(matches!(ferrolink::reset_barriers(&mut handles[..1]), Err(Error::InvalidArgument(_))), || {
             "a partial reset must be refused".into()
         })

@@ -21,6 +21,10 @@
 //! access after `wait` on every rank. The scope is `.gpu` when all LSA peers share the GPU
 //! and `.sys` otherwise (`DevComm::lsa_scope`), the cheapest that covers the peers.
 //!
+//! With a weaker [`BarrierOrder`] (`arrive_with`, `wait_with`, `sync_with`) the release store
+//! becomes relaxed (no fence before it) and/or the acquire load becomes relaxed; the control
+//! guarantee stays, the happens-before edge needs both halves.
+//!
 //! # Epochs and wrap-around
 //! Inbox words only grow, by one per round; a peer can be at most one round ahead (it
 //! cannot pass the next wait without this rank's arrival), so comparing
@@ -32,7 +36,7 @@
 //! the whole CTA's) need a `CoopCta` sync between them: the first session's threads save the
 //! epoch, and threads outside that coop would otherwise read a stale one.
 
-use crate::arch::{self, LoadOrder, StoreOrder, atomic};
+use crate::arch::{self, FenceOrder, LoadOrder, StoreOrder, atomic};
 use crate::comm::DevComm;
 use crate::coop::Coop;
 
@@ -56,9 +60,66 @@ pub const fn seq_reached(value: u32, target: u32) -> bool {
 /// Polls of an inbox word before a waiting thread starts to back off with `nanosleep`.
 const SPINS_BEFORE_BACKOFF: u32 = 2048;
 
+/// Polls between two looks at the clock (timeouts) and at the backoff threshold.
+const SPINS_PER_CHECK: u32 = 64;
+
 /// A barrier wait that gave up after its timeout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BarrierTimeout;
+
+/// The memory ordering a barrier operation gives (NCCL's `cuda::memory_order` argument of
+/// `arrive`/`wait`/`sync`). Control is the same for all: no thread passes `wait` before every
+/// peer's coop has reached the matching `arrive`.
+///
+/// A write on rank A happens-before a read on rank B after a barrier only if A's `arrive`
+/// *releases* and B's `wait` *acquires*; [`BarrierOrder::AcqRel`] (what the plain methods use)
+/// gives both. Weaker orders skip a fence (the release's `MEMBAR`) or the acquire's cache
+/// invalidation; use them only when something else orders the data (for instance, a barrier
+/// that only separates two phases of control flags that are themselves released/acquired).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BarrierOrder {
+    /// Control only: no memory ordering between ranks.
+    Relaxed,
+    /// `wait` acquires the peers' arrivals; `arrive` does not release.
+    Acquire,
+    /// `arrive` releases this coop's earlier writes; `wait` does not acquire.
+    Release,
+    /// Both: `arrive` releases and `wait` acquires.
+    AcqRel,
+}
+
+impl BarrierOrder {
+    /// Whether `arrive` with this order releases.
+    pub const fn releases(self) -> bool {
+        matches!(self, BarrierOrder::Release | BarrierOrder::AcqRel)
+    }
+
+    /// Whether `wait` with this order acquires.
+    pub const fn acquires(self) -> bool {
+        matches!(self, BarrierOrder::Acquire | BarrierOrder::AcqRel)
+    }
+
+    /// The order as a `u32` for kernel arguments: `0` relaxed, `1` acquire, `2` release,
+    /// `3` acq_rel.
+    pub const fn code(self) -> u32 {
+        match self {
+            BarrierOrder::Relaxed => 0,
+            BarrierOrder::Acquire => 1,
+            BarrierOrder::Release => 2,
+            BarrierOrder::AcqRel => 3,
+        }
+    }
+
+    /// Decodes [`BarrierOrder::code`]; unknown codes mean [`BarrierOrder::AcqRel`], the strongest.
+    pub const fn from_code(code: u32) -> BarrierOrder {
+        match code {
+            0 => BarrierOrder::Relaxed,
+            1 => BarrierOrder::Acquire,
+            2 => BarrierOrder::Release,
+            _ => BarrierOrder::AcqRel,
+        }
+    }
+}
 
 /// One use of LSA barrier `index` by a coop (see the [module docs](self)). Create it, call
 /// [`sync`](Self::sync) (or [`arrive`](Self::arrive) then [`wait`](Self::wait)) as many
@@ -69,6 +130,21 @@ pub struct LsaBarrierSession<'a, C: Coop> {
     comm: &'a DevComm,
     index: u32,
     epoch: u32,
+    scope: arch::Scope,
+    /// Whether every peer has its own coop thread (`lsa_size <= coop.size()`), the common
+    /// case: then each thread handles at most peer `thread_rank`, through the two words below,
+    /// computed once per session so that `arrive` and `wait` do no address arithmetic.
+    one_peer_per_thread: bool,
+    /// Peer `thread_rank`'s inbox word for this rank (where this thread signals), or null.
+    signal_slot: *mut u32,
+    /// This rank's inbox word for peer `thread_rank % lsa_size` (what this thread polls:
+    /// lanes past the last peer poll a duplicate word, which keeps the poll loop free of
+    /// per-lane branches and changes nothing, as every word must reach the epoch anyway).
+    poll_slot: *const u32,
+    /// Whether this thread's warp has coop threads with a peer (the others do not poll).
+    warp_polls: bool,
+    /// The coop's lanes of this thread's warp (the mask of its polling votes).
+    lanes: u32,
 }
 
 impl<'a, C: Coop> LsaBarrierSession<'a, C> {
@@ -84,34 +160,79 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
         let epoch = unsafe {
             atomic::load((comm.barrier_epochs as *const u32).add(index as usize), LoadOrder::Relaxed, arch::Scope::Gpu)
         };
-        LsaBarrierSession { coop, comm, index, epoch }
+        let n = comm.lsa_size as usize;
+        let p = coop.thread_rank();
+        let win = &comm.barrier_window;
+        let signal_slot = if p < n {
+            win.lsa_ptr::<u32>(inbox_offset(comm, index, comm.lsa_rank), p as u32)
+        } else {
+            core::ptr::null_mut()
+        };
+        let poll_slot = win.local_ptr::<u32>(inbox_offset(comm, index, (p % n.max(1)) as u32)) as *const u32;
+        LsaBarrierSession {
+            coop,
+            comm,
+            index,
+            epoch,
+            scope: comm.lsa_scope(),
+            one_peer_per_thread: n <= coop.size(),
+            signal_slot,
+            poll_slot,
+            warp_polls: coop.warp_any(p < n),
+            lanes: coop.warp_lanes(),
+        }
     }
 
-    fn inbox_offset(&self, from: u32) -> usize {
-        self.index as usize * inbox_row_bytes(self.comm.lsa_size) + from as usize * 4
-    }
-
-    /// Signals this rank's arrival to every LSA peer: meets the coop, then releases the new
-    /// epoch into each peer's inbox at the LSA scope.
+    /// Signals this rank's arrival to every LSA peer with [`BarrierOrder::AcqRel`]'s release.
     #[inline(always)]
     pub fn arrive(&mut self) {
+        self.arrive_with(BarrierOrder::AcqRel)
+    }
+
+    /// Signals this rank's arrival to every LSA peer: meets the coop, then stores the new
+    /// epoch into each peer's inbox at the LSA scope, as a **release** if `order` releases
+    /// (publishing every write the coop made before this call), else relaxed.
+    #[inline(always)]
+    pub fn arrive_with(&mut self, order: BarrierOrder) {
         self.coop.sync();
         self.epoch = self.epoch.wrapping_add(1);
-        let scope = self.comm.lsa_scope();
+        let store_order = if order.releases() { StoreOrder::Release } else { StoreOrder::Relaxed };
+        if self.one_peer_per_thread {
+            if !self.signal_slot.is_null() {
+                // One instruction per (order, scope) pair, chosen outside the store.
+                let store = |scope| {
+                    // SAFETY: the slot lies in peer `thread_rank`'s barrier row (set up in `new`).
+                    unsafe { atomic::store(self.signal_slot, self.epoch, store_order, scope) }
+                };
+                match self.scope {
+                    arch::Scope::Gpu => store(arch::Scope::Gpu),
+                    arch::Scope::Sys => store(arch::Scope::Sys),
+                    arch::Scope::Cta => store(arch::Scope::Cta),
+                }
+            }
+            return;
+        }
         let me = self.comm.lsa_rank;
         let mut p = self.coop.thread_rank();
         while p < self.comm.lsa_size as usize {
-            let slot = self.comm.barrier_window.lsa_ptr::<u32>(self.inbox_offset(me), p as u32);
+            let slot = self.comm.barrier_window.lsa_ptr::<u32>(inbox_offset(self.comm, self.index, me), p as u32);
             // SAFETY: `slot` is inside peer p's barrier row (window sized by inbox_bytes).
-            unsafe { atomic::store(slot, self.epoch, StoreOrder::Release, scope) };
+            unsafe { atomic::store(slot, self.epoch, store_order, self.scope) };
             p += self.coop.size();
         }
     }
 
-    /// Waits until every LSA peer has arrived at this epoch, then meets the coop.
+    /// Waits until every LSA peer has arrived at this epoch (acquiring their arrivals), then
+    /// meets the coop.
     #[inline(always)]
     pub fn wait(&mut self) {
-        let _ = self.wait_until(u64::MAX);
+        let _ = self.wait_until(BarrierOrder::AcqRel, u64::MAX);
+    }
+
+    /// [`wait`](Self::wait) that acquires only if `order` acquires.
+    #[inline(always)]
+    pub fn wait_with(&mut self, order: BarrierOrder) {
+        let _ = self.wait_until(order, u64::MAX);
     }
 
     /// [`wait`](Self::wait) that gives up after `timeout_ns` of `%globaltimer`. The result is
@@ -122,43 +243,93 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     #[inline(always)]
     pub fn wait_timeout(&mut self, timeout_ns: u64) -> Result<(), BarrierTimeout> {
         let start = arch::global_timer_ns();
-        self.wait_until(start.saturating_add(timeout_ns))
+        self.wait_until(BarrierOrder::AcqRel, start.saturating_add(timeout_ns))
     }
 
-    fn wait_until(&mut self, deadline_ns: u64) -> Result<(), BarrierTimeout> {
-        let scope = self.comm.lsa_scope();
+    /// One poll of an inbox word: whether it has reached this session's epoch. A relaxed
+    /// load: the acquire, where wanted, is one `fence.acquire` after the last poll.
+    #[inline(always)]
+    fn reached(&self, slot: *const u32, scope: arch::Scope) -> bool {
+        // SAFETY: the callers poll only words of this rank's barrier row.
+        seq_reached(unsafe { atomic::load(slot, LoadOrder::Relaxed, scope) }, self.epoch)
+    }
+
+    /// Polls `slot` until it reaches the epoch, warp-uniformly: every coop lane of the warp
+    /// (`lanes`) keeps polling its own word until all of them are done, so the warp leaves
+    /// converged. Returns whether the deadline passed first. `scope` and `lanes` are
+    /// constants at the hot call sites (see [`Self::poll_at_lsa_scope`]), so the inner loop
+    /// is a load, a compare, a vote and a count.
+    #[inline(always)]
+    fn poll_until(&self, slot: *const u32, scope: arch::Scope, lanes: u32, deadline_ns: u64) -> bool {
         let timed = deadline_ns != u64::MAX;
-        let n = self.comm.lsa_size as usize;
-        let coop = self.coop;
-        // The coop's lanes of each warp poll together and leave together (the loop conditions
-        // are warp-uniform through `warp_any`), so warps reach the closing barrier converged
-        // and it may use the cheaper aligned form.
-        let mut timed_out = false;
-        let mut p = coop.thread_rank();
-        while coop.warp_any(p < n) && !timed_out {
-            let slot = (p < n).then(|| self.comm.barrier_window.local_ptr::<u32>(self.inbox_offset(p as u32)));
-            let mut spins = 0u32;
-            loop {
-                let pending = match slot {
-                    // SAFETY: `slot` is inside this rank's barrier row.
-                    Some(s) => !seq_reached(unsafe { atomic::load(s, LoadOrder::Acquire, scope) }, self.epoch),
-                    None => false,
-                };
-                if !coop.warp_any(pending) {
-                    break;
-                }
-                spins = spins.wrapping_add(1);
-                // Spin tight first: peers usually arrive within a microsecond, and a
-                // nanosleep costs more than that. Back off only for long waits.
-                if spins > SPINS_BEFORE_BACKOFF {
-                    arch::spin_wait_hint(64);
-                }
-                if timed && spins.is_multiple_of(64) && coop.warp_any(arch::global_timer_ns() >= deadline_ns) {
-                    timed_out = true;
-                    break;
+        let mut polls = 0u32;
+        loop {
+            // Spin tight first: peers usually arrive within a microsecond, and a nanosleep
+            // costs more than that. Look at the clock only between bursts, and after
+            // SPINS_BEFORE_BACKOFF polls back off between single polls.
+            let burst = if polls < SPINS_BEFORE_BACKOFF { SPINS_PER_CHECK } else { 1 };
+            for _ in 0..burst {
+                if arch::ballot_sync(lanes, !self.reached(slot, scope)) == 0 {
+                    return false;
                 }
             }
-            p += coop.size();
+            polls = polls.saturating_add(burst);
+            if timed && arch::ballot_sync(lanes, arch::global_timer_ns() >= deadline_ns) != 0 {
+                return true;
+            }
+            if polls >= SPINS_BEFORE_BACKOFF {
+                arch::spin_wait_hint(64);
+            }
+        }
+    }
+
+    /// [`Self::poll_until`] at the session's scope and with the session's lane mask, each
+    /// specialized (a literal full mask spares the votes their convergence check), followed
+    /// by `fence.acquire` at that scope if `acquire`.
+    #[inline(always)]
+    fn poll_at_lsa_scope(&self, slot: *const u32, acquire: bool, deadline_ns: u64) -> bool {
+        let poll = |scope| {
+            let timed_out = if self.lanes == arch::FULL_MASK {
+                self.poll_until(slot, scope, arch::FULL_MASK, deadline_ns)
+            } else {
+                self.poll_until(slot, scope, self.lanes, deadline_ns)
+            };
+            if acquire {
+                arch::atomic::fence(FenceOrder::Acquire, scope);
+            }
+            timed_out
+        };
+        match self.scope {
+            arch::Scope::Gpu => poll(arch::Scope::Gpu),
+            arch::Scope::Sys => poll(arch::Scope::Sys),
+            arch::Scope::Cta => poll(arch::Scope::Cta),
+        }
+    }
+
+    fn wait_until(&mut self, order: BarrierOrder, deadline_ns: u64) -> Result<(), BarrierTimeout> {
+        let acquire = order.acquires();
+        let timed = deadline_ns != u64::MAX;
+        let coop = self.coop;
+        // The coop's lanes of each warp poll together and leave together (`poll_until` is
+        // warp-uniform), so warps reach the closing barrier converged and it may use the
+        // cheaper aligned form.
+        let mut timed_out = false;
+        if self.one_peer_per_thread {
+            if self.warp_polls {
+                timed_out = self.poll_at_lsa_scope(self.poll_slot, acquire, deadline_ns);
+            }
+        } else {
+            // More peers than coop threads: thread `t` polls peers `t`, `t + size`, …; lanes
+            // past the last peer of a pass poll that pass's first peer (a duplicate word).
+            let n = self.comm.lsa_size as usize;
+            let mut first = 0;
+            while first < n && !timed_out {
+                let p = first + coop.thread_rank();
+                let p = if p < n { p } else { first };
+                let slot = self.comm.barrier_window.local_ptr::<u32>(inbox_offset(self.comm, self.index, p as u32));
+                timed_out = self.poll_at_lsa_scope(slot, acquire, deadline_ns);
+                first += coop.size();
+            }
         }
         if timed {
             if coop.sync_any(timed_out) { Err(BarrierTimeout) } else { Ok(()) }
@@ -168,11 +339,17 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
         }
     }
 
-    /// `arrive` then `wait`: a full barrier among the LSA domain's ranks.
+    /// `arrive` then `wait`: a full barrier among the LSA domain's ranks (acquire-release).
     #[inline(always)]
     pub fn sync(&mut self) {
-        self.arrive();
-        self.wait();
+        self.sync_with(BarrierOrder::AcqRel);
+    }
+
+    /// `arrive_with(order)` then `wait_with(order)`.
+    #[inline(always)]
+    pub fn sync_with(&mut self, order: BarrierOrder) {
+        self.arrive_with(order);
+        let _ = self.wait_until(order, u64::MAX);
     }
 
     /// `arrive` then `wait_timeout`.
@@ -186,6 +363,12 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     pub fn epoch(&self) -> u32 {
         self.epoch
     }
+}
+
+/// Byte offset of barrier `index`'s inbox word for arrivals from LSA rank `from`.
+#[inline(always)]
+fn inbox_offset(comm: &DevComm, index: u32, from: u32) -> usize {
+    index as usize * inbox_row_bytes(comm.lsa_size) + from as usize * 4
 }
 
 impl<C: Coop> Drop for LsaBarrierSession<'_, C> {

@@ -17,6 +17,9 @@ pub trait Coop: Copy {
     /// Whether `pred` holds for any of the group's threads in the caller's warp (no
     /// group-wide barrier). Keeps loops warp-uniform.
     fn warp_any(&self, pred: bool) -> bool;
+    /// The lanes of the caller's warp that belong to the group, as a lane mask (the mask a
+    /// warp vote over the group's part of this warp names).
+    fn warp_lanes(&self) -> u32;
     /// [`Coop::sync`] for callers whose warps arrive converged (every lane of a warp reaches
     /// it together); may use a cheaper instruction.
     fn sync_converged(&self) {
@@ -56,6 +59,10 @@ impl Coop for CoopThread {
     fn warp_any(&self, pred: bool) -> bool {
         pred
     }
+    #[inline(always)]
+    fn warp_lanes(&self) -> u32 {
+        1 << arch::lane_id()
+    }
 }
 
 impl Coop for CoopWarp {
@@ -82,6 +89,10 @@ impl Coop for CoopWarp {
     fn warp_any(&self, pred: bool) -> bool {
         arch::ballot_sync(arch::FULL_MASK, pred) != 0
     }
+    #[inline(always)]
+    fn warp_lanes(&self) -> u32 {
+        arch::FULL_MASK
+    }
 }
 
 impl Coop for CoopCta {
@@ -106,10 +117,13 @@ impl Coop for CoopCta {
         // Every thread of the CTA takes part, so the vote names every lane the warp has (not
         // `activemask`, which reports only the lanes converged right now and would let a split
         // warp vote in parts); `vote.sync` then reconverges them.
+        arch::ballot_sync(self.warp_lanes(), pred) != 0
+    }
+    #[inline(always)]
+    fn warp_lanes(&self) -> u32 {
         let first = arch::warp_id_in_block() * arch::WARP_SIZE;
         let lanes = (arch::block_size() - first).min(arch::WARP_SIZE);
-        let mask = if lanes == arch::WARP_SIZE { arch::FULL_MASK } else { (1u32 << lanes) - 1 };
-        arch::ballot_sync(mask, pred) != 0
+        if lanes == arch::WARP_SIZE { arch::FULL_MASK } else { (1u32 << lanes) - 1 }
     }
     #[inline(always)]
     fn sync_converged(&self) {

@@ -38,7 +38,7 @@ pub mod kernels;
 pub mod lsa;
 pub mod window;
 
-pub use barrier::LsaBarrierSession;
+pub use barrier::{BarrierOrder, LsaBarrierSession};
 pub use comm::{DevComm, Team};
 pub use coop::{Coop, CoopCta, CoopThread, CoopWarp};
 pub use window::{DevWindow, SymPtr};

@@ -4,9 +4,9 @@
 //! the rank's stream) with that rank's `DevComm`, every rank with the same grid.
 
 use crate::arch::{self, U32x4};
-use crate::barrier::LsaBarrierSession;
+use crate::barrier::{BarrierOrder, LsaBarrierSession};
 use crate::comm::DevComm;
-use crate::coop::CoopCta;
+use crate::coop::{CoopCta, CoopThread, CoopWarp};
 use crate::kernel;
 use crate::lsa;
 use crate::window::DevWindow;
@@ -35,6 +35,44 @@ pub const fn stress_value(round: u32, lsa_rank: u32) -> u32 {
     round.wrapping_mul(1000).wrapping_add(lsa_rank)
 }
 
+/// The rounds of [`lsa_barrier_stress`] for one coop.
+#[inline(always)]
+fn stress_rounds<C: crate::coop::Coop>(
+    coop: C,
+    comm: &DevComm,
+    win: &DevWindow,
+    rounds: u32,
+    max_delay_ns: u32,
+) -> u32 {
+    let b = arch::block_idx_x() as u32;
+    let (me, n) = (comm.lsa_rank, comm.lsa_size as usize);
+    let row = (b * comm.lsa_size) as usize;
+    // SAFETY: the kernel's contract gives one barrier per CTA, used by this coop alone.
+    let mut bar = unsafe { LsaBarrierSession::new(coop, comm, b) };
+    let mut bad = 0u32;
+    for round in 1..=rounds {
+        if max_delay_ns > 0 {
+            delay_ns(u64::from(mix(comm.rank, round, b) % max_delay_ns));
+        }
+        let mut p = coop.thread_rank();
+        while p < n {
+            // SAFETY: word [b][me] lies in peer p's slot (window sized by the contract).
+            unsafe { win.lsa_ptr::<u32>((row + me as usize) * 4, p as u32).write_volatile(stress_value(round, me)) };
+            p += coop.size();
+        }
+        bar.sync();
+        let mut p = coop.thread_rank();
+        while p < n {
+            // SAFETY: word [b][p] lies in this rank's slot.
+            let v = unsafe { win.local_ptr::<u32>((row + p) * 4).read_volatile() };
+            bad += u32::from(v != stress_value(round, p as u32));
+            p += coop.size();
+        }
+        bar.sync();
+    }
+    bad
+}
+
 kernel! {
     /// Barrier stress: `rounds` times, CTA `b` of every rank waits a pseudo-random
     /// `0..max_delay_ns`, writes [`stress_value`] into word `[b][me]` of every peer's slot of
@@ -42,38 +80,21 @@ kernel! {
     /// `[b][p]` of its own slot holds peer `p`'s value for this round (counting mismatches
     /// in `*errors`), and meets them again before the next round may overwrite.
     ///
+    /// The coop that does all this is the whole CTA (`coop == 0`), the CTA's first warp
+    /// (`1`; the other warps leave at once) or its first thread (`2`; one thread serving
+    /// every peer).
+    ///
     /// Needs `grid` barriers and `grid * lsa_size * 4` bytes of `win`.
     ///
     /// # Safety
     /// `comm` and `win` come from live handles; `errors` is a valid word.
-    pub unsafe fn lsa_barrier_stress(comm: DevComm, win: DevWindow, rounds: u32, max_delay_ns: u32, errors: *mut u32) {
-        let b = arch::block_idx_x() as u32;
-        let (me, n) = (comm.lsa_rank, comm.lsa_size);
-        let tid = arch::thread_rank_in_block();
-        let row = (b * n) as usize;
-        // SAFETY: the kernel's contract gives one barrier per CTA.
-        let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b) };
-        let mut bad = 0u32;
-        for round in 1..=rounds {
-            if max_delay_ns > 0 {
-                delay_ns(u64::from(mix(comm.rank, round, b) % max_delay_ns));
-            }
-            let mut p = tid;
-            while p < n as usize {
-                // SAFETY: word [b][me] lies in peer p's slot (window sized by the contract).
-                unsafe { win.lsa_ptr::<u32>((row + me as usize) * 4, p as u32).write_volatile(stress_value(round, me)) };
-                p += arch::block_size();
-            }
-            bar.sync();
-            let mut p = tid;
-            while p < n as usize {
-                // SAFETY: word [b][p] lies in this rank's slot.
-                let v = unsafe { win.local_ptr::<u32>((row + p) * 4).read_volatile() };
-                bad += u32::from(v != stress_value(round, p as u32));
-                p += arch::block_size();
-            }
-            bar.sync();
-        }
+    pub unsafe fn lsa_barrier_stress(comm: DevComm, win: DevWindow, rounds: u32, max_delay_ns: u32, coop: u32, errors: *mut u32) {
+        let bad = match coop {
+            0 => stress_rounds(CoopCta, &comm, &win, rounds, max_delay_ns),
+            1 if arch::warp_id_in_block() == 0 => stress_rounds(CoopWarp, &comm, &win, rounds, max_delay_ns),
+            2 if arch::thread_rank_in_block() == 0 => stress_rounds(CoopThread, &comm, &win, rounds, max_delay_ns),
+            _ => 0,
+        };
         if bad != 0 {
             // SAFETY: `errors` is valid (kernel contract).
             unsafe { arch::atomic::fetch_add(errors, bad, arch::RmwOrder::Relaxed, arch::Scope::Sys) };
@@ -81,38 +102,64 @@ kernel! {
     }
 }
 
-/// Times `warmup` then `rounds` barrier rounds of one session; returns the timed nanoseconds.
+/// Times `warmup` then `rounds` barrier rounds of one session with `order`; returns the
+/// timed nanoseconds.
 #[inline(always)]
-fn time_rounds<C: crate::coop::Coop>(coop: C, comm: &DevComm, index: u32, warmup: u32, rounds: u32) -> u64 {
+fn time_rounds<C: crate::coop::Coop>(
+    coop: C,
+    comm: &DevComm,
+    index: u32,
+    warmup: u32,
+    rounds: u32,
+    order: BarrierOrder,
+) -> u64 {
     // SAFETY: the caller's kernel contract gives this coop barrier `index`.
     let mut bar = unsafe { LsaBarrierSession::new(coop, comm, index) };
     for _ in 0..warmup {
-        bar.sync();
+        bar.sync_with(order);
     }
     let t0 = arch::global_timer_ns();
     for _ in 0..rounds {
-        bar.sync();
+        bar.sync_with(order);
     }
     arch::global_timer_ns() - t0
 }
 
+/// [`time_rounds`] with the order as a constant (one specialized loop per order).
+#[inline(always)]
+fn time_rounds_with<C: crate::coop::Coop>(
+    coop: C,
+    comm: &DevComm,
+    index: u32,
+    warmup: u32,
+    rounds: u32,
+    order: u32,
+) -> u64 {
+    match BarrierOrder::from_code(order) {
+        BarrierOrder::Relaxed => time_rounds(coop, comm, index, warmup, rounds, BarrierOrder::Relaxed),
+        BarrierOrder::Acquire => time_rounds(coop, comm, index, warmup, rounds, BarrierOrder::Acquire),
+        BarrierOrder::Release => time_rounds(coop, comm, index, warmup, rounds, BarrierOrder::Release),
+        BarrierOrder::AcqRel => time_rounds(coop, comm, index, warmup, rounds, BarrierOrder::AcqRel),
+    }
+}
+
 kernel! {
     /// Barrier latency: CTA `b` runs `warmup` then `rounds` LSA barrier rounds on barrier `b`
-    /// and writes the `%globaltimer` nanoseconds of the timed rounds to `out_ns[b]`. With
-    /// `warp_coop != 0` the session's coop is the CTA's first warp ([`crate::coop::CoopWarp`];
-    /// launch 32-thread CTAs), else the whole CTA.
+    /// with the [`BarrierOrder`] of code `order`, and writes the `%globaltimer` nanoseconds of
+    /// the timed rounds to `out_ns[b]`. With `warp_coop != 0` the session's coop is the CTA's
+    /// first warp ([`CoopWarp`]; launch 32-thread CTAs), else the whole CTA.
     ///
     /// # Safety
     /// `comm` comes from a live handle with at least `grid` barriers; `out_ns` holds `grid` words.
-    pub unsafe fn lsa_barrier_bench(comm: DevComm, warmup: u32, rounds: u32, warp_coop: u32, out_ns: *mut u64) {
+    pub unsafe fn lsa_barrier_bench(comm: DevComm, warmup: u32, rounds: u32, warp_coop: u32, order: u32, out_ns: *mut u64) {
         let b = arch::block_idx_x();
         let ns = if warp_coop != 0 {
             if arch::warp_id_in_block() != 0 {
                 return;
             }
-            time_rounds(crate::coop::CoopWarp, &comm, b as u32, warmup, rounds)
+            time_rounds_with(CoopWarp, &comm, b as u32, warmup, rounds, order)
         } else {
-            time_rounds(CoopCta, &comm, b as u32, warmup, rounds)
+            time_rounds_with(CoopCta, &comm, b as u32, warmup, rounds, order)
         };
         if arch::thread_rank_in_block() == 0 {
             // SAFETY: `out_ns` holds one word per CTA.
