@@ -3,7 +3,8 @@
 # every example, then the perf suite. Logs go to $OUT (or ./gpu-out) as four files at most
 # (tests.log, examples.log, perf.log, summary.txt: the device tool returns 8 files).
 #   PERF=0 skips the perf suite; TESTS=0 skips the tests; PERF_ARGS replaces the perf
-#   arguments (default `all`, e.g. PERF_ARGS="copy --sweep").
+#   arguments (default `all`, e.g. PERF_ARGS="copy --sweep"); REF=0 skips the CUDA C++
+#   reference benchmarks (ref/*.cu, built with nvcc where nvcc is found).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-$here/gpu-out}"
@@ -42,6 +43,23 @@ fi
 if [ "${PERF:-1}" = 1 ]; then
   echo "== ferrolink-perf ${PERF_ARGS:-all}" | tee -a "$summary"
   timeout "${PERF_TIMEOUT:-240}" "$here/bin/ferrolink-perf" ${PERF_ARGS:-all} 2>&1 | tee -a "$out/perf.log" | tee -a "$summary" || status=1
+fi
+if [ "${REF:-1}" = 1 ]; then
+  nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+  if [ -x "$nvcc" ]; then
+    for src in "$here"/ref/*.cu; do
+      [ -e "$src" ] || continue
+      exe="$here/ref/$(basename "$src" .cu)"
+      echo "== reference $(basename "$src") (nvcc -O3 -arch=sm_90)" | tee -a "$summary"
+      if "$nvcc" -O3 -arch=sm_90 -o "$exe" "$src" >> "$out/perf.log" 2>&1; then
+        timeout 120 "$exe" 2>&1 | tee -a "$out/perf.log" | tee -a "$summary" || status=1
+      else
+        echo "nvcc failed (see perf.log)" | tee -a "$summary"; status=1
+      fi
+    done
+  else
+    echo "== reference benchmarks skipped: no nvcc" | tee -a "$summary"
+  fi
 fi
 echo "exit status: $status" | tee -a "$summary"
 exit $status

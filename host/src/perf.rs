@@ -182,16 +182,23 @@ pub struct BarrierFigure {
     pub us_per_round_sys: f64,
     /// Microseconds per round at the chosen scope with a warp as the coop (`CoopWarp`).
     pub us_per_round_warp: f64,
+    /// Microseconds per round at the chosen scope with [`BarrierOrder::Relaxed`] sessions
+    /// (control only, no fences): the cost of the acquire-release ordering is the difference.
+    ///
+    /// [`BarrierOrder::Relaxed`]: ferrolink_device::BarrierOrder::Relaxed
+    pub us_per_round_relaxed: f64,
 }
 
 /// Times `rounds` LSA barrier rounds (after `rounds / 10` warm-up rounds) on `nranks` virtual
-/// ranks with `ctas` CTAs of 32 threads each, at the chosen scope and at `.sys`. The figure is
-/// the slowest CTA's average round.
+/// ranks with `ctas` CTAs of 32 threads each: acquire-release sessions at the chosen scope and
+/// at `.sys`, with a warp coop, and relaxed sessions. The figure is the slowest CTA's average
+/// round.
 pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Result<BarrierFigure> {
+    use ferrolink_device::BarrierOrder;
     use ferrolink_device::arch::Scope;
     use ferrolink_device::kernels::lsa::lsa_barrier_bench;
     let (comms, _windows, handles) = virtual_job(dev, nranks, 4096, ctas)?;
-    let run = |scope: Option<Scope>, warp_coop: u32| -> Result<f64> {
+    let run = |scope: Option<Scope>, warp_coop: u32, order: BarrierOrder| -> Result<f64> {
         // Allocate first: host work between the ranks' launches could wait on spinning ranks.
         let mut outs = comms.iter().map(|c| c.device().alloc::<u64>(ctas as usize)).collect::<Result<Vec<_>>>()?;
         let ptrs: Vec<*mut u64> = outs.iter_mut().map(|o| o.as_kernel_mut_ptr()).collect();
@@ -207,7 +214,7 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Res
                     c.device().builtin_module()?,
                     &lsa_barrier_bench,
                     LaunchConfig::linear(ctas, 32),
-                    (dc, rounds / 10, rounds, warp_coop, ptrs[c.rank()]),
+                    (dc, rounds / 10, rounds, warp_coop, order.code(), ptrs[c.rank()]),
                 )
             }
         })?;
@@ -217,17 +224,22 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Res
         }
         Ok(worst as f64 / f64::from(rounds) / 1e3)
     };
-    let us_per_round = run(None, 0)?;
-    let us_per_round_sys = run(Some(Scope::Sys), 0)?;
-    let us_per_round_warp = run(None, 1)?;
-    Ok(BarrierFigure { nranks, ctas, us_per_round, us_per_round_sys, us_per_round_warp })
+    let us_per_round = run(None, 0, BarrierOrder::AcqRel)?;
+    let us_per_round_sys = run(Some(Scope::Sys), 0, BarrierOrder::AcqRel)?;
+    let us_per_round_warp = run(None, 1, BarrierOrder::AcqRel)?;
+    let us_per_round_relaxed = run(None, 0, BarrierOrder::Relaxed)?;
+    Ok(BarrierFigure { nranks, ctas, us_per_round, us_per_round_sys, us_per_round_warp, us_per_round_relaxed })
 }
 
 /// Put bandwidth: `lsa_put` of `bytes` from rank 0 into rank 1's window slot vs the driver's
-/// copy between the same addresses, on 2 virtual ranks. Medians of `trials` x `iters`.
-pub fn put_bench(dev: &Device, bytes: usize, iters: usize, trials: usize) -> Result<CopyReport> {
+/// copy between the same addresses, on `nranks` (≥ 2) virtual ranks. Medians of `trials` x
+/// `iters`.
+pub fn put_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trials: usize) -> Result<CopyReport> {
     use ferrolink_device::kernels::lsa::lsa_put;
-    let (comms, windows, _handles) = virtual_job(dev, 2, bytes, 1)?;
+    if nranks < 2 {
+        return Err(crate::Error::InvalidArgument(format!("put_bench needs at least 2 ranks, got {nranks}")));
+    }
+    let (comms, windows, _handles) = virtual_job(dev, nranks, bytes, 1)?;
     let src: DeviceBuffer<u8> = dev.alloc_from(&(0..bytes).map(|i| (i * 31 % 253) as u8).collect::<Vec<u8>>())?;
     let win = windows[0].dev_window();
     let peer_addr = win.lsa_ptr::<u8>(0, 1) as u64;

@@ -110,27 +110,29 @@ fn barrier(dev: &Device, rounds: u32) -> ferrolink::Result<()> {
     let rounds = if gpu(dev) { rounds } else { rounds.min(200) };
     println!("\n== LSA barrier: microseconds per round (slowest CTA), {rounds} rounds, CTAs of 32 threads");
     println!(
-        "{:>6} {:>10} {:>14} {:>18} {:>7} {:>16}",
-        "ranks", "CTAs/rank", "chosen scope", "baseline .sys", "ratio", "warp coop"
+        "{:>6} {:>10} {:>14} {:>18} {:>7} {:>16} {:>14}",
+        "ranks", "CTAs/rank", "chosen scope", "baseline .sys", "ratio", "warp coop", "relaxed"
     );
     let ctas: &[u32] = if gpu(dev) { &[1, 8, 32] } else { &[1, 2] };
     for n in [2usize, 4, 8] {
         for &c in ctas {
             let f = perf::barrier_bench(dev, n, c, rounds)?;
             println!(
-                "{:>6} {:>10} {:>11.3} us {:>15.3} us {:>7.3} {:>13.3} us",
+                "{:>6} {:>10} {:>11.3} us {:>15.3} us {:>7.3} {:>13.3} us {:>11.3} us",
                 f.nranks,
                 f.ctas,
                 f.us_per_round,
                 f.us_per_round_sys,
                 f.us_per_round / f.us_per_round_sys,
-                f.us_per_round_warp
+                f.us_per_round_warp,
+                f.us_per_round_relaxed
             );
         }
     }
     println!(
         "(CTA coop unless noted; chosen scope .gpu, as all virtual ranks share the GPU; ratio < 1 means \
-         faster than .sys; warp coop: the same at .gpu with CoopWarp sessions)"
+         faster than .sys; warp coop: the same at .gpu with CoopWarp sessions; relaxed: CTA coop at .gpu \
+         with BarrierOrder::Relaxed, control only)"
     );
     Ok(())
 }
@@ -139,9 +141,10 @@ fn put(dev: &Device, mut sizes: Vec<usize>) -> ferrolink::Result<()> {
     if sizes.is_empty() {
         sizes = vec![if gpu(dev) { 256 << 20 } else { 16 << 20 }];
     }
-    println!("\n== device put into a peer window slot (2 virtual ranks)");
+    let nranks = 8;
+    println!("\n== device put from rank 0 into rank 1's window slot ({nranks} virtual ranks)");
     for bytes in sizes {
-        let r = perf::put_bench(dev, bytes, if gpu(dev) { 20 } else { 2 }, if gpu(dev) { 7 } else { 2 })?;
+        let r = perf::put_bench(dev, nranks, bytes, if gpu(dev) { 20 } else { 2 }, if gpu(dev) { 7 } else { 2 })?;
         println!(
             "{bytes:>11} bytes: {} {:.1} GB/s | {} {:.1} GB/s | ratio {:.3}",
             r.baseline.method,
