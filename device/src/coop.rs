@@ -104,20 +104,40 @@ impl Coop for CoopCta {
     fn size(&self) -> usize {
         arch::block_size()
     }
+    // A CTA of one warp meets at the warp barrier instead: `bar.warp.sync` orders memory
+    // among its threads as the CTA barrier does, and costs less (docs/PERF.md, LSA barrier).
     #[inline(always)]
     fn sync(&self) {
-        arch::sync_threads()
+        match single_warp_lanes() {
+            Some(lanes) => arch::sync_warp(lanes),
+            None => arch::sync_threads(),
+        }
     }
     #[inline(always)]
     fn sync_any(&self, pred: bool) -> bool {
-        arch::sync_threads_or(pred)
+        match single_warp_lanes() {
+            Some(lanes) => {
+                let any = arch::ballot_sync(lanes, pred) != 0;
+                // `vote.sync` converges the lanes but does not order memory: `bar.warp.sync` does.
+                arch::sync_warp(lanes);
+                any
+            }
+            None => arch::sync_threads_or(pred),
+        }
     }
     #[inline(always)]
     fn warp_any(&self, pred: bool) -> bool {
         // Every thread of the CTA takes part, so the vote names every lane the warp has (not
         // `activemask`, which reports only the lanes converged right now and would let a split
         // warp vote in parts); `vote.sync` then reconverges them.
-        arch::ballot_sync(self.warp_lanes(), pred) != 0
+        let lanes = self.warp_lanes();
+        // A literal full mask where the warp is full: a run-time mask costs the vote a
+        // uniformity check and hides the warp's convergence from ptxas.
+        if lanes == arch::FULL_MASK {
+            arch::ballot_sync(arch::FULL_MASK, pred) != 0
+        } else {
+            arch::ballot_sync(lanes, pred) != 0
+        }
     }
     #[inline(always)]
     fn warp_lanes(&self) -> u32 {
@@ -127,6 +147,24 @@ impl Coop for CoopCta {
     }
     #[inline(always)]
     fn sync_converged(&self) {
-        arch::sync_threads_converged()
+        match single_warp_lanes() {
+            Some(lanes) => arch::sync_warp(lanes),
+            None => arch::sync_threads_converged(),
+        }
+    }
+}
+
+/// For a CTA of one warp, its lanes (`Some`), else `None`. A full warp gets the literal full
+/// mask: with a run-time mask `bar.warp.sync`/`vote.sync` first check the mask's uniformity
+/// (`MATCH.ANY` and friends), which costs more than the barrier itself.
+#[inline(always)]
+fn single_warp_lanes() -> Option<u32> {
+    let n = arch::block_size();
+    if n == arch::WARP_SIZE {
+        Some(arch::FULL_MASK)
+    } else if n < arch::WARP_SIZE {
+        Some((1u32 << n) - 1)
+    } else {
+        None
     }
 }

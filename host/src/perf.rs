@@ -168,18 +168,21 @@ fn virtual_job(
     crate::testing::virtual_job(dev, nranks, window_bytes, reqs)
 }
 
-/// LSA barrier latency for one shape.
+/// LSA barrier latency for one shape: medians over trials of the slowest CTA's average round.
 #[derive(Clone, Debug)]
 pub struct BarrierFigure {
     /// Ranks (virtual, on one device).
     pub nranks: usize,
     /// CTAs per rank, each on its own barrier.
     pub ctas: u32,
-    /// Microseconds per round at the scope the communicator chose (`.gpu` for virtual ranks).
+    /// Microseconds per round at the scope the communicator chose (`.gpu` for virtual ranks),
+    /// acquire-release sessions of a CTA coop, CTAs of 32 threads.
     pub us_per_round: f64,
     /// Microseconds per round with the same kernel forced to `.sys` scope (the baseline:
     /// what peers on other GPUs need).
     pub us_per_round_sys: f64,
+    /// As `us_per_round` with CTAs of 256 threads (8 warps meet at the CTA barrier).
+    pub us_per_round_256: f64,
     /// Microseconds per round at the chosen scope with a warp as the coop (`CoopWarp`).
     pub us_per_round_warp: f64,
     /// Microseconds per round at the chosen scope with [`BarrierOrder::Relaxed`] sessions
@@ -190,15 +193,16 @@ pub struct BarrierFigure {
 }
 
 /// Times `rounds` LSA barrier rounds (after `rounds / 10` warm-up rounds) on `nranks` virtual
-/// ranks with `ctas` CTAs of 32 threads each: acquire-release sessions at the chosen scope and
-/// at `.sys`, with a warp coop, and relaxed sessions. The figure is the slowest CTA's average
-/// round.
-pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Result<BarrierFigure> {
+/// ranks with `ctas` CTAs each: acquire-release sessions of a CTA coop at the chosen scope
+/// and at `.sys` (32-thread CTAs), the same with 256-thread CTAs, a warp coop, and relaxed
+/// sessions. Each figure is the median over `trials` (the variants take turns within a
+/// trial) of the slowest CTA's average round.
+pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32, trials: usize) -> Result<BarrierFigure> {
     use ferrolink_device::BarrierOrder;
     use ferrolink_device::arch::Scope;
     use ferrolink_device::kernels::lsa::lsa_barrier_bench;
     let (comms, _windows, handles) = virtual_job(dev, nranks, 4096, ctas)?;
-    let run = |scope: Option<Scope>, warp_coop: u32, order: BarrierOrder| -> Result<f64> {
+    let run = |scope: Option<Scope>, threads: u32, warp_coop: u32, order: BarrierOrder| -> Result<f64> {
         // Allocate first: host work between the ranks' launches could wait on spinning ranks.
         let mut outs = comms.iter().map(|c| c.device().alloc::<u64>(ctas as usize)).collect::<Result<Vec<_>>>()?;
         let ptrs: Vec<*mut u64> = outs.iter_mut().map(|o| o.as_kernel_mut_ptr()).collect();
@@ -213,7 +217,7 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Res
                 c.stream().launch(
                     c.device().builtin_module()?,
                     &lsa_barrier_bench,
-                    LaunchConfig::linear(ctas, 32),
+                    LaunchConfig::linear(ctas, threads),
                     (dc, rounds / 10, rounds, warp_coop, order.code(), ptrs[c.rank()]),
                 )
             }
@@ -224,11 +228,86 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32) -> Res
         }
         Ok(worst as f64 / f64::from(rounds) / 1e3)
     };
-    let us_per_round = run(None, 0, BarrierOrder::AcqRel)?;
-    let us_per_round_sys = run(Some(Scope::Sys), 0, BarrierOrder::AcqRel)?;
-    let us_per_round_warp = run(None, 1, BarrierOrder::AcqRel)?;
-    let us_per_round_relaxed = run(None, 0, BarrierOrder::Relaxed)?;
-    Ok(BarrierFigure { nranks, ctas, us_per_round, us_per_round_sys, us_per_round_warp, us_per_round_relaxed })
+    let wide = if dev.backend() == crate::Backend::Cuda { 256 } else { 64 };
+    let mut samples: [Vec<f64>; 5] = Default::default();
+    for _ in 0..trials.max(1) {
+        samples[0].push(run(None, 32, 0, BarrierOrder::AcqRel)?);
+        samples[1].push(run(Some(Scope::Sys), 32, 0, BarrierOrder::AcqRel)?);
+        samples[2].push(run(None, wide, 0, BarrierOrder::AcqRel)?);
+        samples[3].push(run(None, 32, 1, BarrierOrder::AcqRel)?);
+        samples[4].push(run(None, 32, 0, BarrierOrder::Relaxed)?);
+    }
+    let [a, b, c, d, e] = &mut samples;
+    Ok(BarrierFigure {
+        nranks,
+        ctas,
+        us_per_round: median(a),
+        us_per_round_sys: median(b),
+        us_per_round_256: median(c),
+        us_per_round_warp: median(d),
+        us_per_round_relaxed: median(e),
+    })
+}
+
+/// The SM clock in MHz while a probe kernel spins for about a millisecond (`%clock64`
+/// cycles over `%globaltimer` nanoseconds), or `None` on the CPU emulator. Printed next to
+/// latency figures: GPUs of one model run at different clocks, and latencies in cycles are
+/// what carries over.
+pub fn sm_clock_mhz(dev: &Device) -> Result<Option<f64>> {
+    use ferrolink_device::kernels::probe::sm_clock_probe;
+    if dev.backend() != crate::Backend::Cuda {
+        return Ok(None);
+    }
+    let mut out = dev.alloc::<u64>(2)?;
+    let stream = dev.create_stream()?;
+    // SAFETY: `out` holds two words and outlives the kernel (synchronized below).
+    unsafe {
+        stream.launch(
+            dev.builtin_module()?,
+            &sm_clock_probe,
+            LaunchConfig::linear(1, 32),
+            (1_000_000u64, out.as_kernel_mut_ptr()),
+        )?
+    };
+    stream.synchronize()?;
+    let v = out.to_vec()?;
+    Ok((v[1] > 0).then(|| v[0] as f64 / v[1] as f64 * 1e3))
+}
+
+/// Nanoseconds per instance of each [`Primitive`], timed by one warp over `iters` back-to-back
+/// instances (medians of `trials`).
+///
+/// [`Primitive`]: ferrolink_device::kernels::probe::Primitive
+pub fn primitive_latencies(
+    dev: &Device,
+    iters: u32,
+    trials: usize,
+) -> Result<Vec<(ferrolink_device::kernels::probe::Primitive, f64)>> {
+    use ferrolink_device::kernels::probe::{Primitive, primitive_latency};
+    let mut words = dev.alloc::<u32>(2)?;
+    let mut out = dev.alloc::<u64>(1)?;
+    let stream = dev.create_stream()?;
+    let mut figures = Vec::new();
+    for p in Primitive::ALL {
+        let mut samples = Vec::new();
+        for _ in 0..trials.max(1) {
+            // SAFETY: `words` holds two zeroed words only this kernel touches (the stores
+            // write word 1; the chained loads read word 0, which stays 0); `out` one word;
+            // both outlive the kernel (synchronized below).
+            unsafe {
+                stream.launch(
+                    dev.builtin_module()?,
+                    &primitive_latency,
+                    LaunchConfig::linear(1, 32),
+                    (words.as_kernel_mut_ptr(), p.code(), iters, out.as_kernel_mut_ptr()),
+                )?
+            };
+            stream.synchronize()?;
+            samples.push(out.to_vec()?[0] as f64 / f64::from(iters.max(1)));
+        }
+        figures.push((p, median(&mut samples)));
+    }
+    Ok(figures)
 }
 
 /// Put bandwidth: `lsa_put` of `bytes` from rank 0 into rank 1's window slot vs the driver's

@@ -4,10 +4,12 @@
 //! * [`lsa`] — puts, ring exchange, one-shot all-reduce, fused compute-and-put, barrier
 //!   stress and latency kernels over the LSA device API.
 //! * [`workqueue`] — a persistent kernel with a batched atomic work queue.
+//! * [`probe`] — the SM clock and single-primitive latencies, for the perf tool.
 //! * [`selftest`] — kernels the test suite uses to check the arch layer on each backend:
 //!   message passing litmus, contended CAS counters, warp operations, timed waits.
 
 pub mod copy;
 pub mod lsa;
+pub mod probe;
 pub mod selftest;
 pub mod workqueue;

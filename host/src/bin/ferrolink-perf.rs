@@ -43,11 +43,15 @@ enum Command {
         #[arg(long)]
         sweep: bool,
     },
-    /// LSA barrier latency at 2/4/8 virtual ranks x 1/8/32 CTAs, chosen scope vs `.sys`.
+    /// LSA barrier latency at 2/4/8 virtual ranks x 1/8/32 CTAs, chosen scope vs `.sys`,
+    /// with 32- and 256-thread CTAs, warp coops and relaxed sessions.
     Barrier {
         /// Timed rounds per measurement.
         #[arg(long, default_value_t = 20_000)]
         rounds: u32,
+        /// Trials per figure (the median is shown).
+        #[arg(long, default_value_t = 5)]
+        trials: usize,
     },
     /// Device put into a peer's window slot vs the driver's copy to the same address.
     Put {
@@ -61,6 +65,9 @@ enum Command {
         #[arg(long, value_parser = perf::parse_size)]
         bytes: Option<usize>,
     },
+    /// Latency of single primitives (fences, release stores, dependent loads, barriers),
+    /// nanoseconds and SM cycles per instance.
+    Latency,
     /// Everything above with default settings.
     All,
 }
@@ -90,13 +97,15 @@ fn run(cli: Cli) -> ferrolink::Result<()> {
     match cli.command {
         Command::Info => Ok(()),
         Command::Copy { sizes, iters, trials, sweep } => copy(&dev, sizes, iters, trials, sweep),
-        Command::Barrier { rounds } => barrier(&dev, rounds),
+        Command::Barrier { rounds, trials } => barrier(&dev, rounds, trials),
         Command::Put { sizes } => put(&dev, sizes),
         Command::Ring { bytes } => ring(&dev, bytes),
+        Command::Latency => latency(&dev),
         Command::All => {
             copy(&dev, Vec::new(), 20, 5, false)?;
             put(&dev, Vec::new())?;
-            barrier(&dev, if dev.backend() == Backend::Cuda { 20_000 } else { 200 })?;
+            latency(&dev)?;
+            barrier(&dev, if dev.backend() == Backend::Cuda { 20_000 } else { 200 }, 5)?;
             ring(&dev, None)
         }
     }
@@ -106,34 +115,56 @@ fn gpu(dev: &Device) -> bool {
     dev.backend() == Backend::Cuda
 }
 
-fn barrier(dev: &Device, rounds: u32) -> ferrolink::Result<()> {
+fn barrier(dev: &Device, rounds: u32, trials: usize) -> ferrolink::Result<()> {
     let rounds = if gpu(dev) { rounds } else { rounds.min(200) };
-    println!("\n== LSA barrier: microseconds per round (slowest CTA), {rounds} rounds, CTAs of 32 threads");
+    let trials = if gpu(dev) { trials } else { 1 };
+    println!("\n== LSA barrier: microseconds per round (slowest CTA; median of {trials} trials of {rounds} rounds)");
     println!(
-        "{:>6} {:>10} {:>14} {:>18} {:>7} {:>16} {:>14}",
-        "ranks", "CTAs/rank", "chosen scope", "baseline .sys", "ratio", "warp coop", "relaxed"
+        "{:>6} {:>10} {:>14} {:>15} {:>7} {:>14} {:>11} {:>11}",
+        "ranks", "CTAs/rank", "chosen scope", "baseline .sys", "ratio", "256-thr CTAs", "warp coop", "relaxed"
     );
+    if let Some(mhz) = perf::sm_clock_mhz(dev)? {
+        println!("(SM clock before the table: {mhz:.0} MHz)");
+    }
     let ctas: &[u32] = if gpu(dev) { &[1, 8, 32] } else { &[1, 2] };
     for n in [2usize, 4, 8] {
         for &c in ctas {
-            let f = perf::barrier_bench(dev, n, c, rounds)?;
+            let f = perf::barrier_bench(dev, n, c, rounds, trials)?;
             println!(
-                "{:>6} {:>10} {:>11.3} us {:>15.3} us {:>7.3} {:>13.3} us {:>11.3} us",
+                "{:>6} {:>10} {:>11.3} us {:>12.3} us {:>7.3} {:>11.3} us {:>8.3} us {:>8.3} us",
                 f.nranks,
                 f.ctas,
                 f.us_per_round,
                 f.us_per_round_sys,
                 f.us_per_round / f.us_per_round_sys,
+                f.us_per_round_256,
                 f.us_per_round_warp,
                 f.us_per_round_relaxed
             );
         }
     }
     println!(
-        "(CTA coop unless noted; chosen scope .gpu, as all virtual ranks share the GPU; ratio < 1 means \
-         faster than .sys; warp coop: the same at .gpu with CoopWarp sessions; relaxed: CTA coop at .gpu \
-         with BarrierOrder::Relaxed, control only)"
+        "(acquire-release sessions of a CTA coop in 32-thread CTAs at the chosen scope, .gpu as all virtual \
+         ranks share the GPU; baseline: the same at .sys; ratio < 1 means faster than .sys; 256-thr CTAs: \
+         the same with 8 warps per CTA; warp coop: CoopWarp sessions; relaxed: BarrierOrder::Relaxed, control \
+         only)"
     );
+    Ok(())
+}
+
+fn latency(dev: &Device) -> ferrolink::Result<()> {
+    let iters = if gpu(dev) { 10_000 } else { 100 };
+    let mhz = perf::sm_clock_mhz(dev)?;
+    println!("\n== primitive latency: one warp, {iters} back-to-back instances, median of 5 trials");
+    if let Some(m) = mhz {
+        println!("(SM clock: {m:.0} MHz)");
+    }
+    for (p, ns) in perf::primitive_latencies(dev, iters, 5)? {
+        match mhz {
+            Some(m) => println!("{:>28} {ns:>8.1} ns {:>8.0} cycles", p.ptx(), ns * m / 1e3),
+            None => println!("{:>28} {ns:>8.1} ns", p.ptx()),
+        }
+    }
     Ok(())
 }
 

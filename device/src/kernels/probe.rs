@@ -1,0 +1,138 @@
+//! Probe kernels for the perf tool: the SM clock and the latency of single primitives
+//! (fences, release stores, dependent loads, CTA and warp barriers), which explain where the
+//! time of a barrier round goes.
+
+use crate::arch::{self, FenceOrder, LoadOrder, Scope, StoreOrder, atomic};
+use crate::kernel;
+
+kernel! {
+    /// SM clock probe: thread 0 of CTA 0 spins for `ns` nanoseconds of `%globaltimer` and
+    /// writes the `%clock64` cycles and the nanoseconds that passed to `out[0]` and `out[1]`
+    /// (their ratio is the SM clock while it ran; figures in cycles depend on it).
+    ///
+    /// # Safety
+    /// `out` holds two words.
+    pub unsafe fn sm_clock_probe(ns: u64, out: *mut u64) {
+        if arch::global_thread_idx_x() != 0 {
+            return;
+        }
+        let (t0, c0) = (arch::global_timer_ns(), arch::clock64());
+        let mut t = t0;
+        while t.wrapping_sub(t0) < ns {
+            t = arch::global_timer_ns();
+        }
+        let c = arch::clock64();
+        // SAFETY: `out` holds two words (kernel contract).
+        unsafe {
+            out.write(c.wrapping_sub(c0));
+            out.add(1).write(t.wrapping_sub(t0));
+        }
+    }
+}
+
+/// The primitives [`primitive_latency`] times, by code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Primitive {
+    /// `fence.acq_rel.gpu`.
+    FenceAcqRelGpu,
+    /// `fence.acquire.gpu`.
+    FenceAcquireGpu,
+    /// `fence.sc.gpu`.
+    FenceScGpu,
+    /// `fence.acq_rel.sys`.
+    FenceAcqRelSys,
+    /// `st.release.gpu` to one word, back to back.
+    StoreReleaseGpu,
+    /// `st.relaxed.gpu` to one word, back to back.
+    StoreRelaxedGpu,
+    /// `ld.relaxed.gpu`, each load's address depending on the previous value.
+    LoadRelaxedGpuChain,
+    /// `ld.acquire.gpu`, dependent as above.
+    LoadAcquireGpuChain,
+    /// The CTA barrier (`barrier.sync 0`), in a CTA of one warp.
+    CtaBarrier,
+    /// The warp barrier (`bar.warp.sync` with the full mask).
+    WarpBarrier,
+}
+
+impl Primitive {
+    /// Every primitive, in code order.
+    pub const ALL: [Primitive; 10] = [
+        Primitive::FenceAcqRelGpu,
+        Primitive::FenceAcquireGpu,
+        Primitive::FenceScGpu,
+        Primitive::FenceAcqRelSys,
+        Primitive::StoreReleaseGpu,
+        Primitive::StoreRelaxedGpu,
+        Primitive::LoadRelaxedGpuChain,
+        Primitive::LoadAcquireGpuChain,
+        Primitive::CtaBarrier,
+        Primitive::WarpBarrier,
+    ];
+
+    /// The kernel argument for this primitive.
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// What the PTX is, for reports.
+    pub const fn ptx(self) -> &'static str {
+        match self {
+            Primitive::FenceAcqRelGpu => "fence.acq_rel.gpu",
+            Primitive::FenceAcquireGpu => "fence.acquire.gpu",
+            Primitive::FenceScGpu => "fence.sc.gpu",
+            Primitive::FenceAcqRelSys => "fence.acq_rel.sys",
+            Primitive::StoreReleaseGpu => "st.release.gpu",
+            Primitive::StoreRelaxedGpu => "st.relaxed.gpu",
+            Primitive::LoadRelaxedGpuChain => "ld.relaxed.gpu (dependent)",
+            Primitive::LoadAcquireGpuChain => "ld.acquire.gpu (dependent)",
+            Primitive::CtaBarrier => "barrier.sync (1-warp CTA)",
+            Primitive::WarpBarrier => "bar.warp.sync",
+        }
+    }
+}
+
+kernel! {
+    /// Primitive latency: the first warp of CTA 0 performs `iters` back-to-back instances of
+    /// the [`Primitive`] with code `op` (an unknown code times an empty loop) and lane 0 writes
+    /// the `%globaltimer` nanoseconds to `out_ns[0]`. Loads and stores use `words[0..2]`. Launch
+    /// one CTA of 32 threads.
+    ///
+    /// # Safety
+    /// `words` holds two zeroed `u32`s that nothing else touches; `out_ns` one word.
+    pub unsafe fn primitive_latency(words: *mut u32, op: u32, iters: u32, out_ns: *mut u64) {
+        if arch::global_thread_idx_x() >= arch::WARP_SIZE {
+            return;
+        }
+        let mut acc = 0u32;
+        let t0 = arch::global_timer_ns();
+        for i in 0..iters {
+            // `words` holds two words used only atomically here (kernel contract); `acc` stays
+            // 0 (both words start 0 and only word 1 is stored to), so the chained address is
+            // `words` itself.
+            match op {
+                0 => atomic::fence(FenceOrder::AcqRel, Scope::Gpu),
+                1 => atomic::fence(FenceOrder::Acquire, Scope::Gpu),
+                2 => atomic::fence(FenceOrder::SeqCst, Scope::Gpu),
+                3 => atomic::fence(FenceOrder::AcqRel, Scope::Sys),
+                // SAFETY: word 1 is valid (see above).
+                4 => unsafe { atomic::store(words.add(1), i, StoreOrder::Release, Scope::Gpu) },
+                // SAFETY: as above.
+                5 => unsafe { atomic::store(words.add(1), i, StoreOrder::Relaxed, Scope::Gpu) },
+                // SAFETY: `acc` is 0, so this is word 0 (see above).
+                6 => acc |= unsafe { atomic::load(words.add(acc as usize), LoadOrder::Relaxed, Scope::Gpu) },
+                // SAFETY: as above.
+                7 => acc |= unsafe { atomic::load(words.add(acc as usize), LoadOrder::Acquire, Scope::Gpu) },
+                8 => arch::sync_threads(),
+                9 => arch::sync_warp(arch::FULL_MASK),
+                _ => {}
+            }
+        }
+        let ns = arch::global_timer_ns() - t0;
+        if arch::lane_id() == 0 {
+            // SAFETY: `out_ns` holds one word (kernel contract); `acc` is 0, folded in so the
+            // chained loads are not dead.
+            unsafe { out_ns.write(ns + u64::from(acc)) };
+        }
+    }
+}
