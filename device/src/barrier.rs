@@ -38,7 +38,7 @@
 
 use crate::arch::{self, FenceOrder, LoadOrder, StoreOrder, atomic};
 use crate::comm::DevComm;
-use crate::coop::Coop;
+use crate::coop::{Coop, CoopWarp};
 
 /// Bytes of one barrier's inbox row: a word per peer, padded to 128 bytes so barriers of
 /// different CTAs do not share a cache line.
@@ -145,6 +145,11 @@ pub struct LsaBarrierSession<'a, C: Coop> {
     warp_polls: bool,
     /// The coop's lanes of this thread's warp (the mask of its polling votes).
     lanes: u32,
+    /// Whether the coop is exactly one full warp (a `CoopWarp`, or a `CoopCta` of 32
+    /// threads): then the session runs as a `CoopWarp` one, the same threads with warp-level
+    /// code throughout (for a 32-thread CTA coop this brought a round from about 90 ns slower
+    /// than a `CoopWarp` session to about 40 ns slower on the H200, docs/PERF.md).
+    one_warp: bool,
 }
 
 impl<'a, C: Coop> LsaBarrierSession<'a, C> {
@@ -180,6 +185,7 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
             poll_slot,
             warp_polls: coop.warp_any(p < n),
             lanes: coop.warp_lanes(),
+            one_warp: coop.full_warps() && coop.size() == arch::WARP_SIZE,
         }
     }
 
@@ -194,7 +200,14 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     /// (publishing every write the coop made before this call), else relaxed.
     #[inline(always)]
     pub fn arrive_with(&mut self, order: BarrierOrder) {
-        self.coop.sync();
+        if self.one_warp { self.arrive_by(CoopWarp, order) } else { self.arrive_by(self.coop, order) }
+    }
+
+    /// [`Self::arrive_with`] carried out by `coop`: the session's coop, or the same threads
+    /// seen as a [`CoopWarp`] (see `one_warp`).
+    #[inline(always)]
+    fn arrive_by<K: Coop>(&mut self, coop: K, order: BarrierOrder) {
+        coop.sync();
         self.epoch = self.epoch.wrapping_add(1);
         let store_order = if order.releases() { StoreOrder::Release } else { StoreOrder::Relaxed };
         if self.one_peer_per_thread {
@@ -213,12 +226,12 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
             return;
         }
         let me = self.comm.lsa_rank;
-        let mut p = self.coop.thread_rank();
+        let mut p = coop.thread_rank();
         while p < self.comm.lsa_size as usize {
             let slot = self.comm.barrier_window.lsa_ptr::<u32>(inbox_offset(self.comm, self.index, me), p as u32);
             // SAFETY: `slot` is inside peer p's barrier row (window sized by inbox_bytes).
             unsafe { atomic::store(slot, self.epoch, store_order, self.scope) };
-            p += self.coop.size();
+            p += coop.size();
         }
     }
 
@@ -246,19 +259,20 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
         self.wait_until(BarrierOrder::AcqRel, start.saturating_add(timeout_ns))
     }
 
-    /// One poll of an inbox word: whether it has reached this session's epoch. A relaxed
-    /// load: the acquire, where wanted, is one `fence.acquire` after the last poll.
+    /// One poll of an inbox word: a relaxed load (the acquire, where wanted, is one
+    /// `fence.acquire` after the last poll).
     #[inline(always)]
-    fn reached(&self, slot: *const u32, scope: arch::Scope) -> bool {
+    fn load_word(&self, slot: *const u32, scope: arch::Scope) -> u32 {
         // SAFETY: the callers poll only words of this rank's barrier row.
-        seq_reached(unsafe { atomic::load(slot, LoadOrder::Relaxed, scope) }, self.epoch)
+        unsafe { atomic::load(slot, LoadOrder::Relaxed, scope) }
     }
 
     /// Polls `slot` until it reaches the epoch, warp-uniformly: every coop lane of the warp
     /// (`lanes`) keeps polling its own word until all of them are done, so the warp leaves
     /// converged. Returns whether the deadline passed first. `scope` and `lanes` are
     /// constants at the hot call sites (see [`Self::poll_at_lsa_scope`]), so the inner loop
-    /// is a load, a compare, a vote and a count.
+    /// is a load, a compare, a vote and a count. (Two loads in flight, staggered by half a
+    /// round trip, measured 0.1 us slower per round on the H200: docs/PERF.md.)
     #[inline(always)]
     fn poll_until(&self, slot: *const u32, scope: arch::Scope, lanes: u32, deadline_ns: u64) -> bool {
         let timed = deadline_ns != u64::MAX;
@@ -269,7 +283,7 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
             // SPINS_BEFORE_BACKOFF polls back off between single polls.
             let burst = if polls < SPINS_BEFORE_BACKOFF { SPINS_PER_CHECK } else { 1 };
             for _ in 0..burst {
-                if arch::ballot_sync(lanes, !self.reached(slot, scope)) == 0 {
+                if arch::ballot_sync(lanes, !seq_reached(self.load_word(slot, scope), self.epoch)) == 0 {
                     return false;
                 }
             }
@@ -284,12 +298,12 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     }
 
     /// [`Self::poll_until`] at the session's scope and with the session's lane mask, each
-    /// specialized (a literal full mask spares the votes their convergence check), followed
-    /// by `fence.acquire` at that scope if `acquire`.
+    /// specialized (a literal full mask where the coop's warps are full spares the votes
+    /// their convergence check), followed by `fence.acquire` at that scope if `acquire`.
     #[inline(always)]
-    fn poll_at_lsa_scope(&self, slot: *const u32, acquire: bool, deadline_ns: u64) -> bool {
+    fn poll_at_lsa_scope<K: Coop>(&self, coop: K, slot: *const u32, acquire: bool, deadline_ns: u64) -> bool {
         let poll = |scope| {
-            let timed_out = if self.lanes == arch::FULL_MASK {
+            let timed_out = if coop.full_warps() {
                 self.poll_until(slot, scope, arch::FULL_MASK, deadline_ns)
             } else {
                 self.poll_until(slot, scope, self.lanes, deadline_ns)
@@ -306,17 +320,27 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
         }
     }
 
+    #[inline(always)]
     fn wait_until(&mut self, order: BarrierOrder, deadline_ns: u64) -> Result<(), BarrierTimeout> {
+        if self.one_warp {
+            self.wait_by(CoopWarp, order, deadline_ns)
+        } else {
+            self.wait_by(self.coop, order, deadline_ns)
+        }
+    }
+
+    /// [`Self::wait_until`] carried out by `coop` (as in [`Self::arrive_by`]).
+    #[inline(always)]
+    fn wait_by<K: Coop>(&mut self, coop: K, order: BarrierOrder, deadline_ns: u64) -> Result<(), BarrierTimeout> {
         let acquire = order.acquires();
         let timed = deadline_ns != u64::MAX;
-        let coop = self.coop;
         // The coop's lanes of each warp poll together and leave together (`poll_until` is
         // warp-uniform), so warps reach the closing barrier converged and it may use the
         // cheaper aligned form.
         let mut timed_out = false;
         if self.one_peer_per_thread {
             if self.warp_polls {
-                timed_out = self.poll_at_lsa_scope(self.poll_slot, acquire, deadline_ns);
+                timed_out = self.poll_at_lsa_scope(coop, self.poll_slot, acquire, deadline_ns);
             }
         } else {
             // More peers than coop threads: thread `t` polls peers `t`, `t + size`, …; lanes
@@ -327,7 +351,7 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
                 let p = first + coop.thread_rank();
                 let p = if p < n { p } else { first };
                 let slot = self.comm.barrier_window.local_ptr::<u32>(inbox_offset(self.comm, self.index, p as u32));
-                timed_out = self.poll_at_lsa_scope(slot, acquire, deadline_ns);
+                timed_out = self.poll_at_lsa_scope(coop, slot, acquire, deadline_ns);
                 first += coop.size();
             }
         }

@@ -20,6 +20,11 @@ pub trait Coop: Copy {
     /// The lanes of the caller's warp that belong to the group, as a lane mask (the mask a
     /// warp vote over the group's part of this warp names).
     fn warp_lanes(&self) -> u32;
+    /// Whether every warp that holds threads of the group holds 32 of them (then
+    /// [`Coop::warp_lanes`] is the full mask in every such warp). It depends on the launch
+    /// shape only, so a branch on it keeps the warp converged in ptxas's eyes, where a branch
+    /// on `warp_lanes() == FULL_MASK` (a per-thread value to it) does not.
+    fn full_warps(&self) -> bool;
     /// [`Coop::sync`] for callers whose warps arrive converged (every lane of a warp reaches
     /// it together); may use a cheaper instruction.
     fn sync_converged(&self) {
@@ -63,6 +68,10 @@ impl Coop for CoopThread {
     fn warp_lanes(&self) -> u32 {
         1 << arch::lane_id()
     }
+    #[inline(always)]
+    fn full_warps(&self) -> bool {
+        false
+    }
 }
 
 impl Coop for CoopWarp {
@@ -92,6 +101,10 @@ impl Coop for CoopWarp {
     #[inline(always)]
     fn warp_lanes(&self) -> u32 {
         arch::FULL_MASK
+    }
+    #[inline(always)]
+    fn full_warps(&self) -> bool {
+        true
     }
 }
 
@@ -130,14 +143,17 @@ impl Coop for CoopCta {
         // Every thread of the CTA takes part, so the vote names every lane the warp has (not
         // `activemask`, which reports only the lanes converged right now and would let a split
         // warp vote in parts); `vote.sync` then reconverges them.
-        let lanes = self.warp_lanes();
-        // A literal full mask where the warp is full: a run-time mask costs the vote a
+        // A literal full mask where the warps are full: a run-time mask costs the vote a
         // uniformity check and hides the warp's convergence from ptxas.
-        if lanes == arch::FULL_MASK {
+        if self.full_warps() {
             arch::ballot_sync(arch::FULL_MASK, pred) != 0
         } else {
-            arch::ballot_sync(lanes, pred) != 0
+            arch::ballot_sync(self.warp_lanes(), pred) != 0
         }
+    }
+    #[inline(always)]
+    fn full_warps(&self) -> bool {
+        arch::block_size().is_multiple_of(arch::WARP_SIZE)
     }
     #[inline(always)]
     fn warp_lanes(&self) -> u32 {
