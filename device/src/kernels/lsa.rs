@@ -187,9 +187,14 @@ kernel! {
 
 kernel! {
     /// The ring pattern: every rank copies `bytes` bytes of `src` into offset 0 of the next
-    /// rank's (`(lsa_rank + 1) % lsa_size`) slot of `win`, CTA `b` taking part `b` of the
-    /// range, then meets the other ranks at LSA barrier `b`. After it, each rank's slot holds
-    /// the previous rank's `src`.
+    /// rank's (`(lsa_rank + 1) % lsa_size`) slot of `win`, all threads of the grid sharing the
+    /// range as the copy kernel does (warp-contiguous chunks), then CTA `b` meets the other
+    /// ranks at LSA barrier `b`. After it, each rank's slot holds the previous rank's `src`.
+    ///
+    /// Every rank launches the same grid, so CTA `b` writes the same chunks on every rank, and
+    /// barrier `b` publishes them to the CTA `b` of the next rank, which owns the same chunks
+    /// of its slot. (This split moved 1–4 % more than one contiguous part per CTA on the H200,
+    /// docs/PERF.md.)
     ///
     /// # Safety
     /// `src` holds `bytes` bytes; `bytes <= win.size`; `grid <= lsa_barrier_count`.
@@ -197,7 +202,11 @@ kernel! {
         let b = arch::block_idx_x();
         let next = (comm.lsa_rank + 1) % comm.lsa_size;
         // SAFETY: the range lies in the next rank's slot (kernel contract).
-        unsafe { lsa::copy(CoopCta, win.lsa_ptr(0, next), src, bytes, b, arch::grid_dim_x()) };
+        unsafe {
+            crate::kernels::copy::copy_bytes(
+                win.lsa_ptr(0, next), src, bytes, arch::global_thread_idx_x(), arch::grid_threads_x(),
+            )
+        };
         // SAFETY: one barrier per CTA (kernel contract).
         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
         bar.sync();
