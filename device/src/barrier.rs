@@ -57,11 +57,14 @@ pub const fn seq_reached(value: u32, target: u32) -> bool {
     (value.wrapping_sub(target) as i32) >= 0
 }
 
-/// Polls of an inbox word before a waiting thread starts to back off with `nanosleep`.
-const SPINS_BEFORE_BACKOFF: u32 = 2048;
+/// Polls of an inbox word before a waiting thread starts to back off with `nanosleep`. On
+/// the GPU a poll costs an L2 round trip and peers usually arrive within a microsecond. On
+/// the CPU emulator every poll is a rendezvous of 32 OS threads (the warp vote), so waiting
+/// warps back off at once and leave the cores to the threads they wait for.
+const SPINS_BEFORE_BACKOFF: u32 = if cfg!(target_arch = "nvptx64") { 2048 } else { SPINS_PER_CHECK };
 
 /// Polls between two looks at the clock (timeouts) and at the backoff threshold.
-const SPINS_PER_CHECK: u32 = 64;
+const SPINS_PER_CHECK: u32 = if cfg!(target_arch = "nvptx64") { 64 } else { 1 };
 
 /// A barrier wait that gave up after its timeout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
