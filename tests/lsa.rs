@@ -65,16 +65,16 @@ fn example_work_queue_processes_every_item_exactly_once() {
     for_each_backend("example_work_queue", |dev| ferrolink_examples::work_queue::run(dev, 20_000).map(drop));
 }
 
-/// Runs `lsa_barrier_stress` on every rank (`ctas` CTAs, `rounds` rounds, random delays up to
-/// `delay` ns, the given coop: 0 CTA, 1 warp, 2 thread) and checks that no rank saw a stale
-/// word.
+/// Runs `lsa_barrier_stress` on every rank (`ctas` CTAs of `threads` threads, `rounds`
+/// rounds, random delays up to `delay` ns, the given coop: 0 CTA, 1 warp, 2 thread) and checks
+/// that no rank saw a stale word.
 #[allow(clippy::too_many_arguments)]
 fn stress(
-    dev: &Device,
     comms: &[Communicator],
     windows: &[ferrolink::Window],
     handles: &[ferrolink::DevCommHandle],
     ctas: u32,
+    threads: u32,
     rounds: u32,
     delay: u32,
     coop: u32,
@@ -91,7 +91,7 @@ fn stress(
             c.stream().launch(
                 c.device().builtin_module()?,
                 &lsa::lsa_barrier_stress,
-                LaunchConfig::linear(ctas, block(dev)),
+                LaunchConfig::linear(ctas, threads),
                 (handles[r].dev_comm(), windows[r].dev_window(), rounds, delay, coop, ptrs[r]),
             )
         }
@@ -99,7 +99,9 @@ fn stress(
     sync_all(comms)?;
     for (r, e) in errors.iter().enumerate() {
         let bad = e.to_vec()?[0];
-        check(bad == 0, || format!("{} ranks, coop {coop}: rank {r} saw {bad} stale words", comms.len()))?;
+        check(bad == 0, || {
+            format!("{} ranks, coop {coop}, {threads} threads: rank {r} saw {bad} stale words", comms.len())
+        })?;
     }
     Ok(())
 }
@@ -113,7 +115,27 @@ fn barrier_stress_orders_window_writes_across_ranks() {
         };
         for n in [2usize, 4, 8] {
             let (comms, windows, handles) = job(dev, n, (ctas as usize) * n * 4)?;
-            stress(dev, &comms, &windows, &handles, ctas, rounds, delay, 0)?;
+            stress(&comms, &windows, &handles, ctas, block(dev), rounds, delay, 0)?;
+        }
+        Ok(())
+    });
+}
+
+/// CTA coops in CTAs of one full warp (the session runs the warp-level code), of a partial
+/// second warp (run-time vote masks), and of fewer threads than ranks (threads stride over
+/// the peers).
+#[test]
+fn barrier_stress_with_small_and_partial_ctas() {
+    for_each_backend("barrier_stress_with_small_and_partial_ctas", |dev| {
+        let (ctas, rounds, delay) = match dev.backend() {
+            Backend::Cuda => (8u32, 1000u32, 2000u32),
+            Backend::Cpu => (2, 20, 20_000),
+        };
+        for n in [2usize, 8] {
+            let (comms, windows, handles) = job(dev, n, (ctas as usize) * n * 4)?;
+            for threads in [32, 48, 4] {
+                stress(&comms, &windows, &handles, ctas, threads, rounds, delay, 0)?;
+            }
         }
         Ok(())
     });
@@ -131,7 +153,7 @@ fn barrier_stress_with_warp_and_thread_coops() {
         for n in [2usize, 8] {
             let (comms, windows, handles) = job(dev, n, (ctas as usize) * n * 4)?;
             for coop in [1, 2] {
-                stress(dev, &comms, &windows, &handles, ctas, rounds, delay, coop)?;
+                stress(&comms, &windows, &handles, ctas, block(dev), rounds, delay, coop)?;
             }
         }
         Ok(())
@@ -377,7 +399,7 @@ fn barriers_work_again_after_a_timeout_and_reset() {
         check(status.to_vec()?[0] == lsa::TRY_SYNC_TIMED_OUT, || "the lone rank should time out".into())?;
         ferrolink::reset_barriers(&mut handles)?;
         let (ctas, rounds) = if dev.backend() == Backend::Cuda { (32, 500) } else { (2, 20) };
-        stress(dev, &comms, &windows, &handles, ctas, rounds, 0, 0)?;
+        stress(&comms, &windows, &handles, ctas, block(dev), rounds, 0, 0)?;
         check(matches!(ferrolink::reset_barriers(&mut handles[..1]), Err(Error::InvalidArgument(_))), || {
             "a partial reset must be refused".into()
         })

@@ -104,6 +104,10 @@ static double run(int n, int ctas, int rounds) {
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 20000;
+  if (rounds < 1) {
+    std::fprintf(stderr, "rounds must be a positive number, got %s\n", argv[1]);
+    return 2;
+  }
   std::printf("== CUDA C++ reference LSA barrier: microseconds per round (slowest CTA), %d rounds, CTAs of 32 threads\n",
               rounds);
   std::printf("%6s %10s %14s %16s\n", "ranks", "CTAs/rank", "classic", "fence-acquire");

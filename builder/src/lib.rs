@@ -151,7 +151,8 @@ impl PtxBuilder {
         }
     }
 
-    /// Target architecture (`-Ctarget-cpu`, `ptxas -arch`); default `sm_90`.
+    /// Target architecture (`-Ctarget-cpu`, `ptxas -arch`); default `sm_90`. Crates that use
+    /// `ferrolink-device`'s barriers need `sm_90` or later (`fence.acquire`).
     pub fn arch(mut self, arch: impl Into<String>) -> Self {
         self.arch = arch.into();
         self

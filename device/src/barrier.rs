@@ -9,21 +9,29 @@
 //! * **arrive**: the coop meets (`coop.sync()`), the epoch becomes `e + 1`, and coop thread
 //!   `p` (striding over peers) stores `e + 1` into `inbox_p[index][me]` with a **release**
 //!   at the LSA scope.
-//! * **wait**: coop thread `p` spins until `inbox_me[index][p]` reaches `e + 1` (wrap-safe
-//!   compare), loading with **acquire** at the LSA scope; then the coop meets again.
+//! * **wait**: coop thread `p` polls `inbox_me[index][p]` with **relaxed** loads at the LSA
+//!   scope until it reaches `e + 1` (wrap-safe compare), then issues one **`fence.acquire`**
+//!   at that scope; then the coop meets again.
 //!
 //! # Ordering argument
 //! A write made before `arrive` by any thread of the arriving coop is ordered before that
 //! coop's `sync` (a CTA-scope barrier, which makes it visible to the releasing thread);
 //! the release store is cumulative, so it publishes those writes at the LSA scope. The
-//! waiting coop's thread `p` acquires peer `p`'s store and its closing `sync` extends that
-//! to the whole coop. Hence: every write before `arrive` on any rank happens-before every
+//! waiting coop's thread `p` reads peer `p`'s store with a relaxed (strong) load and then
+//! fences with `fence.acquire`: an acquire pattern, so it synchronizes with the release;
+//! its closing `sync` extends that to the whole coop. Hence: every write before `arrive` on any rank happens-before every
 //! access after `wait` on every rank. The scope is `.gpu` when all LSA peers share the GPU
 //! and `.sys` otherwise (`DevComm::lsa_scope`), the cheapest that covers the peers.
 //!
 //! With a weaker [`BarrierOrder`] (`arrive_with`, `wait_with`, `sync_with`) the release store
-//! becomes relaxed (no fence before it) and/or the acquire load becomes relaxed; the control
+//! becomes relaxed (no fence before it) and/or the `fence.acquire` is left out; the control
 //! guarantee stays, the happens-before edge needs both halves.
+//!
+//! A peer may be one round ahead, so the wait of round `k` can read the peer's round `k + 1`
+//! store instead of its round `k` one. That later store carries round `k`'s guarantee only
+//! if it releases too: **on one barrier index, an arrive that follows a releasing arrive
+//! must also release** whenever a waiter relies on the earlier round's ordering. Using one
+//! order per index satisfies this.
 //!
 //! # Epochs and wrap-around
 //! Inbox words only grow, by one per round; a peer can be at most one round ahead (it
@@ -242,13 +250,13 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     /// meets the coop.
     #[inline(always)]
     pub fn wait(&mut self) {
-        let _ = self.wait_until(BarrierOrder::AcqRel, u64::MAX);
+        let _ = self.wait_until(BarrierOrder::AcqRel, None);
     }
 
     /// [`wait`](Self::wait) that acquires only if `order` acquires.
     #[inline(always)]
     pub fn wait_with(&mut self, order: BarrierOrder) {
-        let _ = self.wait_until(order, u64::MAX);
+        let _ = self.wait_until(order, None);
     }
 
     /// [`wait`](Self::wait) that gives up after `timeout_ns` of `%globaltimer`. The result is
@@ -258,8 +266,10 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     /// used again.
     #[inline(always)]
     pub fn wait_timeout(&mut self, timeout_ns: u64) -> Result<(), BarrierTimeout> {
+        // Each thread reads the clock itself, so deadlines differ slightly between threads;
+        // whether there is one does not (`Some` for all), which keeps the votes uniform.
         let start = arch::global_timer_ns();
-        self.wait_until(BarrierOrder::AcqRel, start.saturating_add(timeout_ns))
+        self.wait_until(BarrierOrder::AcqRel, Some(start.saturating_add(timeout_ns)))
     }
 
     /// One poll of an inbox word: a relaxed load (the acquire, where wanted, is one
@@ -277,8 +287,7 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     /// is a load, a compare, a vote and a count. (Two loads in flight, staggered by half a
     /// round trip, measured 0.1 us slower per round on the H200: docs/PERF.md.)
     #[inline(always)]
-    fn poll_until(&self, slot: *const u32, scope: arch::Scope, lanes: u32, deadline_ns: u64) -> bool {
-        let timed = deadline_ns != u64::MAX;
+    fn poll_until(&self, slot: *const u32, scope: arch::Scope, lanes: u32, deadline_ns: Option<u64>) -> bool {
         let mut polls = 0u32;
         loop {
             // Spin tight first: peers usually arrive within a microsecond, and a nanosleep
@@ -291,7 +300,9 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
                 }
             }
             polls = polls.saturating_add(burst);
-            if timed && arch::ballot_sync(lanes, arch::global_timer_ns() >= deadline_ns) != 0 {
+            if let Some(deadline) = deadline_ns
+                && arch::ballot_sync(lanes, arch::global_timer_ns() >= deadline) != 0
+            {
                 return true;
             }
             if polls >= SPINS_BEFORE_BACKOFF {
@@ -304,7 +315,7 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     /// specialized (a literal full mask where the coop's warps are full spares the votes
     /// their convergence check), followed by `fence.acquire` at that scope if `acquire`.
     #[inline(always)]
-    fn poll_at_lsa_scope<K: Coop>(&self, coop: K, slot: *const u32, acquire: bool, deadline_ns: u64) -> bool {
+    fn poll_at_lsa_scope<K: Coop>(&self, coop: K, slot: *const u32, acquire: bool, deadline_ns: Option<u64>) -> bool {
         let poll = |scope| {
             let timed_out = if coop.full_warps() {
                 self.poll_until(slot, scope, arch::FULL_MASK, deadline_ns)
@@ -324,7 +335,7 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     }
 
     #[inline(always)]
-    fn wait_until(&mut self, order: BarrierOrder, deadline_ns: u64) -> Result<(), BarrierTimeout> {
+    fn wait_until(&mut self, order: BarrierOrder, deadline_ns: Option<u64>) -> Result<(), BarrierTimeout> {
         if self.one_warp {
             self.wait_by(CoopWarp, order, deadline_ns)
         } else {
@@ -334,9 +345,14 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
 
     /// [`Self::wait_until`] carried out by `coop` (as in [`Self::arrive_by`]).
     #[inline(always)]
-    fn wait_by<K: Coop>(&mut self, coop: K, order: BarrierOrder, deadline_ns: u64) -> Result<(), BarrierTimeout> {
+    fn wait_by<K: Coop>(
+        &mut self,
+        coop: K,
+        order: BarrierOrder,
+        deadline_ns: Option<u64>,
+    ) -> Result<(), BarrierTimeout> {
         let acquire = order.acquires();
-        let timed = deadline_ns != u64::MAX;
+        let timed = deadline_ns.is_some();
         // The coop's lanes of each warp poll together and leave together (`poll_until` is
         // warp-uniform), so warps reach the closing barrier converged and it may use the
         // cheaper aligned form.
@@ -376,7 +392,7 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     #[inline(always)]
     pub fn sync_with(&mut self, order: BarrierOrder) {
         self.arrive_with(order);
-        let _ = self.wait_until(order, u64::MAX);
+        let _ = self.wait_until(order, None);
     }
 
     /// `arrive` then `wait_timeout`.

@@ -81,19 +81,21 @@ kernel! {
     /// in `*errors`), and meets them again before the next round may overwrite.
     ///
     /// The coop that does all this is the whole CTA (`coop == 0`), the CTA's first warp
-    /// (`1`; the other warps leave at once) or its first thread (`2`; one thread serving
-    /// every peer).
+    /// (`1`; launch at least 32 threads per CTA; the other warps leave at once) or its first
+    /// thread (`2`; one thread serving every peer). Other codes trap.
     ///
     /// Needs `grid` barriers and `grid * lsa_size * 4` bytes of `win`.
     ///
     /// # Safety
-    /// `comm` and `win` come from live handles; `errors` is a valid word.
+    /// `comm` and `win` come from live handles; `errors` is a valid word; with `coop == 1`
+    /// CTAs have at least 32 threads.
     pub unsafe fn lsa_barrier_stress(comm: DevComm, win: DevWindow, rounds: u32, max_delay_ns: u32, coop: u32, errors: *mut u32) {
         let bad = match coop {
             0 => stress_rounds(CoopCta, &comm, &win, rounds, max_delay_ns),
             1 if arch::warp_id_in_block() == 0 => stress_rounds(CoopWarp, &comm, &win, rounds, max_delay_ns),
             2 if arch::thread_rank_in_block() == 0 => stress_rounds(CoopThread, &comm, &win, rounds, max_delay_ns),
-            _ => 0,
+            1 | 2 => 0,
+            _ => arch::trap(),
         };
         if bad != 0 {
             // SAFETY: `errors` is valid (kernel contract).
@@ -191,10 +193,14 @@ kernel! {
     /// range as the copy kernel does (warp-contiguous chunks), then CTA `b` meets the other
     /// ranks at LSA barrier `b`. After it, each rank's slot holds the previous rank's `src`.
     ///
-    /// Every rank launches the same grid, so CTA `b` writes the same chunks on every rank, and
-    /// barrier `b` publishes them to the CTA `b` of the next rank, which owns the same chunks
-    /// of its slot. (This split moved 1–4 % more than one contiguous part per CTA on the H200,
-    /// docs/PERF.md.)
+    /// Why the slot is complete when the kernel ends: a rank's kernel ends only after each of
+    /// its CTAs `b` passed barrier `b`, which needs CTA `b` of every rank, the previous rank
+    /// included, to have arrived, and an arrival releases that CTA's writes. So every CTA of
+    /// the previous rank has published its chunks, whichever chunks the copy gave it. (Within
+    /// the kernel, CTA `b` after its barrier may rely only on the previous rank's CTA `b`
+    /// chunks, and those match its own only when every rank's `src` has the same alignment
+    /// modulo 16.) This split moved 1–4 % more than one contiguous part per CTA on the H200
+    /// (docs/PERF.md).
     ///
     /// # Safety
     /// `src` holds `bytes` bytes; `bytes <= win.size`; `grid <= lsa_barrier_count`.
