@@ -22,6 +22,12 @@ pub fn block_threads(dev: &Device) -> u32 {
     if dev.backend() == ferrolink::Backend::Cuda { 256 } else { 32 }
 }
 
+/// CTAs per rank for the LSA examples: `gpu` on a GPU, at most 4 on the emulator, where
+/// every thread is an OS thread and all ranks' threads run at once.
+pub fn grid_ctas(dev: &Device, gpu: u32) -> u32 {
+    if dev.backend() == ferrolink::Backend::Cuda { gpu } else { gpu.min(4) }
+}
+
 fn check(cond: bool, what: impl FnOnce() -> String) -> Result<()> {
     if cond { Ok(()) } else { Err(Error::InvalidArgument(format!("example check failed: {}", what()))) }
 }
@@ -50,13 +56,13 @@ pub mod ring {
         ferrolink::launch_all(&comms, |c| {
             let r = c.rank();
             // SAFETY: source and window slots hold `bytes` bytes and outlive the kernels
-            // (synchronized below); 8 CTAs use 8 of the 32 barriers; every rank launches the
+            // (synchronized below); at most 8 CTAs use 8 of the 32 barriers; every rank launches the
             // same grid.
             unsafe {
                 c.stream().launch(
                     c.device().builtin_module()?,
                     &lsa_ring_exchange,
-                    LaunchConfig::linear(8, block_threads(dev)),
+                    LaunchConfig::linear(grid_ctas(dev, 8), block_threads(dev)),
                     (handles[r].dev_comm(), windows[r].dev_window(), bufs[r].as_kernel_ptr(), bytes),
                 )?;
             }
@@ -93,13 +99,13 @@ pub mod allreduce {
         let out_ptrs: Vec<*mut f32> = outs.iter_mut().map(|o| o.as_kernel_mut_ptr()).collect();
         ferrolink::launch_all(&comms, |c| {
             let r = c.rank();
-            // SAFETY: every slot holds `count` floats, `out` too; 16 CTAs <= 32 barriers;
+            // SAFETY: every slot holds `count` floats, `out` too; at most 16 CTAs <= 32 barriers;
             // synchronized below.
             unsafe {
                 c.stream().launch(
                     c.device().builtin_module()?,
                     &lsa_allreduce_sum_f32,
-                    LaunchConfig::linear(16, block_threads(dev)),
+                    LaunchConfig::linear(grid_ctas(dev, 16), block_threads(dev)),
                     (handles[r].dev_comm(), windows[r].dev_window(), out_ptrs[r], count),
                 )
             }
@@ -129,12 +135,12 @@ pub mod fused {
         let bufs = comms.iter().zip(&inputs).map(|(c, v)| c.device().alloc_from(v)).collect::<Result<Vec<_>>>()?;
         ferrolink::launch_all(&comms, |c| {
             let r = c.rank();
-            // SAFETY: input and window slots hold `count` floats; 8 CTAs <= 32 barriers.
+            // SAFETY: input and window slots hold `count` floats; at most 8 CTAs <= 32 barriers.
             unsafe {
                 c.stream().launch(
                     c.device().builtin_module()?,
                     &lsa_fused_scale_put,
-                    LaunchConfig::linear(8, block_threads(dev)),
+                    LaunchConfig::linear(grid_ctas(dev, 8), block_threads(dev)),
                     (handles[r].dev_comm(), windows[r].dev_window(), bufs[r].as_kernel_ptr(), count, scale),
                 )?;
             }
