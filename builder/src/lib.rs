@@ -14,7 +14,8 @@
 //! 2. runs `cargo rustc --lib --release --target nvptx64-nvidia-cuda -Z build-std=core
 //!    -- --emit=asm` under `rustup run nightly`, with
 //!    `-Zunstable-options -Cpanic=immediate-abort -Ctarget-cpu=<arch>
-//!    -Zcross-crate-inline-threshold=always`, in its own target directory;
+//!    -Zcross-crate-inline-threshold=always -Ctarget-feature=+ptx86`, in its own target
+//!    directory;
 //! 3. rejects PTX that references an external function (`.extern .func`, except `vprintf`)
 //!    or has no `.entry`;
 //! 4. if `ptxas` is found (`FERROLINK_PTXAS`, `PATH`, `$CUDA_HOME/bin`), assembles the PTX
