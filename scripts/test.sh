@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: formatting, the PTX build with its checks and ptxas assembly for sm_90,
-# clippy, and every test (device tests on the CPU emulator here; on CUDA too where a GPU is).
+# clippy, rustdoc with warnings as errors, and every test (device tests on the CPU emulator
+# here; on CUDA too where a GPU is).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -13,5 +14,7 @@ echo "== build (device crate -> PTX, extern/entry checks, ptxas -arch=sm_90 with
 FERROLINK_PRINT_PTX_RESOURCES=1 cargo build --workspace --all-targets
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo doc (broken links and doc warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 echo "== cargo test"
 cargo test --workspace 2>&1

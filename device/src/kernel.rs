@@ -43,7 +43,7 @@ impl<A> Kernel<A> {
     }
 }
 
-/// Declares a kernel for both backends. See the [module docs](crate::kernel).
+/// Declares a kernel for both backends. See the [module docs](mod@crate::kernel).
 ///
 /// ```
 /// use ferrolink_device::{arch, kernel};

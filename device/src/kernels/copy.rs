@@ -174,7 +174,7 @@ kernel! {
 }
 
 pub mod variants {
-    //! Copy kernels the perf tool measures beside [`ferrolink_copy`](super::ferrolink_copy).
+    //! Copy kernels the perf tool measures beside [`ferrolink_copy`].
     //! Each has the same arguments and contract as it.
     use super::*;
 
