@@ -121,23 +121,29 @@ fn barrier_stress_orders_window_writes_across_ranks() {
     });
 }
 
+/// Runs the barrier stress at 2 and 8 ranks, 8 CTAs on a GPU (2 on the emulator), for each
+/// `(threads per CTA, coop)` of `shapes`, with random delays.
+fn stress_shapes(dev: &Device, shapes: &[(u32, u32)]) -> ferrolink::Result<()> {
+    let (ctas, rounds, delay) = match dev.backend() {
+        Backend::Cuda => (8u32, 1000u32, 2000u32),
+        Backend::Cpu => (2, 20, 20_000),
+    };
+    for n in [2usize, 8] {
+        let (comms, windows, handles) = job(dev, n, (ctas as usize) * n * 4)?;
+        for &(threads, coop) in shapes {
+            stress(&comms, &windows, &handles, ctas, threads, rounds, delay, coop)?;
+        }
+    }
+    Ok(())
+}
+
 /// CTA coops in CTAs of one full warp (the session runs the warp-level code), of a partial
 /// second warp (run-time vote masks), and of fewer threads than ranks (threads stride over
 /// the peers).
 #[test]
 fn barrier_stress_with_small_and_partial_ctas() {
     for_each_backend("barrier_stress_with_small_and_partial_ctas", |dev| {
-        let (ctas, rounds, delay) = match dev.backend() {
-            Backend::Cuda => (8u32, 1000u32, 2000u32),
-            Backend::Cpu => (2, 20, 20_000),
-        };
-        for n in [2usize, 8] {
-            let (comms, windows, handles) = job(dev, n, (ctas as usize) * n * 4)?;
-            for threads in [32, 48, 4] {
-                stress(&comms, &windows, &handles, ctas, threads, rounds, delay, 0)?;
-            }
-        }
-        Ok(())
+        stress_shapes(dev, &[(32, 0), (48, 0), (4, 0)])
     });
 }
 
@@ -146,17 +152,7 @@ fn barrier_stress_with_small_and_partial_ctas() {
 #[test]
 fn barrier_stress_with_warp_and_thread_coops() {
     for_each_backend("barrier_stress_with_warp_and_thread_coops", |dev| {
-        let (ctas, rounds, delay) = match dev.backend() {
-            Backend::Cuda => (8u32, 1000u32, 2000u32),
-            Backend::Cpu => (2, 20, 20_000),
-        };
-        for n in [2usize, 8] {
-            let (comms, windows, handles) = job(dev, n, (ctas as usize) * n * 4)?;
-            for coop in [1, 2] {
-                stress(&comms, &windows, &handles, ctas, block(dev), rounds, delay, coop)?;
-            }
-        }
-        Ok(())
+        stress_shapes(dev, &[(block(dev), 1), (block(dev), 2)])
     });
 }
 
