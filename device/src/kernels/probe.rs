@@ -92,6 +92,16 @@ impl Primitive {
     }
 }
 
+/// `%globaltimer` nanoseconds of `iters` back-to-back calls of `op` (given the index).
+#[inline(always)]
+fn time_loop(iters: u32, mut op: impl FnMut(u32)) -> u64 {
+    let t0 = arch::global_timer_ns();
+    for i in 0..iters {
+        op(i);
+    }
+    arch::global_timer_ns() - t0
+}
+
 kernel! {
     /// Primitive latency: the first warp of CTA 0 performs `iters` back-to-back instances of
     /// the [`Primitive`] with code `op` (an unknown code times an empty loop) and lane 0 writes
@@ -104,31 +114,32 @@ kernel! {
         if arch::global_thread_idx_x() >= arch::WARP_SIZE {
             return;
         }
+        // `words` holds two words used only atomically here (kernel contract); `acc` stays 0
+        // (both words start 0 and only word 1 is stored to), so the chained address is
+        // `words` itself. The primitive is chosen once, outside its timed loop: a dispatch in
+        // the loop would add an indirect branch to every instance.
         let mut acc = 0u32;
-        let t0 = arch::global_timer_ns();
-        for i in 0..iters {
-            // `words` holds two words used only atomically here (kernel contract); `acc` stays
-            // 0 (both words start 0 and only word 1 is stored to), so the chained address is
-            // `words` itself.
-            match op {
-                0 => atomic::fence(FenceOrder::AcqRel, Scope::Gpu),
-                1 => atomic::fence(FenceOrder::Acquire, Scope::Gpu),
-                2 => atomic::fence(FenceOrder::SeqCst, Scope::Gpu),
-                3 => atomic::fence(FenceOrder::AcqRel, Scope::Sys),
-                // SAFETY: word 1 is valid (see above).
-                4 => unsafe { atomic::store(words.add(1), i, StoreOrder::Release, Scope::Gpu) },
-                // SAFETY: as above.
-                5 => unsafe { atomic::store(words.add(1), i, StoreOrder::Relaxed, Scope::Gpu) },
+        let ns = match op {
+            0 => time_loop(iters, |_| atomic::fence(FenceOrder::AcqRel, Scope::Gpu)),
+            1 => time_loop(iters, |_| atomic::fence(FenceOrder::Acquire, Scope::Gpu)),
+            2 => time_loop(iters, |_| atomic::fence(FenceOrder::SeqCst, Scope::Gpu)),
+            3 => time_loop(iters, |_| atomic::fence(FenceOrder::AcqRel, Scope::Sys)),
+            // SAFETY: word 1 is valid (see above).
+            4 => time_loop(iters, |i| unsafe { atomic::store(words.add(1), i, StoreOrder::Release, Scope::Gpu) }),
+            // SAFETY: as above.
+            5 => time_loop(iters, |i| unsafe { atomic::store(words.add(1), i, StoreOrder::Relaxed, Scope::Gpu) }),
+            6 => time_loop(iters, |_| {
                 // SAFETY: `acc` is 0, so this is word 0 (see above).
-                6 => acc |= unsafe { atomic::load(words.add(acc as usize), LoadOrder::Relaxed, Scope::Gpu) },
+                acc |= unsafe { atomic::load(words.add(acc as usize), LoadOrder::Relaxed, Scope::Gpu) }
+            }),
+            7 => time_loop(iters, |_| {
                 // SAFETY: as above.
-                7 => acc |= unsafe { atomic::load(words.add(acc as usize), LoadOrder::Acquire, Scope::Gpu) },
-                8 => arch::sync_threads(),
-                9 => arch::sync_warp(arch::FULL_MASK),
-                _ => {}
-            }
-        }
-        let ns = arch::global_timer_ns() - t0;
+                acc |= unsafe { atomic::load(words.add(acc as usize), LoadOrder::Acquire, Scope::Gpu) }
+            }),
+            8 => time_loop(iters, |_| arch::sync_threads()),
+            9 => time_loop(iters, |_| arch::sync_warp(arch::FULL_MASK)),
+            _ => time_loop(iters, |_| {}),
+        };
         if arch::lane_id() == 0 {
             // SAFETY: `out_ns` holds one word (kernel contract); `acc` is 0, folded in so the
             // chained loads are not dead.
