@@ -89,10 +89,7 @@ impl Coop for CoopWarp {
     }
     #[inline(always)]
     fn sync_any(&self, pred: bool) -> bool {
-        let any = arch::ballot_sync(arch::FULL_MASK, pred) != 0;
-        // `vote.sync` converges the lanes but does not order memory: `bar.warp.sync` does.
-        arch::sync_warp(arch::FULL_MASK);
-        any
+        warp_sync_any(arch::FULL_MASK, pred)
     }
     #[inline(always)]
     fn warp_any(&self, pred: bool) -> bool {
@@ -129,12 +126,7 @@ impl Coop for CoopCta {
     #[inline(always)]
     fn sync_any(&self, pred: bool) -> bool {
         match single_warp_lanes() {
-            Some(lanes) => {
-                let any = arch::ballot_sync(lanes, pred) != 0;
-                // `vote.sync` converges the lanes but does not order memory: `bar.warp.sync` does.
-                arch::sync_warp(lanes);
-                any
-            }
+            Some(lanes) => warp_sync_any(lanes, pred),
             None => arch::sync_threads_or(pred),
         }
     }
@@ -168,6 +160,15 @@ impl Coop for CoopCta {
             None => arch::sync_threads_converged(),
         }
     }
+}
+
+/// Meets `lanes` of this warp and returns whether `pred` held for any of them. `vote.sync`
+/// converges the lanes but does not order memory: `bar.warp.sync` does.
+#[inline(always)]
+fn warp_sync_any(lanes: u32, pred: bool) -> bool {
+    let any = arch::ballot_sync(lanes, pred) != 0;
+    arch::sync_warp(lanes);
+    any
 }
 
 /// For a CTA of one warp, its lanes (`Some`), else `None`. A full warp gets the literal full
