@@ -41,25 +41,18 @@ pub fn split(markdown: &str) -> Guide {
         let host_fn = block.strip_prefix("fn ").and_then(|rest| rest.split('(').next()).filter(|name| {
             name.starts_with('s') && name[1..].split('_').next().is_some_and(|n| n.parse::<u32>().is_ok())
         });
-        if i == 0 {
-            // Inner attributes (`#![no_std]`, …) must sit at the crate root, which has them.
-            block.lines().filter(|l| !l.starts_with("#![")).for_each(|l| push_line(&mut guide.device, l));
-        } else if i == 1 {
-            guide.host.push_str(block);
-        } else if let Some(name) = host_fn {
+        if let Some(name) = host_fn.filter(|_| i > 1) {
             let names = if *deadlocks { &mut guide.deadlocking_fns } else { &mut guide.host_fns };
             names.push(name.to_string());
-            guide.host.push_str(block);
-        } else {
-            guide.device.push_str(block);
         }
-        let target = if i == 1 || host_fn.is_some() { &mut guide.host } else { &mut guide.device };
+        let target = if i == 1 || (i > 1 && host_fn.is_some()) { &mut guide.host } else { &mut guide.device };
+        // Inner attributes (`#![no_std]`, …) of the device header must sit at the crate root,
+        // which has them.
+        for line in block.lines().filter(|l| i != 0 || !l.starts_with("#![")) {
+            target.push_str(line);
+            target.push('\n');
+        }
         target.push('\n');
     }
     guide
-}
-
-fn push_line(out: &mut String, line: &str) {
-    out.push_str(line);
-    out.push('\n');
 }
