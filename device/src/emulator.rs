@@ -11,7 +11,8 @@
 //!   exited threads count as arrived.
 //! * Warp operations: the lanes named in `mask` (and present in the warp) meet, exchange
 //!   values, and leave together. A partial last warp has only its present lanes.
-//! * Dynamic shared memory: one zeroed, 16-byte aligned buffer per CTA.
+//! * Dynamic shared memory: one zeroed, 16-byte aligned allocation per CTA, which all its
+//!   threads read and write through raw pointers (it is never reached through a reference).
 //! * Memory model: host atomics with at least the requested ordering; scopes are ignored
 //!   (every scope behaves like `.sys`). x86-64 is stronger than the GPU, so a missing
 //!   fence that would break on the GPU may pass here — the GPU runs stay necessary.
@@ -22,14 +23,31 @@
 //! [`launch`] returns [`EmuError::Timeout`] naming the kernel. A panic or `trap` in one
 //! thread aborts the others the same way.
 //!
+//! # A failed launch makes no further effects visible
+//! Once a launch has recorded a failure (panic, trap or timeout), none of its threads
+//! performs another effect through the emulator's memory primitives: every atomic store,
+//! read-modify-write (`fetch_add`, `swap`, `compare_swap`, `fetch_max`, `red_add`), fence and
+//! vector store (`store_v4*`) first checks the launch's status (one relaxed load) and unwinds
+//! the thread instead, and a thread released from a CTA barrier or a warp rendezvous checks
+//! it before going on. So the other threads of a CTA, released from a barrier because a
+//! thread that failed counts as arrived, cannot raise a flag that a concurrently running
+//! launch (another rank's kernel) polls. A thread that is already unwinding (its own panic,
+//! or an abort, running destructors) cannot unwind again: its atomic stores and reductions
+//! are skipped and its read-modify-writes only read. Plain (non-atomic) stores in kernel
+//! code are not intercepted; ferrolink's cross-rank protocols all signal through the
+//! checked primitives.
+//!
 //! # Limits
 //! See [`Limits`]: at most 1024 threads per CTA (as on the GPU), at most
 //! [`Limits::max_threads_per_launch`] threads in a launch (OS threads are the cost), shared
 //! memory up to 227 KiB per CTA. Larger launches are rejected with
 //! [`EmuError::InvalidLaunch`] before anything runs.
 
+use crate::kernel::KernelArgs;
 use core::fmt;
+use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU8, Ordering};
+use std::alloc::{self, Layout};
 use std::boxed::Box;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -204,9 +222,23 @@ impl LaunchState {
         let _ = self.status.compare_exchange(RUNNING, status, Ordering::SeqCst, Ordering::SeqCst);
     }
 
+    /// Whether a failure has been recorded.
+    fn failed(&self) -> bool {
+        self.status.load(Ordering::Relaxed) != RUNNING
+    }
+
+    /// Unwinds this thread if the launch has failed (unless it is already unwinding). Called
+    /// on leaving a rendezvous: a thread released because a failed thread counted as arrived
+    /// must not go on.
+    fn stop_if_failed(&self) {
+        if self.failed() && may_abort() {
+            abort_thread();
+        }
+    }
+
     /// `Err` if this thread must stop: the launch was aborted or its deadline passed.
     fn check(&self, blocked_in: &'static str) -> Result<(), AbortToken> {
-        if self.status.load(Ordering::Relaxed) != RUNNING {
+        if self.failed() {
             return Err(AbortToken);
         }
         if Instant::now() >= self.deadline {
@@ -285,7 +317,55 @@ struct Cta {
     barrier: Mutex<Round>,
     barrier_cv: Condvar,
     warps: Vec<Warp>,
-    shared: Box<[u128]>,
+    shared: SharedMem,
+}
+
+/// A CTA's dynamic shared memory: one zeroed, 16-byte aligned heap allocation owned by the
+/// [`Cta`]. Every thread of the CTA reads and writes it through copies of the raw pointer
+/// that [`alloc::alloc_zeroed`] returned, which carries write permission for the whole
+/// allocation; no reference to the bytes is ever created, so writes through those copies
+/// do not go through a shared reference (as they did when the buffer was a `Box<[u128]>`
+/// reached through `Arc<Cta>`).
+struct SharedMem {
+    ptr: NonNull<u8>,
+    /// `None` for an empty buffer: `ptr` is then dangling (aligned, never dereferenced).
+    layout: Option<Layout>,
+}
+
+// SAFETY: `SharedMem` owns its allocation (like a `Box<[u8]>`) and itself only hands out
+// the raw pointer; accesses through it are the kernel's, synchronized (or racy) exactly as
+// shared memory on the GPU, under `launch`'s contract.
+unsafe impl Send for SharedMem {}
+// SAFETY: as above: `&SharedMem` only gives out the pointer, never a reference to the bytes.
+unsafe impl Sync for SharedMem {}
+
+impl SharedMem {
+    fn new(bytes: usize) -> SharedMem {
+        if bytes == 0 {
+            return SharedMem { ptr: NonNull::<u128>::dangling().cast(), layout: None };
+        }
+        let layout = Layout::from_size_align(bytes.next_multiple_of(16), 16)
+            .expect("shared memory size was validated against Limits (at most 227 KiB)");
+        // SAFETY: `layout` has a non-zero size.
+        let p = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(p) else { alloc::handle_alloc_error(layout) };
+        SharedMem { ptr, layout: Some(layout) }
+    }
+
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for SharedMem {
+    fn drop(&mut self) {
+        if let Some(layout) = self.layout {
+            // SAFETY: `ptr` came from `alloc_zeroed(layout)` and is freed only here. The CTA
+            // is dropped when the last `Arc<Cta>` goes, after every one of its threads has
+            // finished, so no kernel still uses the pointer.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
 }
 
 struct Warp {
@@ -321,12 +401,22 @@ impl Cta {
             barrier: Mutex::new(Round { expected: threads, ..Round::default() }),
             barrier_cv: Condvar::new(),
             warps,
-            shared: std::vec![0u128; shared_bytes.div_ceil(16)].into_boxed_slice(),
+            shared: SharedMem::new(shared_bytes),
         }
     }
 
-    /// The CTA barrier; returns whether any thread arrived with `pred` set.
+    /// The CTA barrier; returns whether any thread arrived with `pred` set. A thread of a
+    /// failed launch does not pass it (it unwinds, on arriving or on being released).
     fn sync(&self, pred: bool, launch: &LaunchState) -> bool {
+        launch.stop_if_failed();
+        let any = self.rendezvous(pred, launch);
+        // Released, perhaps because a thread that failed counted as arrived: its failure was
+        // recorded before its exit released us (and the barrier lock orders the two).
+        launch.stop_if_failed();
+        any
+    }
+
+    fn rendezvous(&self, pred: bool, launch: &LaunchState) -> bool {
         let mut r = lock(&self.barrier);
         r.arrived += 1;
         r.any |= pred;
@@ -355,6 +445,7 @@ impl Warp {
     /// All lanes in `mask` that have not exited deposit `value`; each gets every lane's
     /// value. Returns the values and the mask of lanes that took part. As on the GPU, lanes of
     /// `mask` that exited do not take part (and a lane exiting while others wait releases them).
+    /// A lane of a failed launch does not pass it (it unwinds, on arriving or on being released).
     fn exchange(&self, mask: u32, lane: u32, value: u64, launch: &LaunchState) -> ([u64; 32], u32) {
         if mask & self.present & (1 << lane) == 0 {
             panic!(
@@ -362,6 +453,14 @@ impl Warp {
                  mask (undefined behaviour on the GPU)"
             );
         }
+        launch.stop_if_failed();
+        let result = self.rendezvous(mask, lane, value, launch);
+        // As in `Cta::sync`: released perhaps by a failed lane's exit, recorded before it.
+        launch.stop_if_failed();
+        result
+    }
+
+    fn rendezvous(&self, mask: u32, lane: u32, value: u64, launch: &LaunchState) -> ([u64; 32], u32) {
         let mut st = lock(&self.state);
         let alive = st.alive;
         let r = st.rounds.entry(mask).or_default();
@@ -461,7 +560,33 @@ pub(crate) fn active_mask() -> u32 {
 }
 
 pub(crate) fn dynamic_shared_mem() -> *mut u8 {
-    with_ctx(|c| c.cta.shared.as_ptr() as *mut u8)
+    with_ctx(|c| c.cta.shared.as_ptr())
+}
+
+/// Called by every emulated memory effect (atomic store, read-modify-write, reduction,
+/// fence, vector store) before it is performed: whether to perform it.
+///
+/// * Outside a launch, or in a launch still running: `true`.
+/// * In a launch that has recorded a failure: the thread unwinds (it never returns).
+/// * In a thread that is already unwinding (its destructors are running; it cannot unwind
+///   again without aborting the process): `false`, and the caller skips the effect (a store
+///   or reduction does nothing, a read-modify-write only reads). Such a thread is ending its
+///   launch in failure: an abort, or its own panic, which the emulator records when the
+///   unwind reaches the thread's entry.
+pub(crate) fn effect_allowed() -> bool {
+    let failed = CTX.with_borrow(|c| c.as_ref().map(|c| c.launch.failed()));
+    match failed {
+        None => true,
+        Some(failed) => {
+            if !may_abort() {
+                return false;
+            }
+            if failed {
+                abort_thread();
+            }
+            true
+        }
+    }
 }
 
 /// Called at every emulated spin point: yields the host thread now and then and aborts
@@ -492,24 +617,63 @@ pub(crate) fn now_ns() -> u64 {
 
 // ---- launch ----------------------------------------------------------------------------
 
-struct SendArgs<A>(A);
-// SAFETY: kernel arguments are plain values and device addresses; sharing them with the
-// emulated threads is what a launch does, and `launch`'s contract makes the caller
-// responsible for what the kernel does through them.
-unsafe impl<A> Send for SendArgs<A> {}
+struct SendArgs<A: KernelArgs>(A);
+// SAFETY: `A` is a tuple of `KernelParam`s, which that unsafe trait requires to be plain
+// values and device addresses that every thread of a launch may copy at once; what the
+// kernel does through the addresses is `launch`'s caller's contract.
+unsafe impl<A: KernelArgs> Send for SendArgs<A> {}
 // SAFETY: as above; the threads only copy the arguments.
-unsafe impl<A> Sync for SendArgs<A> {}
+unsafe impl<A: KernelArgs> Sync for SendArgs<A> {}
 
 /// Stack size of an emulated thread. Kernels use little stack.
 const EMULATED_THREAD_STACK: usize = 256 * 1024;
 
 /// Runs `entry(args)` on `spec.grid × spec.block` emulated threads and waits for all of them.
 ///
+/// The arguments are [`KernelArgs`]: a tuple of plain data and device addresses, which every
+/// emulated thread copies. A pointer to a host [`AtomicU32`](core::sync::atomic::AtomicU32)
+/// is such an argument:
+///
+/// ```
+/// use core::sync::atomic::{AtomicU32, Ordering};
+/// use ferrolink_device::emulator::{self, LaunchSpec};
+/// use std::time::Duration;
+///
+/// unsafe fn count(args: (*const AtomicU32,)) {
+///     // SAFETY: the launch below passes a live counter.
+///     unsafe { (*args.0).fetch_add(1, Ordering::Relaxed) };
+/// }
+/// let spec = LaunchSpec { name: "count", grid: [1, 1, 1], block: [4, 1, 1], shared_mem_bytes: 0,
+///     timeout: Duration::from_secs(10) };
+/// let n = AtomicU32::new(0);
+/// // SAFETY: `n` outlives the launch.
+/// unsafe { emulator::launch(&spec, count, (&raw const n,)) }.unwrap();
+/// assert_eq!(n.load(Ordering::Relaxed), 4);
+/// ```
+///
+/// A reference is not a kernel argument ([`KernelParam`](crate::kernel::KernelParam)), so
+/// this launch, whose threads would all share one `Cell`, does not compile:
+///
+/// ```compile_fail,E0277
+/// use core::cell::Cell;
+/// use ferrolink_device::emulator::{self, LaunchSpec};
+/// use std::time::Duration;
+///
+/// unsafe fn bump(args: (&'static Cell<u32>,)) {
+///     args.0.set(args.0.get() + 1); // a data race if all threads ran this
+/// }
+/// let spec = LaunchSpec { name: "bump", grid: [1, 1, 1], block: [4, 1, 1], shared_mem_bytes: 0,
+///     timeout: Duration::from_secs(10) };
+/// let cell: &'static Cell<u32> = Box::leak(Box::new(Cell::new(0)));
+/// // SAFETY: (does not compile: `&Cell<u32>` is not a `KernelParam`)
+/// let _ = unsafe { emulator::launch(&spec, bump, (cell,)) };
+/// ```
+///
 /// # Safety
 /// The same contract as launching the kernel on a GPU: every pointer in `args` must be
 /// valid for what the kernel does with it, for the whole launch, and the kernel's own
 /// documented requirements must hold.
-pub unsafe fn launch<A: Copy>(spec: &LaunchSpec, entry: unsafe fn(A), args: A) -> Result<(), EmuError> {
+pub unsafe fn launch<A: KernelArgs>(spec: &LaunchSpec, entry: unsafe fn(A), args: A) -> Result<(), EmuError> {
     validate(spec)?;
     let launch = Arc::new(LaunchState {
         name: spec.name,
@@ -568,7 +732,7 @@ pub unsafe fn launch<A: Copy>(spec: &LaunchSpec, entry: unsafe fn(A), args: A) -
     }
 }
 
-fn run_thread<A: Copy>(ctx: ThreadCtx, entry: unsafe fn(A), args: &SendArgs<A>) {
+fn run_thread<A: KernelArgs>(ctx: ThreadCtx, entry: unsafe fn(A), args: &SendArgs<A>) {
     let cta = ctx.cta.clone();
     let launch = ctx.launch.clone();
     let (warp, lane) = (ctx.warp, ctx.lane);

@@ -1,6 +1,7 @@
 //! The CPU emulator's execution model, tested with host-only kernels launched straight
 //! through `emulator::launch` (no PTX involved): failures are reported, not hung or lost.
 
+use ferrolink_device::arch::{FenceOrder, LoadOrder, RmwOrder, Scope, StoreOrder, U32x4};
 use ferrolink_device::emulator::{self, EmuError, LaunchSpec};
 use ferrolink_device::{arch, kernel};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -198,5 +199,192 @@ fn lanes_that_exited_do_not_take_part_in_warp_operations() {
             assert_eq!(out[2 * t], 0x5555, "thread {t} ballot");
             assert_eq!(out[2 * t + 1], 103, "thread {t} shuffle");
         }
+    }
+}
+
+// ---- a failed launch makes no further effects visible ------------------------------------
+
+/// Stores `1` to a word with `arch::atomic::store` when dropped: a destructor that signals,
+/// like `LsaBarrierSession`'s.
+struct ArchStoreOnDrop(*mut u32);
+
+impl Drop for ArchStoreOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: the word is live for the launch (test contract).
+        unsafe { arch::atomic::store(self.0, 1, StoreOrder::Release, Scope::Sys) };
+    }
+}
+
+kernel! {
+    /// Thread 0 panics (after `delay_us`, so that the others are usually waiting at the
+    /// barrier by then, or at once); the others pass the CTA barrier and raise `*flag`. Thread
+    /// 0 also holds a guard that would raise the flag from its destructor while it unwinds.
+    pub unsafe fn panics_before_barrier_then_signals(flag: *mut u32, delay_us: u32) {
+        if arch::thread_idx_x() == 0 {
+            let _guard = ArchStoreOnDrop(flag);
+            std::thread::sleep(Duration::from_micros(u64::from(delay_us)));
+            panic!("thread 0 fails before the barrier");
+        }
+        arch::sync_threads();
+        // SAFETY: `flag` is a live word (test contract).
+        unsafe { arch::atomic::store(flag, 1, StoreOrder::Release, Scope::Sys) };
+    }
+}
+
+kernel! {
+    /// Another rank: polls `*flag` until it is set, until `*stop` is set (the other launch has
+    /// finished; then one last look), or for 2 s, and writes to `*saw` whether it saw the flag.
+    pub unsafe fn watches_flag(flag: *const u32, stop: *const u32, saw: *mut u32) {
+        let deadline = arch::global_timer_ns() + 2_000_000_000;
+        // SAFETY: live words (test contract); `flag` and `stop` are only accessed atomically.
+        let seen = unsafe {
+            loop {
+                if arch::atomic::load(flag, LoadOrder::Acquire, Scope::Sys) != 0 {
+                    break 1;
+                }
+                if arch::atomic::load(stop, LoadOrder::Acquire, Scope::Sys) != 0 {
+                    break arch::atomic::load(flag, LoadOrder::Acquire, Scope::Sys);
+                }
+                if arch::global_timer_ns() > deadline {
+                    break 0;
+                }
+                arch::spin_wait_hint(100);
+            }
+        };
+        // SAFETY: as above.
+        unsafe { arch::atomic::store(saw, seen, StoreOrder::Release, Scope::Sys) };
+    }
+}
+
+#[test]
+fn threads_released_by_a_panicked_thread_do_not_signal_another_launch() {
+    for iteration in 0..20 {
+        let (flag, stop, saw) = (AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(u32::MAX));
+        let (ra, rb) = std::thread::scope(|s| {
+            // Rank A, in its own host thread like a stream's worker.
+            let a = s.spawn(|| {
+                let args = (flag.as_ptr().cast_const(), stop.as_ptr().cast_const(), saw.as_ptr());
+                // SAFETY: the three words outlive the launch.
+                unsafe { emulator::launch(&spec("watches_flag", 1, 1), watches_flag.host_entry(), args) }
+            });
+            // Rank B: a CTA of 4 threads, thread 0 panics.
+            let delay_us = if iteration % 2 == 0 { 2000 } else { 0 };
+            // SAFETY: `flag` outlives the launch.
+            let rb = unsafe {
+                emulator::launch(
+                    &spec("panics_before_barrier_then_signals", 1, 4),
+                    panics_before_barrier_then_signals.host_entry(),
+                    (flag.as_ptr(), delay_us),
+                )
+            };
+            stop.store(1, Ordering::Release);
+            (a.join().unwrap(), rb)
+        });
+        assert_eq!(ra, Ok(()), "iteration {iteration}");
+        assert_eq!(saw.load(Ordering::Acquire), 0, "iteration {iteration}: the other launch saw the flag");
+        assert_eq!(flag.load(Ordering::Acquire), 0, "iteration {iteration}");
+        match rb {
+            Err(EmuError::Panicked { kernel: "panics_before_barrier_then_signals", thread, message }) => {
+                assert!(thread.contains("thread [0, 0, 0]"), "iteration {iteration}: {thread}");
+                assert!(message.contains("fails before the barrier"), "iteration {iteration}: {message}");
+            }
+            other => panic!("iteration {iteration}: expected thread 0's panic, got {other:?}"),
+        }
+    }
+}
+
+/// Sets a host word with a plain std atomic when dropped (not an emulator primitive, so never
+/// suppressed): tells the other threads that this thread's failure has been recorded.
+struct SignalOnDrop(*const AtomicU32);
+
+impl Drop for SignalOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: the word is live for the launch (test contract).
+        unsafe { (*self.0).store(1, Ordering::Release) };
+    }
+}
+
+/// Threads of `trap_then_effects`; thread `t` in 1..EFFECT_THREADS tries effect `t`.
+const EFFECT_THREADS: u32 = 13;
+/// Where in `trap_then_effects`'s `words` the two 16-byte vector targets start (aligned).
+const VECTOR_WORDS: usize = 28;
+
+kernel! {
+    /// Thread 0 traps. Its unwinding then sets `*recorded` (the trap is recorded before the
+    /// thread unwinds). Every other thread waits for that without any emulator checkpoint,
+    /// then tries one effect on its own word of `words` (or a barrier / warp operation), and
+    /// counts itself in `*passed` (std atomic) if it got past it. Threads also hold guards
+    /// that store from their destructors as they unwind.
+    pub unsafe fn trap_then_effects(recorded: *const AtomicU32, words: *mut u32, wide: *mut u64, passed: *const AtomicU32) {
+        let t = arch::thread_idx_x();
+        // SAFETY: `words` holds VECTOR_WORDS + 8 words, 16-byte aligned, `wide` 2 words, `passed` and
+        // `recorded` are live counters (test contract); each thread touches its own words.
+        unsafe {
+            let _store_on_unwind = ArchStoreOnDrop(words.add(EFFECT_THREADS as usize + t));
+            if t == 0 {
+                let _signal = SignalOnDrop(recorded);
+                arch::trap();
+            }
+            while (*recorded).load(Ordering::Acquire) == 0 {
+                std::hint::spin_loop();
+                std::thread::yield_now();
+            }
+            let w = words.add(t);
+            match t {
+                1 => arch::atomic::store(w, 1, StoreOrder::Relaxed, Scope::Cta),
+                2 => {
+                    let _ = arch::atomic::fetch_add(w, 1, RmwOrder::Relaxed, Scope::Gpu);
+                }
+                3 => {
+                    let _ = arch::atomic::swap(w, 1, RmwOrder::AcqRel, Scope::Gpu);
+                }
+                4 => {
+                    let _ = arch::atomic::compare_swap(w, 0, 1, RmwOrder::AcqRel, Scope::Sys);
+                }
+                5 => {
+                    let _ = arch::atomic::fetch_max(w, 1, RmwOrder::Relaxed, Scope::Gpu);
+                }
+                6 => arch::atomic::red_add(w, 1, StoreOrder::Release, Scope::Gpu),
+                7 => arch::atomic::fence(FenceOrder::SeqCst, Scope::Sys),
+                8 => arch::store_v4(words.add(VECTOR_WORDS).cast(), U32x4([1; 4])),
+                9 => arch::store_v4_streaming(words.add(VECTOR_WORDS + 4).cast(), U32x4([1; 4])),
+                10 => arch::sync_threads(),
+                11 => arch::sync_warp(1 << t),
+                12 => {
+                    let _ = arch::atomic::fetch_add(wide, 1, RmwOrder::Relaxed, Scope::Gpu);
+                }
+                _ => {}
+            }
+            (*passed).fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[test]
+fn a_trap_stops_the_other_threads_effects() {
+    for iteration in 0..20 {
+        let recorded = AtomicU32::new(0);
+        let passed = AtomicU32::new(0);
+        // Per-thread words, per-thread unwind words, then 8 words for the vector stores.
+        #[repr(C, align(16))]
+        struct Words([u32; VECTOR_WORDS + 8]);
+        const _: () = assert!(2 * EFFECT_THREADS as usize <= VECTOR_WORDS && VECTOR_WORDS.is_multiple_of(4));
+        let mut words = Words([0; VECTOR_WORDS + 8]);
+        let mut wide = [0u64; 2];
+        // SAFETY: the words outlive the launch and are as the kernel requires.
+        let r = unsafe {
+            emulator::launch(
+                &spec("trap_then_effects", 1, EFFECT_THREADS),
+                trap_then_effects.host_entry(),
+                (&raw const recorded, words.0.as_mut_ptr(), wide.as_mut_ptr(), &raw const passed),
+            )
+        };
+        assert!(
+            matches!(&r, Err(EmuError::Trapped { kernel: "trap_then_effects", thread }) if thread.contains("thread [0, 0, 0]")),
+            "iteration {iteration}: {r:?}"
+        );
+        assert_eq!(passed.load(Ordering::Relaxed), 0, "iteration {iteration}: threads went past their effect");
+        assert!(words.0.iter().all(|&w| w == 0), "iteration {iteration}: {:?}", words.0);
+        assert_eq!(wide, [0, 0], "iteration {iteration}");
     }
 }

@@ -3,6 +3,12 @@
 //! Atomics map to std atomics of at least the requested ordering; scopes are ignored
 //! (all behave as `.sys`). Every atomic load polls the emulator, so spin loops yield and
 //! obey the launch timeout.
+//!
+//! Every effect on memory (atomic store, read-modify-write, reduction, fence, vector store)
+//! first asks [`emulator::effect_allowed`]: a thread of a launch that has failed unwinds
+//! there instead of making its effect visible, and a thread already unwinding skips the
+//! effect (a read-modify-write then only reads). Plain loads and stores in kernel code are
+//! not intercepted.
 
 use super::atomic::{FenceOrder, LoadOrder, RmwOrder, Scope, StoreOrder};
 use super::index::Axis;
@@ -97,32 +103,42 @@ macro_rules! host_word {
             unsafe { <$atomic>::from_ptr(p as *mut $t) }.load(load_ordering(o))
         }
         pub(super) unsafe fn $store(p: *mut $t, v: $t, o: StoreOrder, _s: Scope) {
-            // SAFETY: as in the load above.
-            unsafe { <$atomic>::from_ptr(p) }.store(v, store_ordering(o))
+            if emulator::effect_allowed() {
+                // SAFETY: as in the load above.
+                unsafe { <$atomic>::from_ptr(p) }.store(v, store_ordering(o))
+            }
         }
         pub(super) unsafe fn $add(p: *mut $t, v: $t, o: RmwOrder, _s: Scope) -> $t {
             // SAFETY: as in the load above.
-            unsafe { <$atomic>::from_ptr(p) }.fetch_add(v, rmw_ordering(o))
+            let a = unsafe { <$atomic>::from_ptr(p) };
+            if emulator::effect_allowed() { a.fetch_add(v, rmw_ordering(o)) } else { a.load(cas_failure_ordering(o)) }
         }
         pub(super) unsafe fn $exch(p: *mut $t, v: $t, o: RmwOrder, _s: Scope) -> $t {
             // SAFETY: as in the load above.
-            unsafe { <$atomic>::from_ptr(p) }.swap(v, rmw_ordering(o))
+            let a = unsafe { <$atomic>::from_ptr(p) };
+            if emulator::effect_allowed() { a.swap(v, rmw_ordering(o)) } else { a.load(cas_failure_ordering(o)) }
         }
         pub(super) unsafe fn $cas(p: *mut $t, c: $t, n: $t, o: RmwOrder, _s: Scope) -> $t {
             emulator::poll("a compare-and-swap loop");
             // SAFETY: as in the load above.
             let a = unsafe { <$atomic>::from_ptr(p) };
+            if !emulator::effect_allowed() {
+                return a.load(cas_failure_ordering(o));
+            }
             match a.compare_exchange(c, n, rmw_ordering(o), cas_failure_ordering(o)) {
                 Ok(old) | Err(old) => old,
             }
         }
         pub(super) unsafe fn $max(p: *mut $t, v: $t, o: RmwOrder, _s: Scope) -> $t {
             // SAFETY: as in the load above.
-            unsafe { <$atomic>::from_ptr(p) }.fetch_max(v, rmw_ordering(o))
+            let a = unsafe { <$atomic>::from_ptr(p) };
+            if emulator::effect_allowed() { a.fetch_max(v, rmw_ordering(o)) } else { a.load(cas_failure_ordering(o)) }
         }
         pub(super) unsafe fn $red(p: *mut $t, v: $t, o: StoreOrder, _s: Scope) {
-            // SAFETY: as in the load above.
-            unsafe { <$atomic>::from_ptr(p) }.fetch_add(v, store_ordering(o));
+            if emulator::effect_allowed() {
+                // SAFETY: as in the load above.
+                unsafe { <$atomic>::from_ptr(p) }.fetch_add(v, store_ordering(o));
+            }
         }
     };
 }
@@ -131,6 +147,9 @@ host_word!(u32, AtomicU32, load_u32, store_u32, add_u32, exch_u32, cas_u32, max_
 host_word!(u64, AtomicU64, load_u64, store_u64, add_u64, exch_u64, cas_u64, max_u64, red_u64);
 
 pub(super) fn fence(o: FenceOrder, _s: Scope) {
+    // A fence orders this thread's effects; of a failed launch there are no more. A thread
+    // already unwinding still fences (harmless: its stores are skipped anyway).
+    let _ = emulator::effect_allowed();
     match o {
         FenceOrder::Acquire => std_atomic::fence(Ordering::Acquire),
         FenceOrder::Release => std_atomic::fence(Ordering::Release),
@@ -155,13 +174,15 @@ pub(super) unsafe fn load_v4_nc_l2_256(p: *const U32x4) -> U32x4 {
 }
 
 pub(super) unsafe fn store_v4(p: *mut U32x4, v: U32x4) {
-    // SAFETY: the caller guarantees 16 valid, aligned bytes with no concurrent access.
-    unsafe { p.write(v) }
+    if emulator::effect_allowed() {
+        // SAFETY: the caller guarantees 16 valid, aligned bytes with no concurrent access.
+        unsafe { p.write(v) }
+    }
 }
 
 pub(super) unsafe fn store_v4_cs(p: *mut U32x4, v: U32x4) {
-    // SAFETY: the caller guarantees 16 valid, aligned bytes with no concurrent access.
-    unsafe { p.write(v) }
+    // SAFETY: as `store_v4`.
+    unsafe { store_v4(p, v) }
 }
 
 pub(super) fn dynamic_shared_mem<T>() -> *mut T {
