@@ -1,7 +1,8 @@
 //! Copy kernel vs the driver's device-to-device copy, at 256 MiB and 1 GiB on a GPU (64 MiB
 //! on the emulator). `cargo bench -p ferrolink-benches --bench copy`.
 
-use ferrolink::{Backend, Device, perf};
+use ferrolink::{Backend, Device};
+use ferrolink_benches::perf;
 
 fn main() -> Result<(), ferrolink::Error> {
     // `cargo test --benches` runs bench targets with `--test`: keep that a quick smoke run.

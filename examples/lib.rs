@@ -14,7 +14,7 @@ pub fn virtual_job(
     nranks: usize,
     window_bytes: usize,
 ) -> Result<(Vec<Communicator>, Vec<Window>, Vec<DevCommHandle>)> {
-    ferrolink::testing::virtual_job(dev, nranks, window_bytes, DevCommRequirements::default())
+    ferrolink::testing::virtual_job(dev, nranks, window_bytes, &DevCommRequirements::default())
 }
 
 /// Threads per CTA for the LSA examples: 256 on a GPU, 32 on the emulator (OS threads).

@@ -404,7 +404,7 @@ fn copy_variants_copy_every_size() {
 #[test]
 fn sm_clock_probe_reports_a_plausible_clock() {
     for_each_backend("sm_clock_probe_reports_a_plausible_clock", |dev| {
-        let mhz = ferrolink::perf::sm_clock_mhz(dev)?;
+        let mhz = ferrolink_benches::perf::sm_clock_mhz(dev)?;
         match dev.backend() {
             Backend::Cpu => check(mhz.is_none(), || format!("emulator reported a clock: {mhz:?}")),
             Backend::Cuda => {
@@ -418,7 +418,7 @@ fn sm_clock_probe_reports_a_plausible_clock() {
 #[test]
 fn primitive_latency_probe_times_every_primitive() {
     for_each_backend("primitive_latency_probe_times_every_primitive", |dev| {
-        let figures = ferrolink::perf::primitive_latencies(dev, 20, 1)?;
+        let figures = ferrolink_benches::perf::primitive_latencies(dev, 20, 1)?;
         let all = ferrolink_device::kernels::probe::Primitive::ALL;
         check(figures.iter().map(|f| f.0).eq(all), || "one figure per primitive, in order".into())?;
         check(figures.iter().all(|f| f.1.is_finite() && f.1 >= 0.0), || format!("bad figures: {figures:?}"))

@@ -230,7 +230,10 @@ fn bad_window_input_gets_clear_errors() {
         check(w[1].dev_window().flat_base == w[0].dev_window().flat_base, || "virtual ranks share one mapping".into())?;
         check(
             matches!(
-                create_dev_comms(&comms, DevCommRequirements { lsa_barrier_count: 0, window_capacity: 1 }),
+                create_dev_comms(
+                    &comms,
+                    &DevCommRequirements { lsa_barrier_count: 0, window_capacity: 1, ..Default::default() }
+                ),
                 Err(Error::InvalidArgument(_))
             ),
             || "0 barriers".into(),
@@ -244,9 +247,10 @@ fn windows_release_their_memory_when_dropped() {
         let comms = Communicator::init_all(&vec![dev.clone(); 4])?;
         let measure = || -> ferrolink::Result<usize> {
             dev.synchronize()?;
+            ferrolink::runtime::pending_retirements();
             Ok(match dev.backend() {
                 Backend::Cuda => {
-                    let free = ferrolink::cuda_mem_free(dev)?;
+                    let free = dev.mem_info()?.0;
                     usize::MAX - free
                 }
                 Backend::Cpu => {
@@ -258,7 +262,7 @@ fn windows_release_their_memory_when_dropped() {
         for _ in 0..10 {
             let bufs = comms.iter().map(|c| c.mem_alloc(16 << 20)).collect::<ferrolink::Result<Vec<_>>>()?;
             let w = register_window(&comms, bufs)?;
-            let h = create_dev_comms(&comms, DevCommRequirements::default())?;
+            let h = create_dev_comms(&comms, &DevCommRequirements::default())?;
             // Drop order the user picks: the window first, the handles after.
             drop(w);
             drop(h);
@@ -345,7 +349,7 @@ fn ranks_on_two_devices_map_every_peer_on_each_device() {
     let bytes = 100_000;
     let bufs = comms.iter().map(|c| c.mem_alloc(bytes)).collect::<ferrolink::Result<Vec<_>>>().unwrap();
     let windows = register_window(&comms, bufs).unwrap();
-    let handles = create_dev_comms(&comms, DevCommRequirements::default()).unwrap();
+    let handles = create_dev_comms(&comms, &DevCommRequirements::default()).unwrap();
     let (w0, w2) = (windows[0].dev_window(), windows[2].dev_window());
     assert_eq!(w0.flat_base, windows[1].dev_window().flat_base, "ranks of one device share its mapping");
     assert_ne!(w0.flat_base, w2.flat_base, "each device has its own mapping");

@@ -39,13 +39,28 @@
 //! `(value - target) as i32 >= 0` is exact across `u32` wrap-around. The session writes its
 //! epoch back when dropped, so the next session on the same index continues the sequence.
 //!
+//! # Barrier sets, faults, abort and diagnosis
+//! A session names a barrier by its set ([`LsaBarrierHandle`]: the default
+//! [`DevComm::lsa_barrier`], or a library's own) and an index in it. Opening a session checks
+//! both: an index outside its set fills the control block's error record ([`DevComm::fail`])
+//! and traps, so a launch with more CTAs than barriers is a reported error, never a write
+//! past the barrier memory.
+//!
+//! A wait that is still waiting after its fast spin phase writes a [`WaitRecord`] (epoch and
+//! CTA) into host-mapped memory once, then backs off and looks at the control block's abort
+//! flag every few polls. The host's watchdog reads the record and this rank's inbox row to
+//! name the peers that have not arrived, and raises the abort flag after its timeout;
+//! `Communicator::abort` raises it at once. An aborted wait returns (`try_wait`,
+//! `wait_timeout` and `sync_timeout` say so with [`BarrierError::Aborted`]), and the session
+//! skips its later waits. None of this adds work to a wait that ends in the fast phase.
+//!
 //! Use one barrier index per CTA: two CTAs must never use the same index at the same time.
 //! Within a CTA, consecutive sessions on one index with *different* coops (say a warp's, then
 //! the whole CTA's) need a `CoopCta` sync between them: the first session's threads save the
 //! epoch, and threads outside that coop would otherwise read a stale one.
 
 use crate::arch::{self, FenceOrder, LoadOrder, StoreOrder, atomic};
-use crate::comm::DevComm;
+use crate::comm::{DevComm, LsaBarrierHandle, WaitRecord, error_code};
 use crate::coop::{Coop, CoopWarp};
 
 /// Bytes of one barrier's inbox row: a word per peer, padded to 128 bytes so barriers of
@@ -74,9 +89,28 @@ const SPINS_BEFORE_BACKOFF: u32 = if cfg!(target_arch = "nvptx64") { 2048 } else
 /// Polls between two looks at the clock (timeouts) and at the backoff threshold.
 const SPINS_PER_CHECK: u32 = if cfg!(target_arch = "nvptx64") { 64 } else { 1 };
 
-/// A barrier wait that gave up after its timeout.
+/// Backoff iterations between two looks at the abort flag. It lives in host memory, so a
+/// look costs a PCIe round trip (about a microsecond); one backoff iteration costs about
+/// 0.2 us on the H200, so a waiting warp sees an abort within about 10 us.
+const BACKOFFS_PER_ABORT_CHECK: u32 = if cfg!(target_arch = "nvptx64") { 32 } else { 8 };
+
+/// Why a barrier wait returned without every peer's arrival.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BarrierTimeout;
+pub enum BarrierError {
+    /// The wait's own timeout passed ([`LsaBarrierSession::wait_timeout`]).
+    Timeout,
+    /// The host aborted the communicator (`Communicator::abort`, its watchdog, or a failed
+    /// rank), or a kernel of this rank reported a fault.
+    Aborted,
+}
+
+/// How one inbox poll loop ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PollEnd {
+    Reached,
+    TimedOut,
+    Aborted,
+}
 
 /// The memory ordering a barrier operation gives (NCCL's `cuda::memory_order` argument of
 /// `arrive`/`wait`/`sync`). Control is the same for all: no thread passes `wait` before every
@@ -139,8 +173,11 @@ impl BarrierOrder {
 pub struct LsaBarrierSession<'a, C: Coop> {
     coop: C,
     comm: &'a DevComm,
+    /// The barrier's index among all of the communicator's barriers (set's first + index).
     index: u32,
     epoch: u32,
+    /// Whether this thread saw the communicator aborted: later operations return at once.
+    aborted: bool,
     scope: arch::Scope,
     /// Whether every peer has its own coop thread (`lsa_size <= coop.size()`), the common
     /// case: then each thread handles at most peer `thread_rank`, through the two words below,
@@ -164,15 +201,47 @@ pub struct LsaBarrierSession<'a, C: Coop> {
 }
 
 impl<'a, C: Coop> LsaBarrierSession<'a, C> {
-    /// Opens barrier `index` (< `comm.lsa_barrier_count`) for `coop`. Every thread of the
-    /// coop calls this with the same arguments.
+    /// Opens barrier `index` of the communicator's default barrier set
+    /// ([`DevComm::lsa_barrier`]) for `coop`. Every thread of the coop calls this with the
+    /// same arguments. An index outside the set is reported to the host (the control block's
+    /// error record names the index and the set's size) and the kernel traps; so does a
+    /// `DevComm` of another ferrolink version.
     ///
     /// # Safety
-    /// The `DevCommHandle` behind `comm` must be alive, `index` in range, and no other coop
-    /// may use `index` while this session exists.
+    /// The `DevCommHandle` behind `comm` must be alive, and no other coop may use the same
+    /// barrier while this session exists.
     #[inline(always)]
     pub unsafe fn new(coop: C, comm: &'a DevComm, index: u32) -> Self {
-        // SAFETY: the epochs array holds `lsa_barrier_count` words (caller: index in range).
+        // SAFETY: forwarded contract.
+        unsafe { Self::with_set(coop, comm, comm.lsa_barrier, index) }
+    }
+
+    /// Opens barrier `index` of barrier set `set` (NCCL's `ncclLsaBarrierSession(coop,
+    /// devComm, team, handle, index)`): the default set, or one a library requested with
+    /// `DevCommRequirements::resources`. Checked like [`Self::new`].
+    ///
+    /// # Safety
+    /// As [`Self::new`].
+    #[inline(always)]
+    pub unsafe fn with_set(coop: C, comm: &'a DevComm, set: LsaBarrierHandle, index: u32) -> Self {
+        comm.check_header();
+        if set.count > comm.lsa_barrier_total || set.first > comm.lsa_barrier_total - set.count {
+            comm.fail(
+                error_code::LSA_BARRIER_SET,
+                (u64::from(set.first) << 32) | u64::from(set.count),
+                u64::from(comm.lsa_barrier_total),
+            );
+        }
+        if index >= set.count {
+            comm.fail(
+                error_code::LSA_BARRIER_INDEX,
+                u64::from(index),
+                (u64::from(set.first) << 32) | u64::from(set.count),
+            );
+        }
+        let index = set.first + index;
+        // SAFETY: the epochs array holds `lsa_barrier_total` words and `index` is below it
+        // (checked above).
         let epoch = unsafe {
             atomic::load((comm.barrier_epochs as *const u32).add(index as usize), LoadOrder::Relaxed, arch::Scope::Gpu)
         };
@@ -190,6 +259,7 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
             comm,
             index,
             epoch,
+            aborted: false,
             scope: comm.lsa_scope(),
             one_peer_per_thread: n <= coop.size(),
             signal_slot,
@@ -219,6 +289,9 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     #[inline(always)]
     fn arrive_by<K: Coop>(&mut self, coop: K, order: BarrierOrder) {
         coop.sync();
+        if self.aborted {
+            return;
+        }
         self.epoch = self.epoch.wrapping_add(1);
         let store_order = if order.releases() { StoreOrder::Release } else { StoreOrder::Relaxed };
         if self.one_peer_per_thread {
@@ -247,29 +320,45 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     }
 
     /// Waits until every LSA peer has arrived at this epoch (acquiring their arrivals), then
-    /// meets the coop.
+    /// meets the coop. If the communicator is aborted meanwhile it returns without them (the
+    /// barrier then orders nothing; later operations of the session return at once); use
+    /// [`try_wait`](Self::try_wait) to learn which happened.
     #[inline(always)]
     pub fn wait(&mut self) {
-        let _ = self.wait_until(BarrierOrder::AcqRel, None);
+        let _ = self.wait_until(BarrierOrder::AcqRel, None, false);
     }
 
     /// [`wait`](Self::wait) that acquires only if `order` acquires.
     #[inline(always)]
     pub fn wait_with(&mut self, order: BarrierOrder) {
-        let _ = self.wait_until(order, None);
+        let _ = self.wait_until(order, None, false);
+    }
+
+    /// [`wait`](Self::wait) that says whether every peer arrived (`Ok`) or the communicator
+    /// was aborted (`Err(BarrierError::Aborted)`); the result is the same for every thread of
+    /// the coop.
+    #[inline(always)]
+    pub fn try_wait(&mut self) -> Result<(), BarrierError> {
+        self.wait_until(BarrierOrder::AcqRel, None, true)
+    }
+
+    /// Whether this thread has seen the communicator aborted in this session.
+    #[inline(always)]
+    pub fn aborted(&self) -> bool {
+        self.aborted
     }
 
     /// [`wait`](Self::wait) that gives up after `timeout_ns` of `%globaltimer`. The result is
     /// the same for every thread of the coop. After a timeout the barrier is out of step (this
     /// rank already signalled the epoch): abandon the kernel's protocol, report the error to
-    /// the host, and have the host call `ferrolink::reset_barriers` before the barriers are
-    /// used again.
+    /// the host, and have the host recover the communicator (`ferrolink::recover`) before the
+    /// barriers are used again. `Err(BarrierError::Aborted)` if the communicator was aborted.
     #[inline(always)]
-    pub fn wait_timeout(&mut self, timeout_ns: u64) -> Result<(), BarrierTimeout> {
+    pub fn wait_timeout(&mut self, timeout_ns: u64) -> Result<(), BarrierError> {
         // Each thread reads the clock itself, so deadlines differ slightly between threads;
         // whether there is one does not (`Some` for all), which keeps the votes uniform.
         let start = arch::global_timer_ns();
-        self.wait_until(BarrierOrder::AcqRel, Some(start.saturating_add(timeout_ns)))
+        self.wait_until(BarrierOrder::AcqRel, Some(start.saturating_add(timeout_ns)), true)
     }
 
     /// One poll of an inbox word: a relaxed load (the acquire, where wanted, is one
@@ -282,12 +371,18 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
 
     /// Polls `slot` until it reaches the epoch, warp-uniformly: every coop lane of the warp
     /// (`lanes`) keeps polling its own word until all of them are done, so the warp leaves
-    /// converged. Returns whether the deadline passed first. `scope` and `lanes` are
-    /// constants at the hot call sites (see [`Self::poll_at_lsa_scope`]), so the inner loop
-    /// is a load, a compare, a vote and a count. (Two loads in flight, staggered by half a
-    /// round trip, measured 0.1 us slower per round on the H200: docs/PERF.md.)
+    /// converged. Ends early when the deadline passes or the communicator is aborted. `scope`
+    /// and `lanes` are constants at the hot call sites (see [`Self::poll_at_lsa_scope`]), so
+    /// the inner loop is a load, a compare, a vote and a count. (Two loads in flight,
+    /// staggered by half a round trip, measured 0.1 us slower per round on the H200:
+    /// docs/PERF.md.)
+    ///
+    /// After the fast spin phase (`SPINS_BEFORE_BACKOFF` polls) the wait is slow: it writes
+    /// its [`WaitRecord`] once (for the host's watchdog), then backs off between polls and
+    /// looks at the abort flag every `BACKOFFS_PER_ABORT_CHECK` polls. Neither costs anything
+    /// in the fast phase.
     #[inline(always)]
-    fn poll_until(&self, slot: *const u32, scope: arch::Scope, lanes: u32, deadline_ns: Option<u64>) -> bool {
+    fn poll_until(&self, slot: *const u32, scope: arch::Scope, lanes: u32, deadline_ns: Option<u64>) -> PollEnd {
         let mut polls = 0u32;
         loop {
             // Spin tight first: peers usually arrive within a microsecond, and a nanosleep
@@ -296,18 +391,45 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
             let burst = if polls < SPINS_BEFORE_BACKOFF { SPINS_PER_CHECK } else { 1 };
             for _ in 0..burst {
                 if arch::ballot_sync(lanes, !seq_reached(self.load_word(slot, scope), self.epoch)) == 0 {
-                    return false;
+                    return PollEnd::Reached;
                 }
             }
             polls = polls.saturating_add(burst);
             if let Some(deadline) = deadline_ns
                 && arch::ballot_sync(lanes, arch::global_timer_ns() >= deadline) != 0
             {
-                return true;
+                return PollEnd::TimedOut;
             }
             if polls >= SPINS_BEFORE_BACKOFF {
+                let slow = polls - SPINS_BEFORE_BACKOFF;
+                if slow == 0 {
+                    self.publish_wait();
+                }
+                if slow.is_multiple_of(BACKOFFS_PER_ABORT_CHECK)
+                    && arch::ballot_sync(lanes, self.comm.abort_requested()) != 0
+                {
+                    return PollEnd::Aborted;
+                }
                 arch::spin_wait_hint(64);
             }
+        }
+    }
+
+    /// Writes this wait's [`WaitRecord`] (every polling lane stores the same values).
+    #[cold]
+    fn publish_wait(&self) {
+        if self.comm.wait_records == 0 {
+            return;
+        }
+        let r = (self.comm.wait_records as *mut WaitRecord).wrapping_add(self.index as usize);
+        let sys = arch::Scope::Sys;
+        // SAFETY: `wait_records` holds `lsa_barrier_total` records and `index` is below it
+        // (checked in `with_set`); the host only reads them, and kernels write them only
+        // with these atomic stores.
+        unsafe {
+            atomic::store(&raw mut (*r).epoch, self.epoch, StoreOrder::Relaxed, sys);
+            atomic::store(&raw mut (*r).cta, arch::linear_block_idx() as u32, StoreOrder::Relaxed, sys);
+            atomic::store(&raw mut (*r).active, 1, StoreOrder::Relaxed, sys);
         }
     }
 
@@ -315,9 +437,15 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     /// specialized (a literal full mask where the coop's warps are full spares the votes
     /// their convergence check), followed by `fence.acquire` at that scope if `acquire`.
     #[inline(always)]
-    fn poll_at_lsa_scope<K: Coop>(&self, coop: K, slot: *const u32, acquire: bool, deadline_ns: Option<u64>) -> bool {
+    fn poll_at_lsa_scope<K: Coop>(
+        &self,
+        coop: K,
+        slot: *const u32,
+        acquire: bool,
+        deadline_ns: Option<u64>,
+    ) -> PollEnd {
         let poll = |scope| {
-            let timed_out = if coop.full_warps() {
+            let end = if coop.full_warps() {
                 self.poll_until(slot, scope, arch::FULL_MASK, deadline_ns)
             } else {
                 self.poll_until(slot, scope, self.lanes, deadline_ns)
@@ -325,7 +453,7 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
             if acquire {
                 arch::atomic::fence(FenceOrder::Acquire, scope);
             }
-            timed_out
+            end
         };
         match self.scope {
             arch::Scope::Gpu => poll(arch::Scope::Gpu),
@@ -334,12 +462,19 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
         }
     }
 
+    /// The wait of every variant. With `uniform_result` the coop agrees on the result
+    /// (one extra coop vote); without it the result is this thread's own view.
     #[inline(always)]
-    fn wait_until(&mut self, order: BarrierOrder, deadline_ns: Option<u64>) -> Result<(), BarrierTimeout> {
+    fn wait_until(
+        &mut self,
+        order: BarrierOrder,
+        deadline_ns: Option<u64>,
+        uniform_result: bool,
+    ) -> Result<(), BarrierError> {
         if self.one_warp {
-            self.wait_by(CoopWarp, order, deadline_ns)
+            self.wait_by(CoopWarp, order, deadline_ns, uniform_result)
         } else {
-            self.wait_by(self.coop, order, deadline_ns)
+            self.wait_by(self.coop, order, deadline_ns, uniform_result)
         }
     }
 
@@ -350,35 +485,48 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
         coop: K,
         order: BarrierOrder,
         deadline_ns: Option<u64>,
-    ) -> Result<(), BarrierTimeout> {
+        uniform_result: bool,
+    ) -> Result<(), BarrierError> {
         let acquire = order.acquires();
-        let timed = deadline_ns.is_some();
         // The coop's lanes of each warp poll together and leave together (`poll_until` is
         // warp-uniform), so warps reach the closing barrier converged and it may use the
         // cheaper aligned form.
-        let mut timed_out = false;
-        if self.one_peer_per_thread {
+        let mut end = PollEnd::Reached;
+        if self.aborted {
+            end = PollEnd::Aborted;
+        } else if self.one_peer_per_thread {
             if self.warp_polls {
-                timed_out = self.poll_at_lsa_scope(coop, self.poll_slot, acquire, deadline_ns);
+                end = self.poll_at_lsa_scope(coop, self.poll_slot, acquire, deadline_ns);
             }
         } else {
             // More peers than coop threads: thread `t` polls peers `t`, `t + size`, …; lanes
             // past the last peer of a pass poll that pass's first peer (a duplicate word).
             let n = self.comm.lsa_size as usize;
             let mut first = 0;
-            while first < n && !timed_out {
+            while first < n && end == PollEnd::Reached {
                 let p = first + coop.thread_rank();
                 let p = if p < n { p } else { first };
                 let slot = self.comm.barrier_window.local_ptr::<u32>(inbox_offset(self.comm, self.index, p as u32));
-                timed_out = self.poll_at_lsa_scope(coop, slot, acquire, deadline_ns);
+                end = self.poll_at_lsa_scope(coop, slot, acquire, deadline_ns);
                 first += coop.size();
             }
         }
-        if timed {
-            if coop.sync_any(timed_out) { Err(BarrierTimeout) } else { Ok(()) }
-        } else {
+        self.aborted |= end == PollEnd::Aborted;
+        if !uniform_result {
             coop.sync_converged();
-            Ok(())
+            return if end == PollEnd::Reached { Ok(()) } else { Err(BarrierError::Aborted) };
+        }
+        if !coop.sync_any(end != PollEnd::Reached) {
+            return Ok(());
+        }
+        // Something failed somewhere in the coop (only this path pays a second vote): an
+        // abort anywhere wins over a timeout, and every thread then treats the session as
+        // aborted.
+        if coop.sync_any(end == PollEnd::Aborted) {
+            self.aborted = true;
+            Err(BarrierError::Aborted)
+        } else {
+            Err(BarrierError::Timeout)
         }
     }
 
@@ -392,12 +540,19 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     #[inline(always)]
     pub fn sync_with(&mut self, order: BarrierOrder) {
         self.arrive_with(order);
-        let _ = self.wait_until(order, None);
+        let _ = self.wait_until(order, None, false);
+    }
+
+    /// `arrive` then [`try_wait`](Self::try_wait).
+    #[inline(always)]
+    pub fn try_sync(&mut self) -> Result<(), BarrierError> {
+        self.arrive();
+        self.try_wait()
     }
 
     /// `arrive` then `wait_timeout`.
     #[inline(always)]
-    pub fn sync_timeout(&mut self, timeout_ns: u64) -> Result<(), BarrierTimeout> {
+    pub fn sync_timeout(&mut self, timeout_ns: u64) -> Result<(), BarrierError> {
         self.arrive();
         self.wait_timeout(timeout_ns)
     }

@@ -2,6 +2,7 @@
 //! kernels by value (defined once, here, and used by the host crate).
 
 use crate::arch::Scope;
+use crate::arch::atomic::{self, LoadOrder, StoreOrder};
 use crate::window::DevWindow;
 use bytemuck::{Pod, Zeroable};
 
@@ -19,12 +20,63 @@ pub struct Team {
     pub stride: u32,
 }
 
+/// `DevComm::header.magic`: "FLDC" in ASCII, little-endian.
+pub const DEV_COMM_MAGIC: u32 = u32::from_le_bytes(*b"FLDC");
+
+/// The layout version of [`DevComm`] and the structures it points to ([`DevControl`],
+/// [`WaitRecord`]). Raised whenever any of them changes, so that a kernel built against one
+/// version rejects a `DevComm` made by a host built against another.
+pub const DEV_COMM_ABI_VERSION: u32 = 2;
+
+/// The first 16 bytes of a [`DevComm`]: what it is, its layout version and its size. Kernels
+/// check it when they open a barrier session ([`DevComm::check_header`]); the host checks it
+/// when a `DevComm` value comes back to it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct DevCommHeader {
+    /// [`DEV_COMM_MAGIC`].
+    pub magic: u32,
+    /// [`DEV_COMM_ABI_VERSION`].
+    pub abi_version: u32,
+    /// `size_of::<DevComm>()`.
+    pub size: u32,
+    /// Zero.
+    pub _reserved: u32,
+}
+
+impl DevCommHeader {
+    /// The header of a `DevComm` of this crate's version.
+    pub const CURRENT: DevCommHeader = DevCommHeader {
+        magic: DEV_COMM_MAGIC,
+        abi_version: DEV_COMM_ABI_VERSION,
+        size: core::mem::size_of::<DevComm>() as u32,
+        _reserved: 0,
+    };
+}
+
+/// A set of LSA barriers (NCCL's `ncclLsaBarrierHandle`): barrier indices `0..count` of the
+/// set are the communicator's barriers `first..first + count`. The default set is
+/// [`DevComm::lsa_barrier`]; a library asks for its own set when the device communicator is
+/// created (the host's `DevCommRequirements::resources`), so that its barriers never collide
+/// with the user's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct LsaBarrierHandle {
+    /// The set's first barrier among the communicator's.
+    pub first: u32,
+    /// Barriers in the set.
+    pub count: u32,
+}
+
 /// What a kernel knows about its communicator (NCCL's `ncclDevComm`): who it is, its LSA
-/// domain, the registered windows and the barrier resources. Created on the host by
+/// domain, the registered windows, the barrier resources, and the control block through
+/// which the host aborts it and it reports errors and waits. Created on the host by
 /// `ferrolink::DevCommHandle` and passed to kernels by value; valid while that handle lives.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct DevComm {
+    /// Magic, layout version and size ([`DevCommHeader::CURRENT`]).
+    pub header: DevCommHeader,
     /// World rank.
     pub rank: u32,
     /// World size.
@@ -36,17 +88,93 @@ pub struct DevComm {
     /// Scope at which LSA peers synchronize, as a [`Scope::code`]: `.gpu` when every
     /// LSA peer runs on this GPU (virtual ranks), `.sys` when peers are on other GPUs.
     pub lsa_scope_code: u32,
-    /// Barrier indices available to [`crate::barrier::LsaBarrierSession`] (one per CTA).
-    pub lsa_barrier_count: u32,
-    /// The symmetric window holding the barrier inboxes.
+    /// LSA barriers of the communicator, over all sets (the default set and every set a
+    /// library requested).
+    pub lsa_barrier_total: u32,
+    /// The default LSA barrier set (`DevCommRequirements::lsa_barrier_count` barriers):
+    /// what [`crate::barrier::LsaBarrierSession::new`] uses.
+    pub lsa_barrier: LsaBarrierHandle,
+    /// The symmetric window holding the barrier inboxes (`lsa_barrier_total` rows).
     pub barrier_window: DevWindow,
-    /// Device address of this rank's `lsa_barrier_count` epoch words (local memory).
+    /// Device address of this rank's `lsa_barrier_total` epoch words (local memory).
     pub barrier_epochs: u64,
     /// Device address of the window table (`window_capacity` [`DevWindow`]s).
     pub windows: u64,
     /// Windows registered in the table.
     pub window_count: u32,
     /// Padding (keeps the layout explicit).
+    pub _reserved: u32,
+    /// Address of this rank's [`DevControl`] (host memory mapped for the device): the abort
+    /// flag the host raises and the error record kernels fill. Zero: none.
+    pub control: u64,
+    /// Address of `lsa_barrier_total` [`WaitRecord`]s (host memory mapped for the device),
+    /// one per barrier: what a slow wait is waiting for, for the host's watchdog. Zero: none.
+    pub wait_records: u64,
+}
+
+/// The control block of one rank's device communicator, in host memory mapped for the
+/// device (so the host reads it even after a kernel fault). The host writes `abort`; kernels
+/// read it while they wait, and write `error` (then raise `abort`) when they find a fault.
+///
+/// Ordering: the host's store to `abort` needs no fence (a kernel that sees it only stops
+/// waiting). A kernel fills the error record with relaxed system-scope stores, then raises
+/// `abort`, then `fence.sc.sys`: the host reads the record after the kernel has ended (stream
+/// error or completion), when every store of it is visible.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct DevControl {
+    /// Non-zero: the communicator was aborted; waits return at once.
+    pub abort: u32,
+    /// Padding.
+    pub _reserved: u32,
+    /// The last fault a kernel reported ([`DevErrorRecord::code`] zero: none).
+    pub error: DevErrorRecord,
+}
+
+/// A fault found on the device, written to [`DevControl::error`] before the kernel traps.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct DevErrorRecord {
+    /// What went wrong: one of [`error_code`].
+    pub code: u32,
+    /// World rank of the kernel.
+    pub rank: u32,
+    /// Linear CTA index.
+    pub cta: u32,
+    /// Thread index in the CTA.
+    pub thread: u32,
+    /// First code-specific value (for a barrier index error: the index).
+    pub a: u64,
+    /// Second code-specific value (for a barrier index error: `first << 32 | count` of the set).
+    pub b: u64,
+}
+
+/// Codes of [`DevErrorRecord::code`].
+pub mod error_code {
+    /// No error.
+    pub const NONE: u32 = 0;
+    /// An LSA barrier index outside its set: `a` = index, `b` = `first << 32 | count`.
+    pub const LSA_BARRIER_INDEX: u32 = 1;
+    /// A barrier set outside the communicator's barriers: `a` = `first << 32 | count`,
+    /// `b` = the communicator's total.
+    pub const LSA_BARRIER_SET: u32 = 2;
+}
+
+/// What one slow barrier wait is waiting for (one record per barrier of the communicator,
+/// host memory mapped for the device). A wait that has not finished after its fast spin
+/// phase writes it once; the host's watchdog reads it, reads the barrier's inbox row to see
+/// which peers have not arrived at `epoch`, and reports or aborts. Finished waits leave the
+/// record as it is: every peer has then reached `epoch`, which the watchdog sees.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct WaitRecord {
+    /// The epoch the wait needs every peer's inbox word to reach.
+    pub epoch: u32,
+    /// Linear CTA index of the waiting coop.
+    pub cta: u32,
+    /// 1 once a wait on this barrier has gone slow (0: never).
+    pub active: u32,
+    /// Padding.
     pub _reserved: u32,
 }
 
@@ -93,6 +221,69 @@ impl DevComm {
         }
     }
 
+    /// Whether this value carries the header of this crate's `DevComm` layout.
+    #[inline(always)]
+    pub fn header_ok(&self) -> bool {
+        self.header == DevCommHeader::CURRENT
+    }
+
+    /// Traps unless [`DevComm::header_ok`]: a `DevComm` made by another version of ferrolink
+    /// (or not a `DevComm` at all) cannot be trusted to report the error itself.
+    #[inline(always)]
+    pub fn check_header(&self) {
+        if !self.header_ok() {
+            crate::arch::trap();
+        }
+    }
+
+    /// Whether the host has aborted the communicator (a relaxed system-scope load of
+    /// [`DevControl::abort`]; false without a control block). A load from host memory costs
+    /// a PCIe round trip: waits call it only after their fast spin phase.
+    #[inline(always)]
+    pub fn abort_requested(&self) -> bool {
+        if self.control == 0 {
+            return false;
+        }
+        // SAFETY: `control` points to this rank's live DevControl (the handle is alive while
+        // kernels use this value); the host and kernels access `abort` only atomically.
+        unsafe { atomic::load(self.control as *const u32, LoadOrder::Relaxed, Scope::Sys) != 0 }
+    }
+
+    /// Records a fault in the control block (see [`DevControl`] for the ordering), raises
+    /// the abort flag so that this communicator's other waits stop, and traps. `a` and `b`
+    /// are the code's values ([`error_code`]).
+    #[inline(never)]
+    #[cold]
+    pub fn fail(&self, code: u32, a: u64, b: u64) -> ! {
+        if self.control != 0 {
+            let c = self.control as *mut DevControl;
+            // SAFETY: `control` points to this rank's live DevControl; its words are only
+            // accessed atomically while kernels run (the host reads them after).
+            unsafe {
+                let e = &raw mut (*c).error;
+                atomic::store(&raw mut (*e).rank, self.rank, StoreOrder::Relaxed, Scope::Sys);
+                atomic::store(
+                    &raw mut (*e).cta,
+                    crate::arch::linear_block_idx() as u32,
+                    StoreOrder::Relaxed,
+                    Scope::Sys,
+                );
+                atomic::store(
+                    &raw mut (*e).thread,
+                    crate::arch::thread_rank_in_block() as u32,
+                    StoreOrder::Relaxed,
+                    Scope::Sys,
+                );
+                atomic::store(&raw mut (*e).a, a, StoreOrder::Relaxed, Scope::Sys);
+                atomic::store(&raw mut (*e).b, b, StoreOrder::Relaxed, Scope::Sys);
+                atomic::store(&raw mut (*e).code, code, StoreOrder::Relaxed, Scope::Sys);
+                atomic::store(&raw mut (*c).abort, 1, StoreOrder::Relaxed, Scope::Sys);
+            }
+            atomic::fence(crate::arch::FenceOrder::SeqCst, Scope::Sys);
+        }
+        crate::arch::trap()
+    }
+
     /// Registered window `i` of the window table, or `None` past the registered count.
     ///
     /// # Safety
@@ -112,7 +303,14 @@ mod tests {
     use super::*;
 
     fn comm(rank: u32, nranks: u32, lsa_size: u32) -> DevComm {
-        DevComm { rank, nranks, lsa_rank: rank % lsa_size, lsa_size, ..DevComm::default() }
+        DevComm {
+            header: DevCommHeader::CURRENT,
+            rank,
+            nranks,
+            lsa_rank: rank % lsa_size,
+            lsa_size,
+            ..DevComm::default()
+        }
     }
 
     #[test]
@@ -136,7 +334,11 @@ mod tests {
     #[test]
     fn dev_comm_layout_is_stable() {
         // Host and device share this layout; a change must be deliberate.
-        assert_eq!(core::mem::size_of::<DevComm>(), 24 + core::mem::size_of::<DevWindow>() + 24);
+        assert_eq!(core::mem::size_of::<DevComm>(), 16 + 32 + core::mem::size_of::<DevWindow>() + 40);
         assert_eq!(core::mem::align_of::<DevComm>(), 8);
+        assert_eq!(core::mem::size_of::<DevControl>(), 40);
+        assert_eq!(core::mem::size_of::<WaitRecord>(), 16);
+        assert!(comm(0, 1, 1).header_ok());
+        assert!(!DevComm::default().header_ok());
     }
 }

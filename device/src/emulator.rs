@@ -26,8 +26,8 @@
 //! # A failed launch makes no further effects visible
 //! Once a launch has recorded a failure (panic, trap or timeout), none of its threads
 //! performs another effect through the emulator's memory primitives: every atomic store,
-//! read-modify-write (`fetch_add`, `swap`, `compare_swap`, `fetch_max`, `red_add`), fence and
-//! vector store (`store_v4*`) first checks the launch's status (one relaxed load) and unwinds
+//! read-modify-write (`fetch_add`, `swap`, `compare_swap`, `fetch_max`, `red_add`) and fence
+//! first checks the launch's status (one relaxed load) and unwinds
 //! the thread instead, and a thread released from a CTA barrier or a warp rendezvous checks
 //! it before going on. So the other threads of a CTA, released from a barrier because a
 //! thread that failed counts as arrived, cannot raise a flag that a concurrently running
@@ -563,8 +563,9 @@ pub(crate) fn dynamic_shared_mem() -> *mut u8 {
     with_ctx(|c| c.cta.shared.as_ptr())
 }
 
-/// Called by every emulated memory effect (atomic store, read-modify-write, reduction,
-/// fence, vector store) before it is performed: whether to perform it.
+/// Called by every emulated atomic effect (atomic store, read-modify-write, reduction, fence)
+/// before it is performed: whether to perform it. (Vector and plain stores are data, not
+/// signals, and are not checked.)
 ///
 /// * Outside a launch, or in a launch still running: `true`.
 /// * In a launch that has recorded a failure: the thread unwinds (it never returns).

@@ -11,6 +11,7 @@
 //! A device crate that declares kernels needs `#![cfg_attr(target_arch = "nvptx64",
 //! feature(abi_ptx))]` (the PTX kernel ABI is unstable).
 
+use core::ffi::c_void;
 use core::marker::PhantomData;
 
 /// A kernel declared with [`kernel!`](crate::kernel!): its PTX entry name and, on the host,
@@ -26,7 +27,10 @@ impl<A> Kernel<A> {
     /// Used by [`kernel!`](crate::kernel!); not meant to be called directly.
     #[doc(hidden)]
     #[cfg(not(target_arch = "nvptx64"))]
-    pub const fn new(name: &'static str, host_entry: unsafe fn(A)) -> Self {
+    pub const fn new(name: &'static str, host_entry: unsafe fn(A)) -> Self
+    where
+        A: KernelArgs,
+    {
         Kernel { name, host_entry, _args: PhantomData }
     }
 
@@ -96,3 +100,87 @@ pub fn ptx_entry_names(ptx: &str) -> impl Iterator<Item = &str> {
         (!name.is_empty()).then_some(name)
     })
 }
+
+/// A type that can be passed to a kernel by value.
+///
+/// # Safety
+/// The type's size and layout must match the PTX parameter rustc's nvptx backend emits for
+/// it (true for primitive integers, floats, raw pointers, and `#[repr(C)]` structs of them
+/// without padding that matters); its values must be meaningful on the device (no host
+/// pointers on CUDA); and it must be plain data that every thread of a launch may copy at
+/// once (no interior mutability, no thread-bound state): the CPU emulator hands one copy of
+/// the arguments to all its threads.
+pub unsafe trait KernelParam: Copy + 'static {
+    /// Whether values of this type carry device addresses (pointers, or structs holding
+    /// them). A launch whose arguments hold addresses the host cannot track (raw pointers
+    /// rather than borrowed buffers) is handled conservatively by the host runtime: memory
+    /// freed after such a launch is kept until the launch has finished.
+    const HOLDS_ADDRESS: bool;
+}
+
+macro_rules! kernel_params {
+    ($($t:ty),*) => { $(
+        // SAFETY: a primitive passed as the PTX scalar of the same width; plain data.
+        unsafe impl KernelParam for $t {
+            const HOLDS_ADDRESS: bool = false;
+        }
+    )* };
+}
+kernel_params!(u8, u16, u32, u64, usize, i8, i16, i32, i64, isize, f32, f64);
+// SAFETY: pointers are passed as `.u64` device addresses; an address is plain data.
+unsafe impl<T: 'static> KernelParam for *const T {
+    const HOLDS_ADDRESS: bool = true;
+}
+// SAFETY: as above.
+unsafe impl<T: 'static> KernelParam for *mut T {
+    const HOLDS_ADDRESS: bool = true;
+}
+// SAFETY: `#[repr(C)]` Pod structs of u32/u64 fields, passed as `.param .align 8 .b8 [N]`
+// (checked in the PTX); device addresses inside.
+unsafe impl KernelParam for crate::DevComm {
+    const HOLDS_ADDRESS: bool = true;
+}
+// SAFETY: as above.
+unsafe impl KernelParam for crate::DevWindow {
+    const HOLDS_ADDRESS: bool = true;
+}
+// SAFETY: as above (two u32 words).
+unsafe impl KernelParam for crate::comm::Team {
+    const HOLDS_ADDRESS: bool = false;
+}
+
+/// A tuple of [`KernelParam`]s: the arguments of one launch, matching a kernel's declared
+/// parameter types exactly (the [`Kernel`] type says which).
+pub trait KernelArgs: Copy + 'static {
+    /// Whether any argument holds a device address ([`KernelParam::HOLDS_ADDRESS`]).
+    const HOLDS_ADDRESS: bool;
+    /// Calls `f` with one pointer per argument, as `cuLaunchKernel` wants them.
+    fn with_param_ptrs<R>(&mut self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R;
+}
+
+macro_rules! kernel_args {
+    ($($name:ident : $idx:tt),*) => {
+        impl<$($name: KernelParam),*> KernelArgs for ($($name,)*) {
+            const HOLDS_ADDRESS: bool = false $(|| $name::HOLDS_ADDRESS)*;
+            #[allow(unused_mut)]
+            fn with_param_ptrs<R>(&mut self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
+                let mut ptrs: [*mut c_void; 0 $(+ { let _ = $idx; 1 })*] =
+                    [$(&mut self.$idx as *mut $name as *mut c_void),*];
+                f(&mut ptrs)
+            }
+        }
+    };
+}
+kernel_args!();
+kernel_args!(A: 0);
+kernel_args!(A: 0, B: 1);
+kernel_args!(A: 0, B: 1, C: 2);
+kernel_args!(A: 0, B: 1, C: 2, D: 3);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9, K: 10);
+kernel_args!(A: 0, B: 1, C: 2, D: 3, E: 4, F: 5, G: 6, H: 7, I: 8, J: 9, K: 10, L: 11);

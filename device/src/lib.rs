@@ -38,7 +38,7 @@ pub mod kernels;
 pub mod lsa;
 pub mod window;
 
-pub use barrier::{BarrierOrder, LsaBarrierSession};
-pub use comm::{DevComm, Team};
+pub use barrier::{BarrierError, BarrierOrder, LsaBarrierSession};
+pub use comm::{DevComm, DevControl, DevErrorRecord, LsaBarrierHandle, Team, WaitRecord};
 pub use coop::{Coop, CoopCta, CoopThread, CoopWarp};
 pub use window::{DevWindow, SymPtr};

@@ -1,7 +1,7 @@
 //! The CPU emulator's execution model, tested with host-only kernels launched straight
 //! through `emulator::launch` (no PTX involved): failures are reported, not hung or lost.
 
-use ferrolink_device::arch::{FenceOrder, LoadOrder, RmwOrder, Scope, StoreOrder, U32x4};
+use ferrolink_device::arch::{FenceOrder, LoadOrder, RmwOrder, Scope, StoreOrder};
 use ferrolink_device::emulator::{self, EmuError, LaunchSpec};
 use ferrolink_device::{arch, kernel};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -346,8 +346,8 @@ kernel! {
                 }
                 6 => arch::atomic::red_add(w, 1, StoreOrder::Release, Scope::Gpu),
                 7 => arch::atomic::fence(FenceOrder::SeqCst, Scope::Sys),
-                8 => arch::store_v4(words.add(VECTOR_WORDS).cast(), U32x4([1; 4])),
-                9 => arch::store_v4_streaming(words.add(VECTOR_WORDS + 4).cast(), U32x4([1; 4])),
+                8 => arch::atomic::store(wide, 1u64, StoreOrder::Release, Scope::Sys),
+                9 => arch::atomic::red_add(wide, 1u64, StoreOrder::Relaxed, Scope::Gpu),
                 10 => arch::sync_threads(),
                 11 => arch::sync_warp(1 << t),
                 12 => {

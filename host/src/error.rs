@@ -35,6 +35,23 @@ pub enum Error {
     /// An earlier operation on this stream failed; the stream stays failed.
     #[error("an earlier operation on this stream failed: {0}")]
     StreamFailed(String),
+    /// The communicator was aborted: by `Communicator::abort`, because a rank's stream
+    /// failed, or because a kernel reported a fault. The message says which.
+    #[error("the communicator was aborted: {0}")]
+    Aborted(String),
+    /// The watchdog found a device wait that did not finish within the communicator's
+    /// timeout, and aborted the communicator. The message says who waits on whom.
+    #[error("the watchdog aborted the communicator: {0}")]
+    WaitTimeout(String),
+    /// A kernel reported a fault through its device communicator before it stopped (on the
+    /// GPU it then trapped, which breaks the device's context).
+    #[error("{report} (the kernel stopped: {cause})")]
+    DeviceFault {
+        /// The fault, decoded: where, what, and how to fix it.
+        report: String,
+        /// The stream's own error.
+        cause: String,
+    },
     /// Objects from different devices were mixed.
     #[error("{0} belongs to a different device than the stream or buffer it was used with")]
     WrongDevice(&'static str),

@@ -10,62 +10,53 @@
 //!
 //! ```
 //! use ferrolink::{Device, LaunchConfig};
-//! use ferrolink_device::kernels::copy::ferrolink_copy;
 //!
 //! # fn main() -> Result<(), ferrolink::Error> {
 //! let dev = Device::open(0)?;                 // CUDA when present, else the emulator
 //! let stream = dev.create_stream()?;
 //! let src = dev.alloc_from(&[1u8, 2, 3, 4, 5])?;
 //! let mut dst = dev.alloc::<u8>(5)?;
-//! ferrolink::ops::copy(&stream, &mut dst, &src)?; // safe wrapper around the copy kernel
-//! stream.synchronize()?;
-//! assert_eq!(dst.to_vec()?, vec![1, 2, 3, 4, 5]);
+//! ferrolink::ops::copy(&stream, &mut dst, &src)?; // queued; tracked
+//! assert_eq!(dst.to_vec()?, vec![1, 2, 3, 4, 5]); // waits for the copy, not for the device
 //! # Ok(()) }
 //! ```
 //!
-//! Layers (the wgpu-style safety ladder): [`cuda`] wraps the driver calls we use
-//! (unsafe FFI stays there); [`Device`], [`Stream`], [`DeviceBuffer`], [`Module`] are checked
-//! objects valid on both backends; [`ops`] holds safe operations built on kernels.
+//! The crate is laid out by concept:
+//! * [`runtime`] — devices and their backends, streams, events, device memory, modules,
+//!   launches, and the event-tracked lifetimes that make every `Drop` safe without waiting
+//!   for a device (the unsafe FFI lives in one file of the CUDA backend);
+//! * [`comm`] — communicators, their topology, abort, asynchronous errors, the watchdog and
+//!   recovery;
+//! * [`mem`] — symmetric memory and windows;
+//! * [`devcomm`] — device communicators: the [`ferrolink_device::DevComm`] kernels use for
+//!   LSA barriers and window access, and the resources behind it;
+//! * [`ops`] — safe operations built on the built-in kernels; [`testing`] — running a test on
+//!   every backend; [`log`] — `FERROLINK_LOG`.
 //!
 //! Communication: [`Communicator::init_all`] creates the ranks (several may share one GPU),
 //! [`Communicator::mem_alloc`] and [`register_window`] build symmetric windows, and
-//! [`create_dev_comms`] gives each rank the [`ferrolink_device::DevComm`] its kernels use for
-//! LSA barriers and window access (docs/device-api.md).
+//! [`create_dev_comms`] gives each rank its device communicator (docs/device-api.md).
+#![warn(missing_docs)]
 
-pub mod backend;
 pub mod comm;
-mod cpu;
-mod cpu_vmm;
-pub mod cuda;
 pub mod devcomm;
-pub mod device;
 pub mod error;
-pub mod launch;
-pub mod memory;
+pub mod log;
+pub mod mem;
 pub mod ops;
-pub mod perf;
-pub mod stream;
+pub mod runtime;
 pub mod testing;
-pub mod window;
 
-pub use backend::Backend;
-pub use comm::{Communicator, launch_all};
-pub use devcomm::{DevCommHandle, DevCommRequirements, create_dev_comms, reset_barriers};
-pub use device::Device;
+pub use comm::{CommConfig, Communicator, launch_all, recover};
+pub use devcomm::{
+    DevCommHandle, DevCommRequirements, DevResource, ResourceId, ResourceRequest, create_dev_comms, reset_barriers,
+};
 pub use error::{Error, Result};
 pub use ferrolink_device as device_api;
-pub use launch::{KernelArgs, KernelParam, LaunchConfig, Module};
-pub use memory::DeviceBuffer;
-pub use stream::{Event, Stream};
-pub use window::{SymBuffer, Window, register_window};
-
-/// Free bytes of device memory on `dev` (CUDA only; for leak checks in tests and tools).
-pub fn cuda_mem_free(dev: &Device) -> Result<usize> {
-    match &dev.0.imp {
-        device::DeviceImpl::Cuda(d) => Ok(cuda::mem_info(d)?.0),
-        device::DeviceImpl::Cpu(_) => Err(Error::InvalidArgument("cuda_mem_free needs a CUDA device".into())),
-    }
-}
+pub use mem::{SymBuffer, Window, register_window};
+pub use runtime::{
+    Backend, Device, DeviceBuffer, Event, KernelArgs, KernelParam, LaunchArg, LaunchArgs, LaunchConfig, Module, Stream,
+};
 
 /// The PTX of the built-in `ferrolink-device` kernels, built by `ferrolink-builder` for sm_90.
 pub const DEVICE_PTX: &str = include_str!(env!("FERROLINK_DEVICE_PTX"));

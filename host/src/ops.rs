@@ -1,9 +1,12 @@
-//! Safe operations built on the built-in kernels.
+//! Safe operations built on the built-in kernels. They check what the kernels' contracts
+//! need (lengths, bounds, launch shapes) and pass borrowed buffers, so the launches are
+//! tracked: the operations return without waiting, and the buffers stay alive and ordered
+//! until the kernels have run.
 
-use crate::device::Device;
-use crate::launch::LaunchConfig;
-use crate::memory::DeviceBuffer;
-use crate::stream::Stream;
+use crate::runtime::device::Device;
+use crate::runtime::launch::LaunchConfig;
+use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
+use crate::runtime::stream::Stream;
 use crate::{Backend, Error, Result};
 use bytemuck::Pod;
 use ferrolink_device::kernel::Kernel;
@@ -24,10 +27,11 @@ pub fn copy_launch_config(dev: &Device, bytes: usize) -> LaunchConfig {
     }
 }
 
-/// Copies all of `src` into `dst` with the vectorized copy kernel (lengths must match), on
-/// `stream`, and waits for it. (The safe copies are synchronous so that their borrows cover
-/// the copy; for asynchronous copies launch `ferrolink_copy` with the `unsafe`
-/// [`Stream::launch`].)
+/// A kernel with the copy kernel's signature and contract.
+pub type CopyKernel = Kernel<(*mut u8, *const u8, usize)>;
+
+/// Queues a copy of all of `src` into `dst` with the vectorized copy kernel (lengths must
+/// match), on `stream`. Host reads of `dst` wait for it.
 pub fn copy<T: Pod>(stream: &Stream, dst: &mut DeviceBuffer<T>, src: &DeviceBuffer<T>) -> Result<()> {
     if dst.len() != src.len() {
         return Err(Error::InvalidArgument(format!(
@@ -36,14 +40,14 @@ pub fn copy<T: Pod>(stream: &Stream, dst: &mut DeviceBuffer<T>, src: &DeviceBuff
             src.len()
         )));
     }
-    let cfg = copy_launch_config(stream.device(), src.bytes());
-    copy_raw(stream, &ferrolink_copy, dst.addr(), dst.device(), src.addr(), src.device(), src.bytes(), cfg)?;
-    // The borrows end when this returns: wait, so no other stream can race the copy.
-    stream.synchronize()
+    let bytes = src.bytes();
+    let cfg = copy_launch_config(stream.device(), bytes);
+    launch_copy(stream, &ferrolink_copy, dst.bytes_at_mut(0)?, src.bytes_at(0)?, bytes, cfg)
 }
 
-/// Copies `bytes` bytes from `src[src_offset..]` to `dst[dst_offset..]` with the copy kernel
-/// and launch shape `cfg` (see [`copy_launch_config`]). Offsets need no alignment.
+/// Queues a copy of `bytes` bytes from `src[src_offset..]` to `dst[dst_offset..]` with the
+/// copy kernel and launch shape `cfg` (one-dimensional; see [`copy_launch_config`]). Offsets
+/// need no alignment.
 pub fn copy_bytes_with(
     stream: &Stream,
     dst: &mut DeviceBuffer<u8>,
@@ -62,18 +66,7 @@ pub fn copy_bytes_with(
             src.len()
         )));
     }
-    copy_raw(
-        stream,
-        &ferrolink_copy,
-        dst.addr() + dst_offset as u64,
-        dst.device(),
-        src.addr() + src_offset as u64,
-        src.device(),
-        bytes,
-        cfg,
-    )?;
-    // The borrows end when this returns: wait, so no other stream can race the copy.
-    stream.synchronize()
+    launch_copy(stream, &ferrolink_copy, dst.bytes_at_mut(dst_offset)?, src.bytes_at(src_offset)?, bytes, cfg)
 }
 
 /// [`copy_bytes_with`] with the default launch shape.
@@ -89,31 +82,66 @@ pub fn copy_bytes(
     copy_bytes_with(stream, dst, dst_offset, src, src_offset, bytes, cfg)
 }
 
-/// A kernel with the copy kernel's signature and contract.
-pub(crate) type CopyKernel = Kernel<(*mut u8, *const u8, usize)>;
+/// The built-in copy kernels: [`ferrolink_copy`] and its
+/// [`variants`](ferrolink_device::kernels::copy::variants), which share its contract.
+pub fn builtin_copy_kernels() -> [(&'static str, &'static CopyKernel); 6] {
+    use ferrolink_device::kernels::copy::variants::*;
+    [
+        ("ferrolink_copy", &ferrolink_copy),
+        ("grid-stride x4", &copy_variant_grid_stride4),
+        ("grid-stride x8 streaming", &copy_variant_grid_stride8_streaming),
+        ("warp-contiguous x4", &copy_variant_warp_contiguous4),
+        ("warp-contiguous x16", &copy_variant_warp_contiguous16),
+        ("warp-contiguous x8 streaming", &copy_variant_warp_contiguous8_streaming),
+    ]
+}
 
-/// Launches `kernel`, which must have [`ferrolink_copy`]'s contract (only the built-in copy
-/// kernel and its variants are passed here), after the callers' bounds checks.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn copy_raw(
+/// Runs `kernel` (one of [`builtin_copy_kernels`]) over all of `src` into `dst` with shape
+/// `cfg`: the perf tool's way to time them.
+pub fn copy_with_kernel<T: Pod>(
+    stream: &Stream,
+    kernel: &'static CopyKernel,
+    dst: &mut DeviceBuffer<T>,
+    src: &DeviceBuffer<T>,
+    cfg: LaunchConfig,
+) -> Result<()> {
+    if !builtin_copy_kernels().iter().any(|(_, k)| k.name() == kernel.name()) {
+        return Err(Error::InvalidArgument(format!(
+            "copy_with_kernel: `{}` is not a built-in copy kernel",
+            kernel.name()
+        )));
+    }
+    if dst.len() != src.len() {
+        return Err(Error::InvalidArgument("copy_with_kernel: lengths differ".into()));
+    }
+    let bytes = src.bytes();
+    launch_copy(stream, kernel, dst.bytes_at_mut(0)?, src.bytes_at(0)?, bytes, cfg)
+}
+
+/// Launches a copy kernel on checked ranges.
+fn launch_copy(
     stream: &Stream,
     kernel: &CopyKernel,
-    dst: u64,
-    dst_dev: &Device,
-    src: u64,
-    src_dev: &Device,
+    dst: TrackedPtr<'_, *mut u8>,
+    src: TrackedPtr<'_, *const u8>,
     bytes: usize,
     cfg: LaunchConfig,
 ) -> Result<()> {
-    if !dst_dev.same_as(stream.device()) || !src_dev.same_as(stream.device()) {
-        return Err(Error::WrongDevice("buffer"));
+    if !cfg.is_1d() {
+        // The copy kernels index threads along x only: in a 2-D or 3-D launch several threads
+        // would store the same bytes at once (a data race).
+        return Err(Error::InvalidArgument(format!(
+            "copy: the launch shape must be one-dimensional (grid {:?}, block {:?})",
+            cfg.grid, cfg.block
+        )));
     }
     if bytes == 0 {
         return Ok(());
     }
     let module = stream.device().builtin_module()?;
-    // SAFETY: both ranges were bounds-checked against live buffers of this device; they do
-    // not overlap (distinct allocations, `&mut` excludes aliasing); buffers outlive the
-    // kernel because dropping one synchronizes the device, and host access synchronizes first.
-    unsafe { stream.launch(module, kernel, cfg, (dst as *mut u8, src as *const u8, bytes)) }
+    // SAFETY: the copy kernels' contract: the callers bounds-checked `bytes` bytes at both
+    // pointers against live buffers (the launch checks their devices and keeps them alive);
+    // the ranges do not overlap (distinct allocations: `dst` comes from a `&mut` borrow);
+    // the launch is 1-D, so each byte is written by one thread.
+    unsafe { stream.launch(module, kernel, cfg, (dst, src, bytes)) }
 }

@@ -14,7 +14,7 @@
 //! ```
 
 use crate::{
-    Backend, Communicator, DevCommHandle, DevCommRequirements, Device, Result, Window, create_dev_comms,
+    Backend, CommConfig, Communicator, DevCommHandle, DevCommRequirements, Device, Result, Window, create_dev_comms,
     register_window,
 };
 
@@ -69,9 +69,20 @@ pub fn virtual_job(
     dev: &Device,
     nranks: usize,
     window_bytes: usize,
-    reqs: DevCommRequirements,
+    reqs: &DevCommRequirements,
 ) -> Result<(Vec<Communicator>, Vec<Window>, Vec<DevCommHandle>)> {
-    let comms = Communicator::init_all(&vec![dev.clone(); nranks])?;
+    virtual_job_with(dev, nranks, window_bytes, reqs, CommConfig::from_env(dev.backend()))
+}
+
+/// [`virtual_job`] with explicit watchdog settings.
+pub fn virtual_job_with(
+    dev: &Device,
+    nranks: usize,
+    window_bytes: usize,
+    reqs: &DevCommRequirements,
+    config: CommConfig,
+) -> Result<(Vec<Communicator>, Vec<Window>, Vec<DevCommHandle>)> {
+    let comms = Communicator::init_all_with(&vec![dev.clone(); nranks], config)?;
     let bufs = comms.iter().map(|c| c.mem_alloc(window_bytes)).collect::<Result<Vec<_>>>()?;
     let windows = register_window(&comms, bufs)?;
     let handles = create_dev_comms(&comms, reqs)?;

@@ -62,6 +62,12 @@ pub fn thread_rank_in_block() -> usize {
     thread_idx(Axis::X) + block_dim(Axis::X) * (thread_idx(Axis::Y) + block_dim(Axis::Y) * thread_idx(Axis::Z))
 }
 
+/// Linear index of this CTA in its grid (x fastest, then y, then z).
+#[inline(always)]
+pub fn linear_block_idx() -> usize {
+    block_idx(Axis::X) + grid_dim(Axis::X) * (block_idx(Axis::Y) + grid_dim(Axis::Y) * block_idx(Axis::Z))
+}
+
 /// Threads in this CTA.
 #[inline(always)]
 pub fn block_size() -> usize {

@@ -203,7 +203,7 @@ kernel! {
     /// (docs/PERF.md).
     ///
     /// # Safety
-    /// `src` holds `bytes` bytes; `bytes <= win.size`; `grid <= lsa_barrier_count`.
+    /// `src` holds `bytes` bytes; `bytes <= win.size`; `grid <= lsa_barrier_count` (checked: a CTA without a barrier reports the error and traps).
     pub unsafe fn lsa_ring_exchange(comm: DevComm, win: DevWindow, src: *const u8, bytes: usize) {
         let b = arch::block_idx_x();
         let next = (comm.lsa_rank + 1) % comm.lsa_size;
@@ -227,7 +227,7 @@ kernel! {
     /// bitwise the same sums (same order: peer 0, 1, …).
     ///
     /// # Safety
-    /// `win.size >= count * 4`; `out` holds `count` floats; `grid <= lsa_barrier_count`.
+    /// `win.size >= count * 4`; `out` holds `count` floats; `grid <= lsa_barrier_count` (checked: a CTA without a barrier reports the error and traps).
     pub unsafe fn lsa_allreduce_sum_f32(comm: DevComm, win: DevWindow, out: *mut f32, count: usize) {
         let b = arch::block_idx_x();
         // SAFETY: one barrier per CTA (kernel contract).
@@ -253,7 +253,7 @@ kernel! {
     ///
     /// # Safety
     /// `input` holds `count` floats (16-byte aligned); `win.size >= count * 4`;
-    /// `grid <= lsa_barrier_count`.
+    /// `grid <= lsa_barrier_count` (checked: a CTA without a barrier reports the error and traps).
     pub unsafe fn lsa_fused_scale_put(comm: DevComm, win: DevWindow, input: *const f32, count: usize, scale: f32) {
         let next = (comm.lsa_rank + 1) % comm.lsa_size;
         let dst = win.lsa_ptr::<f32>(0, next);
@@ -285,6 +285,8 @@ kernel! {
 pub const TRY_SYNC_OK: u32 = 1;
 /// [`lsa_barrier_try_sync`] status: the wait timed out.
 pub const TRY_SYNC_TIMED_OUT: u32 = 2;
+/// [`lsa_barrier_try_sync`] status: the communicator was aborted.
+pub const TRY_SYNC_ABORTED: u32 = 3;
 
 kernel! {
     /// One LSA barrier round on barrier `block_idx` with a device-side timeout; CTA `b` writes
@@ -299,7 +301,8 @@ kernel! {
         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
         let result = match bar.sync_timeout(timeout_ns) {
             Ok(()) => TRY_SYNC_OK,
-            Err(_) => TRY_SYNC_TIMED_OUT,
+            Err(crate::barrier::BarrierError::Timeout) => TRY_SYNC_TIMED_OUT,
+            Err(crate::barrier::BarrierError::Aborted) => TRY_SYNC_ABORTED,
         };
         if arch::thread_rank_in_block() == 0 {
             // SAFETY: `status` holds one word per CTA.

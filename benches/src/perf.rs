@@ -1,8 +1,16 @@
 //! Measurements behind the `ferrolink-perf` tool and the benches. Every figure is taken
 //! side by side with its baseline in the same run and reported as a ratio.
 
-use crate::launch::LaunchConfig;
-use crate::{Device, DeviceBuffer, Result, ops};
+use ferrolink::{Backend, Device, DeviceBuffer, LaunchConfig, Result, ops};
+
+/// The name of the driver's device-to-device copy on `dev`'s backend (the baseline of the
+/// copy, put and ring figures): `cuMemcpyDtoD` on CUDA, a host `memcpy` on the emulator.
+pub fn driver_copy_name(dev: &Device) -> &'static str {
+    match dev.backend() {
+        Backend::Cuda => "cuMemcpyDtoD",
+        Backend::Cpu => "host memcpy (emulator)",
+    }
+}
 
 /// Median of a non-empty list of samples.
 pub fn median(samples: &mut [f64]) -> f64 {
@@ -46,7 +54,7 @@ fn time_gbps(
     dev: &Device,
     bytes: usize,
     iters: usize,
-    mut op: impl FnMut(&crate::Stream) -> Result<()>,
+    mut op: impl FnMut(&ferrolink::Stream) -> Result<()>,
 ) -> Result<f64> {
     let stream = dev.create_stream()?;
     op(&stream)?; // warm-up (module load, first-touch)
@@ -64,39 +72,32 @@ fn time_gbps(
 /// copies each, medians reported. With `sweep`, also the copy kernel's variants
 /// ([`ferrolink_device::kernels::copy::variants`]) across launch shapes.
 pub fn copy_bench(dev: &Device, bytes: usize, iters: usize, trials: usize, sweep: bool) -> Result<CopyReport> {
-    use ferrolink_device::kernels::copy::{ferrolink_copy, variants};
+    use ferrolink_device::kernels::copy::ferrolink_copy;
     let src: DeviceBuffer<u8> = dev.alloc_from(&(0..bytes).map(|i| (i * 131 % 251) as u8).collect::<Vec<u8>>())?;
-    let dst: DeviceBuffer<u8> = dev.alloc(bytes)?;
-    let run = |s: &crate::Stream, k: &ops::CopyKernel, cfg: LaunchConfig| {
-        ops::copy_raw(s, k, dst.addr(), dst.device(), src.addr(), src.device(), bytes, cfg)
-    };
+    let mut dst: DeviceBuffer<u8> = dev.alloc(bytes)?;
+    let (dst_addr, src_addr) = (dst.addr(), src.addr());
     let default_cfg = ops::copy_launch_config(dev, bytes);
     let (mut base, mut kern) = (Vec::new(), Vec::new());
     for _ in 0..trials.max(1) {
-        // The driver copy gets its own buffers' addresses through the same raw path.
-        base.push(time_gbps(dev, bytes, iters, |s| s.copy_raw_dtod(dst.addr(), src.addr(), bytes))?);
-        kern.push(time_gbps(dev, bytes, iters, |s| run(s, &ferrolink_copy, default_cfg))?);
+        // SAFETY: both buffers hold `bytes` bytes, live until the end of this function, after
+        // `time_gbps` has waited for its copies; only these copies touch them.
+        base.push(time_gbps(dev, bytes, iters, |s| unsafe { s.copy_raw(dst_addr, src_addr, bytes) })?);
+        kern.push(time_gbps(dev, bytes, iters, |s| {
+            ops::copy_with_kernel(s, &ferrolink_copy, &mut dst, &src, default_cfg)
+        })?);
     }
     let mut figures = Vec::new();
     if sweep {
         let sms = dev.sm_count();
-        let kernels: [(&str, &ops::CopyKernel); 6] = [
-            ("ferrolink_copy", &ferrolink_copy),
-            ("grid_stride4", &variants::copy_variant_grid_stride4),
-            ("grid_stride8_streaming", &variants::copy_variant_grid_stride8_streaming),
-            ("warp_contiguous4", &variants::copy_variant_warp_contiguous4),
-            ("warp_contiguous16", &variants::copy_variant_warp_contiguous16),
-            ("warp_contiguous8_streaming", &variants::copy_variant_warp_contiguous8_streaming),
-        ];
-        for (name, kernel) in kernels {
+        for (name, kernel) in ops::builtin_copy_kernels() {
             for (per_sm, threads) in [(2u32, 512u32), (8, 256), (32, 256), (64, 256)] {
                 let cfg = LaunchConfig::linear(sms * per_sm, threads);
                 let mut v = Vec::new();
                 for _ in 0..trials.max(1) {
-                    match time_gbps(dev, bytes, iters, |s| run(s, kernel, cfg)) {
+                    match time_gbps(dev, bytes, iters, |s| ops::copy_with_kernel(s, kernel, &mut dst, &src, cfg)) {
                         Ok(g) => v.push(g),
                         // A shape this variant cannot run (too many registers for the block).
-                        Err(crate::Error::InvalidArgument(_)) => break,
+                        Err(ferrolink::Error::InvalidArgument(_)) => break,
                         Err(e) => return Err(e),
                     }
                 }
@@ -112,7 +113,7 @@ pub fn copy_bench(dev: &Device, bytes: usize, iters: usize, trials: usize, sweep
     }
     Ok(CopyReport {
         bytes,
-        baseline: CopyFigure { method: "cuMemcpyDtoD".into(), gbps: median(&mut base) },
+        baseline: CopyFigure { method: driver_copy_name(dev).into(), gbps: median(&mut base) },
         kernel: CopyFigure {
             method: format!("ferrolink_copy {}x{}", default_cfg.grid.0, default_cfg.block.0),
             gbps: median(&mut kern),
@@ -157,15 +158,15 @@ mod tests {
     }
 }
 
-/// Virtual ranks on one device with `barriers` LSA barriers (see [`crate::testing::virtual_job`]).
+/// Virtual ranks on one device with `barriers` LSA barriers (see [`ferrolink::testing::virtual_job`]).
 fn virtual_job(
     dev: &Device,
     nranks: usize,
     window_bytes: usize,
     barriers: u32,
-) -> Result<(Vec<crate::Communicator>, Vec<crate::Window>, Vec<crate::DevCommHandle>)> {
-    let reqs = crate::DevCommRequirements { lsa_barrier_count: barriers, window_capacity: 1 };
-    crate::testing::virtual_job(dev, nranks, window_bytes, reqs)
+) -> Result<(Vec<ferrolink::Communicator>, Vec<ferrolink::Window>, Vec<ferrolink::DevCommHandle>)> {
+    let reqs = ferrolink::DevCommRequirements { lsa_barrier_count: barriers, window_capacity: 1, ..Default::default() };
+    ferrolink::testing::virtual_job(dev, nranks, window_bytes, &reqs)
 }
 
 /// LSA barrier latency for one shape: medians over trials of the slowest CTA's average round.
@@ -206,7 +207,7 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32, trials
         // Allocate first: host work between the ranks' launches could wait on spinning ranks.
         let mut outs = comms.iter().map(|c| c.device().alloc::<u64>(ctas as usize)).collect::<Result<Vec<_>>>()?;
         let ptrs: Vec<*mut u64> = outs.iter_mut().map(|o| o.as_kernel_mut_ptr()).collect();
-        crate::launch_all(&comms, |c| {
+        ferrolink::launch_all(&comms, |c| {
             let mut dc = handles[c.rank()].dev_comm();
             if let Some(s) = scope {
                 dc.lsa_scope_code = s.code();
@@ -228,7 +229,7 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32, trials
         }
         Ok(worst as f64 / f64::from(rounds) / 1e3)
     };
-    let wide = if dev.backend() == crate::Backend::Cuda { 256 } else { 64 };
+    let wide = if dev.backend() == Backend::Cuda { 256 } else { 64 };
     let mut samples: [Vec<f64>; 5] = Default::default();
     for _ in 0..trials.max(1) {
         samples[0].push(run(None, 32, 0, BarrierOrder::AcqRel)?);
@@ -255,7 +256,7 @@ pub fn barrier_bench(dev: &Device, nranks: usize, ctas: u32, rounds: u32, trials
 /// what carries over.
 pub fn sm_clock_mhz(dev: &Device) -> Result<Option<f64>> {
     use ferrolink_device::kernels::probe::sm_clock_probe;
-    if dev.backend() != crate::Backend::Cuda {
+    if dev.backend() != Backend::Cuda {
         return Ok(None);
     }
     let mut out = dev.alloc::<u64>(2)?;
@@ -316,7 +317,7 @@ pub fn primitive_latencies(
 pub fn put_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trials: usize) -> Result<CopyReport> {
     use ferrolink_device::kernels::lsa::lsa_put;
     if nranks < 2 {
-        return Err(crate::Error::InvalidArgument(format!("put_bench needs at least 2 ranks, got {nranks}")));
+        return Err(ferrolink::Error::InvalidArgument(format!("put_bench needs at least 2 ranks, got {nranks}")));
     }
     let (comms, windows, _handles) = virtual_job(dev, nranks, bytes, 1)?;
     let src: DeviceBuffer<u8> = dev.alloc_from(&(0..bytes).map(|i| (i * 31 % 253) as u8).collect::<Vec<u8>>())?;
@@ -326,7 +327,9 @@ pub fn put_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trials
     let module = dev.builtin_module()?;
     let (mut base, mut kern) = (Vec::new(), Vec::new());
     for _ in 0..trials.max(1) {
-        base.push(time_gbps(dev, bytes, iters, |s| s.copy_raw_dtod(peer_addr, src.addr(), bytes))?);
+        // SAFETY: `src` and rank 1's slot hold `bytes` bytes and live until the end of this
+        // function, after `time_gbps` has waited for its copies.
+        base.push(time_gbps(dev, bytes, iters, |s| unsafe { s.copy_raw(peer_addr, src.addr(), bytes) })?);
         kern.push(time_gbps(dev, bytes, iters, |s| {
             // SAFETY: `src` holds `bytes` bytes; rank 1's slot holds `bytes` bytes; both live
             // until synchronized (time_gbps waits for its events).
@@ -336,7 +339,7 @@ pub fn put_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trials
     drop(comms);
     Ok(CopyReport {
         bytes,
-        baseline: CopyFigure { method: "cuMemcpyDtoD to the peer slot".into(), gbps: median(&mut base) },
+        baseline: CopyFigure { method: format!("{} to the peer slot", driver_copy_name(dev)), gbps: median(&mut base) },
         kernel: CopyFigure { method: format!("lsa_put {}x{}", cfg.grid.0, cfg.block.0), gbps: median(&mut kern) },
         sweep: Vec::new(),
     })
@@ -351,7 +354,7 @@ pub fn ring_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trial
     let ctas = (dev.sm_count() * 2 / nranks as u32).clamp(1, 128);
     let (comms, windows, handles) = virtual_job(dev, nranks, bytes, ctas)?;
     let srcs = comms.iter().map(|c| c.device().alloc::<u8>(bytes)).collect::<Result<Vec<_>>>()?;
-    let threads = if dev.backend() == crate::Backend::Cuda { 256 } else { 32 };
+    let threads = if dev.backend() == Backend::Cuda { 256 } else { 32 };
     let wall = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
         f()?; // warm-up
         for c in &comms {
@@ -371,12 +374,14 @@ pub fn ring_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trial
         base.push(wall(&mut || {
             for r in 0..nranks {
                 let next = windows[r].dev_window().lsa_ptr::<u8>(0, ((r + 1) % nranks) as u32) as u64;
-                comms[r].stream().copy_raw_dtod(next, srcs[r].addr(), bytes)?;
+                // SAFETY: the source and the next rank's slot hold `bytes` bytes and live until
+                // the end of this function, after `wall` has synchronized every stream.
+                unsafe { comms[r].stream().copy_raw(next, srcs[r].addr(), bytes)? };
             }
             Ok(())
         })?);
         kern.push(wall(&mut || {
-            crate::launch_all(&comms, |c| {
+            ferrolink::launch_all(&comms, |c| {
                 let r = c.rank();
                 // SAFETY: sources and window slots hold `bytes` bytes and outlive the kernels
                 // (synchronized in `wall`); `ctas` barriers exist; every rank launches the same grid.
@@ -385,7 +390,7 @@ pub fn ring_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trial
                         c.device().builtin_module()?,
                         &lsa_ring_exchange,
                         LaunchConfig::linear(ctas, threads),
-                        (handles[r].dev_comm(), windows[r].dev_window(), srcs[r].as_kernel_ptr(), bytes),
+                        (&handles[r], &windows[r], &srcs[r], bytes),
                     )
                 }
             })
@@ -393,7 +398,10 @@ pub fn ring_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trial
     }
     Ok(CopyReport {
         bytes,
-        baseline: CopyFigure { method: format!("cuMemcpyDtoD on {nranks} streams"), gbps: median(&mut base) },
+        baseline: CopyFigure {
+            method: format!("{} on {nranks} streams", driver_copy_name(dev)),
+            gbps: median(&mut base),
+        },
         kernel: CopyFigure {
             method: format!("lsa_ring_exchange {nranks} ranks x {ctas}x{threads}"),
             gbps: median(&mut kern),

@@ -4,7 +4,9 @@
 //! addresses (a rank's own buffer and its slot in every window's flat range), and a store
 //! through one is seen through the others. All of this module's unsafe code is FFI.
 
+use super::super::{AddressRange, DeviceBackend, PhysicalMemory, mixed_backends};
 use crate::{Error, Result};
+use std::any::Any;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// The CPU backend's "VMM granularity": the same 2 MiB as the H200's, so that sizes and
@@ -80,8 +82,7 @@ impl CpuRange {
         Ok(CpuRange { base: base as u64, size })
     }
 
-    /// Maps `phys` at `offset`.
-    pub(crate) fn map(&self, offset: usize, phys: &CpuPhysical) -> Result<()> {
+    fn map_memfd(&self, offset: usize, phys: &CpuPhysical) -> Result<()> {
         if offset.checked_add(phys.size).is_none_or(|end| end > self.size) {
             return Err(Error::InvalidArgument(format!(
                 "mapping {} bytes at offset {offset} overruns a {}-byte range",
@@ -107,9 +108,33 @@ impl CpuRange {
     }
 }
 
+impl PhysicalMemory for CpuPhysical {
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl AddressRange for CpuRange {
+    fn base(&self) -> u64 {
+        self.base
+    }
+    fn map(&mut self, offset: usize, phys: &dyn PhysicalMemory) -> Result<()> {
+        let phys = phys.as_any().downcast_ref::<CpuPhysical>().ok_or_else(|| mixed_backends("mapping memory"))?;
+        self.map_memfd(offset, phys)
+    }
+    fn grant_access(&self, _devices: &[&dyn DeviceBackend]) -> Result<()> {
+        // Host memory: every emulated device already reaches it.
+        Ok(())
+    }
+}
+
 impl Drop for CpuRange {
     fn drop(&mut self) {
-        // SAFETY: the range is ours; owners synchronize the device before dropping it.
+        // SAFETY: the range is ours; the runtime retires ranges only after the kernels that
+        // used them finished.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.size) };
     }
 }

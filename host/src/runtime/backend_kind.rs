@@ -1,4 +1,5 @@
-//! Backend selection: CUDA or the CPU emulator.
+//! Backend selection: CUDA or the CPU emulator (the implementations live in
+//! `runtime/backend/`).
 
 use crate::{Error, Result};
 
@@ -39,15 +40,16 @@ impl Backend {
     pub fn from_env() -> Result<Backend> {
         match std::env::var("FERROLINK_BACKEND") {
             Ok(v) if !v.is_empty() && v != "auto" => v.parse(),
-            _ => Ok(if crate::cuda::availability().is_ok() { Backend::Cuda } else { Backend::Cpu }),
+            _ => Ok(if crate::runtime::backend::availability(Backend::Cuda).is_ok() {
+                Backend::Cuda
+            } else {
+                Backend::Cpu
+            }),
         }
     }
 
     /// Whether this backend can be used on this machine; the error says why not.
     pub fn check_available(self) -> Result<()> {
-        match self {
-            Backend::Cpu => Ok(()),
-            Backend::Cuda => crate::cuda::availability(),
-        }
+        crate::runtime::backend::availability(self)
     }
 }

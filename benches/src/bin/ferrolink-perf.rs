@@ -9,7 +9,8 @@
 //! a GPU is present, else the CPU emulator (whose figures are not GPU figures).
 
 use clap::{Parser, Subcommand};
-use ferrolink::{Backend, Device, perf};
+use ferrolink::{Backend, Device};
+use ferrolink_benches::perf;
 
 #[derive(Parser)]
 #[command(name = "ferrolink-perf", about = "ferrolink benchmarks, each beside its baseline")]

@@ -1,25 +1,23 @@
 //! [`Device`]: one GPU, or one emulated device on the CPU.
 
-use crate::cpu::CpuDevice;
-use crate::cuda::CudaDevice;
-use crate::launch::Module;
-use crate::memory::DeviceBuffer;
-use crate::stream::Stream;
+use crate::runtime::backend::{self, DeviceBackend, DeviceKey};
+use crate::runtime::lifetime::{self, Untracked, lock};
+use crate::runtime::memory::DeviceBuffer;
+use crate::runtime::module::Module;
+use crate::runtime::stream::{Stream, StreamCore};
 use crate::{Backend, Error, Result};
 use bytemuck::Pod;
-use std::sync::{Arc, OnceLock};
-
-pub(crate) enum DeviceImpl {
-    Cuda(CudaDevice),
-    Cpu(CpuDevice),
-}
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 pub(crate) struct DeviceInner {
-    // Declared first so that it is dropped first: the module is unloaded while the device's
-    // context is still retained (`imp` releases it).
+    // Declared first so that it is dropped first, while the device is otherwise whole.
     builtin: OnceLock<Module>,
-    pub(crate) imp: DeviceImpl,
+    pub(crate) backend: Arc<dyn DeviceBackend>,
     ordinal: usize,
+    /// Completions of launches whose memory use is not tracked (raw addresses).
+    pub(crate) untracked: Arc<Untracked>,
+    /// The device's live streams, for [`Device::synchronize`].
+    streams: Mutex<Vec<Weak<StreamCore>>>,
 }
 
 /// A device: a GPU on [`Backend::Cuda`], or an emulated GPU on [`Backend::Cpu`]. Cheap to
@@ -43,20 +41,21 @@ impl Device {
     /// Opens device `ordinal` on `backend`. On [`Backend::Cpu`] any ordinal names an
     /// independent emulated device.
     pub fn open_with(backend: Backend, ordinal: usize) -> Result<Device> {
-        let imp = match backend {
-            Backend::Cuda => DeviceImpl::Cuda(CudaDevice::open(ordinal)?),
-            Backend::Cpu => DeviceImpl::Cpu(CpuDevice::new()),
-        };
-        tracing::debug!(%backend, ordinal, "opened device");
-        Ok(Device(Arc::new(DeviceInner { builtin: OnceLock::new(), imp, ordinal })))
+        crate::log::init();
+        let imp = backend::open(backend, ordinal)?;
+        tracing::debug!(target: "ferrolink::runtime", %backend, ordinal, name = %imp.name(), "opened device");
+        Ok(Device(Arc::new(DeviceInner {
+            builtin: OnceLock::new(),
+            backend: imp,
+            ordinal,
+            untracked: Arc::default(),
+            streams: Mutex::new(Vec::new()),
+        })))
     }
 
     /// The backend this device runs on.
     pub fn backend(&self) -> Backend {
-        match self.0.imp {
-            DeviceImpl::Cuda(_) => Backend::Cuda,
-            DeviceImpl::Cpu(_) => Backend::Cpu,
-        }
+        self.0.backend.kind()
     }
 
     /// The ordinal given at open.
@@ -66,27 +65,31 @@ impl Device {
 
     /// A human-readable name: the GPU's, or `CPU emulator`.
     pub fn name(&self) -> String {
-        match &self.0.imp {
-            DeviceImpl::Cuda(d) => d.name.clone(),
-            DeviceImpl::Cpu(_) => "CPU emulator".into(),
-        }
+        self.0.backend.name()
     }
 
     /// Streaming multiprocessors (on the emulator: the host's available parallelism).
     pub fn sm_count(&self) -> u32 {
-        match &self.0.imp {
-            DeviceImpl::Cuda(d) => d.sm_count,
-            DeviceImpl::Cpu(_) => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
-        }
+        self.0.backend.sm_count()
+    }
+
+    /// Free and total device memory in bytes (CUDA only; for leak checks in tests and tools).
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.0.backend.mem_info()
     }
 
     /// Creates a stream. On CUDA it is non-blocking, so streams of different ranks on one
     /// GPU run concurrently.
     pub fn create_stream(&self) -> Result<Stream> {
-        Stream::new(self)
+        let s = Stream::new(self)?;
+        let mut streams = lock(&self.0.streams);
+        streams.retain(|w| w.strong_count() > 0);
+        streams.push(Arc::downgrade(s.core()));
+        Ok(s)
     }
 
     /// Allocates `len` zeroed elements of device memory (256-byte aligned on both backends).
+    /// Never waits for running kernels.
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
         DeviceBuffer::zeroed(self, len)
     }
@@ -113,64 +116,41 @@ impl Device {
         Ok(self.0.builtin.get_or_init(|| m))
     }
 
-    /// Waits for all work on all streams of this device; returns the first error.
+    /// Waits for all work on all live streams of this device; returns the first error. Only
+    /// for explicit use: nothing in ferrolink calls it (drops and host copies wait for the
+    /// work that used their memory, not for the device).
     pub fn synchronize(&self) -> Result<()> {
-        if crate::cuda::in_group_launch() {
+        if crate::runtime::group::in_group_launch() {
             return Err(Error::InvalidArgument(
                 "waiting for the whole device inside launch_all would wait for ranks not yet \
-                 launched (a deadlock): do host accesses, frees and synchronization after it"
+                 launched (a deadlock): do host accesses and synchronization after it"
                     .into(),
             ));
         }
-        match &self.0.imp {
-            DeviceImpl::Cuda(d) => d.synchronize(),
-            DeviceImpl::Cpu(d) => d.synchronize(),
-        }
-    }
-
-    /// Writes `src` to device address `addr`, after waiting for all work on the device; the
-    /// data has landed when this returns.
-    ///
-    /// # Safety
-    /// `[addr, addr + src.len())` is device memory of this device that the caller owns.
-    pub(crate) unsafe fn write_bytes(&self, addr: u64, src: &[u8]) -> Result<()> {
-        self.synchronize()?;
-        match &self.0.imp {
-            // SAFETY: the caller's contract; the device is idle.
-            DeviceImpl::Cuda(d) => unsafe { d.htod(addr, src) },
-            DeviceImpl::Cpu(_) => {
-                // SAFETY: the caller's contract; no stream runs (synchronized above).
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
-                Ok(())
+        let streams: Vec<Arc<StreamCore>> = lock(&self.0.streams).iter().filter_map(Weak::upgrade).collect();
+        let mut first = Ok(());
+        for s in streams {
+            if let (Err(e), true) = (s.synchronize(), first.is_ok()) {
+                first = Err(e);
             }
         }
-    }
-
-    /// Reads device address `addr` into `dst`, after waiting for all work on the device.
-    ///
-    /// # Safety
-    /// As [`Device::write_bytes`].
-    pub(crate) unsafe fn read_bytes(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
-        self.synchronize()?;
-        match &self.0.imp {
-            // SAFETY: the caller's contract; the device is idle.
-            DeviceImpl::Cuda(d) => unsafe { d.dtoh(dst, addr) },
-            DeviceImpl::Cpu(_) => {
-                // SAFETY: the caller's contract; no stream runs.
-                unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
-                Ok(())
-            }
-        }
+        lifetime::collect();
+        first
     }
 
     /// Whether both handles name the same device: the same GPU on CUDA (two `Device`s opened
     /// on one GPU share its primary context, and windows must map it once, not through two
     /// aliasing ranges), the same emulated device on the CPU backend.
-    pub(crate) fn same_as(&self, other: &Device) -> bool {
-        match (&self.0.imp, &other.0.imp) {
-            (DeviceImpl::Cuda(a), DeviceImpl::Cuda(b)) => a.raw_device() == b.raw_device(),
-            _ => Arc::ptr_eq(&self.0, &other.0),
-        }
+    pub fn same_as(&self, other: &Device) -> bool {
+        self.key() == other.key()
+    }
+
+    pub(crate) fn key(&self) -> DeviceKey {
+        self.0.backend.key()
+    }
+
+    pub(crate) fn backend_device(&self) -> &Arc<dyn DeviceBackend> {
+        &self.0.backend
     }
 }
 

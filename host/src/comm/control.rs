@@ -1,0 +1,258 @@
+//! Abort, asynchronous errors and fault reports of a communicator.
+//!
+//! A [`CommControl`] is shared by all ranks' handles of one communicator in this process. It
+//! holds the communicator's first asynchronous error and its abort state, and reaches every
+//! rank's device-side control block through the [`ControlSource`]s the device communicators
+//! register. Aborting raises the abort flag in each control block: every device wait of the
+//! communicator that is past its fast spin phase sees it and returns
+//! (`ferrolink_device::barrier`). The watchdog ([`super::watchdog`]) calls
+//! [`CommControl::tick`] periodically: it turns failed streams, device fault reports and
+//! waits that never end into an abort with an error that says who waits on whom.
+
+use crate::runtime::lifetime::lock;
+use crate::runtime::stream::{StreamCore, StreamObserver};
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// Watchdog settings of a communicator.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CommConfig {
+    /// How long a device wait may go on before the watchdog reports it and aborts the
+    /// communicator; `None`: never. Default: `FERROLINK_TIMEOUT` (seconds; `0` turns it off),
+    /// else 600 s on CUDA and 60 s on the CPU emulator (under the emulator's own 120 s launch
+    /// limit, so that the watchdog's report comes first).
+    pub timeout: Option<Duration>,
+    /// A wait logs a progress line (who waits on whom) each time it has waited this long.
+    /// Default: `FERROLINK_PROGRESS_SECS`, else 10 s.
+    pub progress_interval: Duration,
+}
+
+impl CommConfig {
+    /// The defaults for `backend`, with the environment's overrides.
+    pub fn from_env(backend: crate::Backend) -> CommConfig {
+        let secs = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<f64>().ok());
+        let default_timeout = match backend {
+            crate::Backend::Cuda => 600.0,
+            crate::Backend::Cpu => 60.0,
+        };
+        let timeout = match secs("FERROLINK_TIMEOUT").unwrap_or(default_timeout) {
+            t if t > 0.0 => Some(Duration::from_secs_f64(t)),
+            _ => None,
+        };
+        let progress_interval = Duration::from_secs_f64(secs("FERROLINK_PROGRESS_SECS").unwrap_or(10.0).max(0.01));
+        CommConfig { timeout, progress_interval }
+    }
+}
+
+/// A device wait that has not finished, as the watchdog sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct StalledWait {
+    /// World rank of the waiter.
+    pub(crate) rank: usize,
+    /// Linear CTA index of the waiter.
+    pub(crate) cta: u32,
+    /// Index of the barrier among the communicator's barriers.
+    pub(crate) barrier: u32,
+    /// The epoch it waits for.
+    pub(crate) epoch: u32,
+    /// World ranks that have not arrived at that epoch.
+    pub(crate) missing: Vec<usize>,
+}
+
+impl StalledWait {
+    /// "rank 3 CTA 5 waits at LSA barrier 5 for epoch 17: ranks 1 and 6 have not arrived".
+    pub(crate) fn describe(&self) -> String {
+        let who = match self.missing.as_slice() {
+            [] => "every rank has arrived".to_string(),
+            [one] => format!("rank {one} has not arrived"),
+            many => {
+                let (last, rest) = many.split_last().expect("non-empty");
+                let rest: Vec<String> = rest.iter().map(usize::to_string).collect();
+                format!("ranks {} and {last} have not arrived", rest.join(", "))
+            }
+        };
+        format!(
+            "rank {} CTA {} waits at LSA barrier {} for epoch {}: {who}",
+            self.rank, self.cta, self.barrier, self.epoch
+        )
+    }
+}
+
+/// One rank's device-side control block, as the communicator reaches it (implemented by the
+/// device communicator's resources).
+pub(crate) trait ControlSource: Send + Sync {
+    /// The rank whose block it is.
+    fn rank(&self) -> usize;
+    /// Raises the abort flag kernels poll.
+    fn raise_abort(&self);
+    /// The fault a kernel reported, decoded, if any.
+    fn fault(&self) -> Option<String>;
+    /// Waits that went slow and have not finished (missing peers read from the inboxes).
+    fn stalled_waits(&self) -> Result<Vec<StalledWait>>;
+    /// Returns the barriers, the abort flag and the fault record to their initial state.
+    /// Nothing may run that uses them.
+    fn reset(&self) -> Result<()>;
+}
+
+/// A stalled wait's key: (rank, barrier, epoch).
+type StallKey = (usize, u32, u32);
+
+/// When the watchdog first saw a stalled wait, and how many progress lines it has logged.
+type StallSeen = (Instant, u32);
+
+/// Abort state, asynchronous error and watchdog bookkeeping of one communicator.
+pub(crate) struct CommControl {
+    pub(crate) comm_id: u64,
+    config: CommConfig,
+    aborted: AtomicBool,
+    error: Mutex<Option<Error>>,
+    sources: Mutex<Vec<Weak<dyn ControlSource>>>,
+    /// Each rank's stream, watched for failures.
+    streams: Mutex<Vec<(usize, Weak<StreamCore>)>>,
+    /// When the watchdog first saw each stalled wait, keyed by (rank, barrier, epoch), and
+    /// how many progress lines it has logged for it.
+    stalls: Mutex<HashMap<StallKey, StallSeen>>,
+}
+
+impl CommControl {
+    pub(crate) fn new(comm_id: u64, config: CommConfig) -> CommControl {
+        CommControl {
+            comm_id,
+            config,
+            aborted: AtomicBool::new(false),
+            error: Mutex::new(None),
+            sources: Mutex::new(Vec::new()),
+            streams: Mutex::new(Vec::new()),
+            stalls: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn config(&self) -> CommConfig {
+        self.config
+    }
+
+    pub(crate) fn add_source(&self, s: Weak<dyn ControlSource>) {
+        let mut list = lock(&self.sources);
+        list.retain(|w| w.strong_count() > 0);
+        list.push(s);
+        drop(list);
+        if self.aborted.load(Ordering::SeqCst) {
+            self.raise_all();
+        }
+    }
+
+    pub(crate) fn watch_stream(&self, rank: usize, s: Weak<StreamCore>) {
+        lock(&self.streams).push((rank, s));
+    }
+
+    fn sources(&self) -> Vec<std::sync::Arc<dyn ControlSource>> {
+        lock(&self.sources).iter().filter_map(Weak::upgrade).collect()
+    }
+
+    fn raise_all(&self) {
+        for s in self.sources() {
+            s.raise_abort();
+        }
+    }
+
+    /// Whether the communicator is aborted.
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// The first asynchronous error.
+    pub(crate) fn error(&self) -> Option<Error> {
+        lock(&self.error).clone()
+    }
+
+    /// Aborts the communicator with `why` (kept as its asynchronous error unless it already
+    /// has one). Callable from any thread; returns at once.
+    pub(crate) fn abort(&self, why: Error) {
+        {
+            let mut e = lock(&self.error);
+            if e.is_none() {
+                tracing::error!(target: "ferrolink::comm", comm = self.comm_id, error = %why, "aborting the communicator");
+                *e = Some(why);
+            }
+        }
+        self.aborted.store(true, Ordering::SeqCst);
+        self.raise_all();
+    }
+
+    /// Forgets the abort and the asynchronous error (after the sources were reset).
+    pub(crate) fn clear(&self) {
+        *lock(&self.error) = None;
+        lock(&self.stalls).clear();
+        self.aborted.store(false, Ordering::SeqCst);
+    }
+
+    /// Resets every rank's control block (recovery).
+    pub(crate) fn reset_sources(&self) -> Result<()> {
+        self.sources().iter().try_for_each(|s| s.reset())
+    }
+
+    /// One watchdog pass: failed streams, fault reports, stalled waits.
+    pub(crate) fn tick(&self, now: Instant) {
+        if self.is_aborted() {
+            return;
+        }
+        let streams: Vec<(usize, std::sync::Arc<StreamCore>)> =
+            lock(&self.streams).iter().filter_map(|(r, w)| w.upgrade().map(|s| (*r, s))).collect();
+        for (rank, s) in streams {
+            if let Some(e) = s.backend().failure() {
+                self.abort(Error::Aborted(format!("rank {rank}'s stream failed: {e}")));
+                return;
+            }
+        }
+        let sources = self.sources();
+        for s in &sources {
+            if let Some(f) = s.fault() {
+                self.abort(Error::Aborted(format!("a kernel of rank {} reported a fault: {f}", s.rank())));
+                return;
+            }
+        }
+        let mut seen = Vec::new();
+        for s in &sources {
+            match s.stalled_waits() {
+                Ok(w) => seen.extend(w),
+                Err(e) => {
+                    tracing::debug!(target: "ferrolink::comm", error = %e, "watchdog could not read wait records")
+                }
+            }
+        }
+        let mut stalls = lock(&self.stalls);
+        stalls.retain(|k, _| seen.iter().any(|w| (w.rank, w.barrier, w.epoch) == *k));
+        let mut expired = None;
+        for w in &seen {
+            let entry = stalls.entry((w.rank, w.barrier, w.epoch)).or_insert((now, 0));
+            let waited = now.saturating_duration_since(entry.0);
+            if self.config.timeout.is_some_and(|t| waited >= t) {
+                expired.get_or_insert((w.clone(), waited));
+            } else if waited >= self.config.progress_interval * (entry.1 + 1) {
+                entry.1 += 1;
+                tracing::warn!(target: "ferrolink::comm", comm = self.comm_id, "{} (waiting for {:.0?})", w.describe(), waited);
+            }
+        }
+        drop(stalls);
+        if let Some((w, waited)) = expired {
+            self.abort(Error::WaitTimeout(format!(
+                "{} (waited {:.1?}, over the communicator's timeout; FERROLINK_TIMEOUT sets it)",
+                w.describe(),
+                waited
+            )));
+        }
+    }
+}
+
+impl StreamObserver for CommControl {
+    fn explain_failure(&self, _err: &Error) -> Option<Error> {
+        None
+    }
+
+    fn external_error(&self) -> Option<Error> {
+        if self.is_aborted() { Some(self.error().unwrap_or_else(|| Error::Aborted("aborted".into()))) } else { None }
+    }
+}

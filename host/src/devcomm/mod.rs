@@ -1,0 +1,351 @@
+//! Device communicators: the per-rank [`DevComm`] value kernels receive, and the host
+//! resources behind it (NCCL's `ncclDevCommCreate`): the barrier window and epochs, the
+//! window table, and the control block (abort flag, fault record, wait records) in
+//! host-mapped memory.
+
+mod diagnostics;
+pub mod requirements;
+
+use crate::comm::control::{ControlSource, StalledWait};
+use crate::comm::{Communicator, check_all_ranks};
+use crate::mem::window::{Window, register_window};
+use crate::runtime::device::Device;
+use crate::runtime::host_mapped::HostMapped;
+use crate::runtime::launch::{LaunchArg, LaunchTracking, sealed::Sealed};
+use crate::runtime::lifetime::{self, Uses, lock};
+use crate::runtime::memory::DeviceBuffer;
+use crate::runtime::stream::StreamObserver;
+use crate::{Error, Result};
+use ferrolink_device::barrier::{inbox_bytes, inbox_row_bytes, seq_reached};
+use ferrolink_device::comm::DevCommHeader;
+use ferrolink_device::{DevComm, DevControl, DevErrorRecord, DevWindow, LsaBarrierHandle, WaitRecord};
+pub use requirements::{DevCommRequirements, DevResource, ResourceId, ResourceRequest};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// Where the wait records start in the control block (after the [`DevControl`]).
+const WAIT_RECORDS_OFFSET: usize = std::mem::size_of::<DevControl>().next_multiple_of(64);
+
+/// One rank's device communicator resources. Registered with its communicator as a
+/// [`ControlSource`] and with the streams it is launched on as a [`StreamObserver`].
+struct DevCommResources {
+    dev: Device,
+    rank: usize,
+    lsa_rank: usize,
+    lsa_size: usize,
+    barrier_total: u32,
+    control: HostMapped,
+    barrier_window: Window,
+    epochs: Mutex<DeviceBuffer<u32>>,
+    table: Mutex<DeviceBuffer<DevWindow>>,
+    windows: Mutex<Vec<Window>>,
+    uses: Arc<Uses>,
+    /// Per barrier, the last epoch the watchdog found complete (no need to look again).
+    known_done: Mutex<HashMap<u32, u32>>,
+}
+
+impl DevCommResources {
+    fn control_word(&self, offset: usize) -> &AtomicU32 {
+        debug_assert!(offset + 4 <= self.control.len() && offset.is_multiple_of(4));
+        // SAFETY: `offset` is a 4-byte aligned word inside the live control block (host
+        // memory); kernels access it only with word atomics, and so does the host.
+        unsafe { AtomicU32::from_ptr(self.control.host_ptr().add(offset) as *mut u32) }
+    }
+
+    fn control_dword(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset + 8 <= self.control.len() && offset.is_multiple_of(8));
+        // SAFETY: as in `control_word`, for an 8-byte aligned word.
+        unsafe { AtomicU64::from_ptr(self.control.host_ptr().add(offset) as *mut u64) }
+    }
+
+    fn fault_record(&self) -> Option<DevErrorRecord> {
+        let e = std::mem::offset_of!(DevControl, error);
+        let w = |f: usize| self.control_word(e + f).load(Ordering::Acquire);
+        let code = w(std::mem::offset_of!(DevErrorRecord, code));
+        if code == 0 {
+            return None;
+        }
+        Some(DevErrorRecord {
+            code,
+            rank: w(std::mem::offset_of!(DevErrorRecord, rank)),
+            cta: w(std::mem::offset_of!(DevErrorRecord, cta)),
+            thread: w(std::mem::offset_of!(DevErrorRecord, thread)),
+            a: self.control_dword(e + std::mem::offset_of!(DevErrorRecord, a)).load(Ordering::Acquire),
+            b: self.control_dword(e + std::mem::offset_of!(DevErrorRecord, b)).load(Ordering::Acquire),
+        })
+    }
+
+    fn wait_record(&self, i: u32) -> WaitRecord {
+        let base = WAIT_RECORDS_OFFSET + i as usize * std::mem::size_of::<WaitRecord>();
+        let w = |f: usize| self.control_word(base + f).load(Ordering::Acquire);
+        WaitRecord {
+            epoch: w(std::mem::offset_of!(WaitRecord, epoch)),
+            cta: w(std::mem::offset_of!(WaitRecord, cta)),
+            active: w(std::mem::offset_of!(WaitRecord, active)),
+            _reserved: 0,
+        }
+    }
+}
+
+impl ControlSource for DevCommResources {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn raise_abort(&self) {
+        self.control_word(std::mem::offset_of!(DevControl, abort)).store(1, Ordering::SeqCst);
+    }
+
+    fn fault(&self) -> Option<String> {
+        self.fault_record().map(|r| diagnostics::describe_fault(&r))
+    }
+
+    fn stalled_waits(&self) -> Result<Vec<StalledWait>> {
+        let mut out = Vec::new();
+        let mut done = lock(&self.known_done);
+        let mut row = vec![0u32; self.lsa_size];
+        for i in 0..self.barrier_total {
+            let r = self.wait_record(i);
+            if r.active == 0 || done.get(&i) == Some(&r.epoch) {
+                continue;
+            }
+            self.barrier_window.peek_words(i as usize * inbox_row_bytes(self.lsa_size as u32), &mut row)?;
+            let first = self.rank - self.lsa_rank;
+            let missing: Vec<usize> =
+                row.iter().enumerate().filter(|(_, v)| !seq_reached(**v, r.epoch)).map(|(p, _)| first + p).collect();
+            if missing.is_empty() {
+                done.insert(i, r.epoch);
+            } else {
+                out.push(StalledWait { rank: self.rank, cta: r.cta, barrier: i, epoch: r.epoch, missing });
+            }
+        }
+        Ok(out)
+    }
+
+    fn reset(&self) -> Result<()> {
+        let mut epochs = lock(&self.epochs);
+        let zeros = vec![0u32; epochs.len()];
+        epochs.copy_from_host(&zeros)?;
+        drop(epochs);
+        self.barrier_window.zero(0, self.barrier_window.size())?;
+        for off in (0..self.control.len()).step_by(4) {
+            self.control_word(off).store(0, Ordering::SeqCst);
+        }
+        lock(&self.known_done).clear();
+        Ok(())
+    }
+}
+
+impl StreamObserver for DevCommResources {
+    fn explain_failure(&self, err: &Error) -> Option<Error> {
+        self.fault().map(|report| Error::DeviceFault { report, cause: err.to_string() })
+    }
+
+    fn external_error(&self) -> Option<Error> {
+        None
+    }
+}
+
+/// One rank's device communicator: owns the barrier window, the epoch words, the window
+/// table and the control block that its [`DevComm`] points to. Pass `&handle` to launches
+/// (the launch then keeps it alive until the kernel ends, and the kernel's fault reports
+/// become the stream's errors). Dropping it never waits for the device.
+pub struct DevCommHandle {
+    res: Arc<DevCommResources>,
+    dev_comm: DevComm,
+    resources: Vec<DevResource>,
+}
+
+impl std::fmt::Debug for DevCommHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevCommHandle").field("dev_comm", &self.dev_comm).finish()
+    }
+}
+
+impl Drop for DevCommHandle {
+    fn drop(&mut self) {
+        let mut waits = self.res.uses.pending();
+        waits.extend(self.res.dev.0.untracked.pending());
+        lifetime::retire(waits, Box::new(self.res.clone()), "device communicator");
+    }
+}
+
+/// Creates every rank's device communicator (collective over all ranks, in rank order):
+/// allocates and registers the barrier window (one inbox row per barrier of every set),
+/// zeroed epoch words, the window table and the control block.
+pub fn create_dev_comms(comms: &[Communicator], reqs: &DevCommRequirements) -> Result<Vec<DevCommHandle>> {
+    check_all_ranks(comms, "create_dev_comms")?;
+    if reqs.lsa_barrier_count == 0 {
+        return Err(Error::InvalidArgument("create_dev_comms: lsa_barrier_count must be at least 1".into()));
+    }
+    // Barrier sets: the default one first, then each request's, back to back.
+    let mut total = reqs.lsa_barrier_count;
+    let mut resources = Vec::with_capacity(reqs.resources.len());
+    for r in &reqs.resources {
+        match *r {
+            ResourceRequest::LsaBarriers { count } => {
+                if count == 0 {
+                    return Err(Error::InvalidArgument(
+                        "create_dev_comms: a barrier set needs at least 1 barrier".into(),
+                    ));
+                }
+                resources.push(DevResource::LsaBarriers(LsaBarrierHandle { first: total, count }));
+                total = total
+                    .checked_add(count)
+                    .ok_or_else(|| Error::InvalidArgument("create_dev_comms: too many barriers requested".into()))?;
+            }
+        }
+    }
+    let lsa = comms[0].lsa_size() as u32;
+    let bytes = inbox_bytes(total, lsa);
+    let buffers = comms.iter().map(|c| c.mem_alloc(bytes)).collect::<Result<Vec<_>>>()?;
+    let barrier_windows = register_window(comms, buffers)?;
+    let control_bytes = WAIT_RECORDS_OFFSET + total as usize * std::mem::size_of::<WaitRecord>();
+    let handles = comms
+        .iter()
+        .zip(barrier_windows)
+        .map(|(c, barrier_window)| {
+            let dev = c.device();
+            let epochs = dev.alloc::<u32>(total as usize)?;
+            let table = dev.alloc::<DevWindow>(reqs.window_capacity.max(1) as usize)?;
+            let control = HostMapped::alloc(dev, control_bytes)?;
+            let dev_comm = DevComm {
+                header: DevCommHeader::CURRENT,
+                rank: c.rank() as u32,
+                nranks: c.nranks() as u32,
+                lsa_rank: c.lsa_rank() as u32,
+                lsa_size: lsa,
+                lsa_scope_code: c.lsa_scope().code(),
+                lsa_barrier_total: total,
+                lsa_barrier: LsaBarrierHandle { first: 0, count: reqs.lsa_barrier_count },
+                barrier_window: barrier_window.dev_window(),
+                barrier_epochs: epochs.addr(),
+                windows: table.addr(),
+                window_count: 0,
+                _reserved: 0,
+                control: control.device_addr(),
+                wait_records: control.device_addr() + WAIT_RECORDS_OFFSET as u64,
+            };
+            let res = Arc::new(DevCommResources {
+                dev: dev.clone(),
+                rank: c.rank(),
+                lsa_rank: c.lsa_rank(),
+                lsa_size: lsa as usize,
+                barrier_total: total,
+                control,
+                barrier_window,
+                epochs: Mutex::new(epochs),
+                table: Mutex::new(table),
+                windows: Mutex::new(Vec::new()),
+                uses: Arc::default(),
+                known_done: Mutex::new(HashMap::new()),
+            });
+            let source: Weak<dyn ControlSource> = Arc::downgrade(&(res.clone() as Arc<dyn ControlSource>));
+            c.control().add_source(source);
+            Ok(DevCommHandle { res, dev_comm, resources: resources.clone() })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    tracing::debug!(target: "ferrolink::devcomm", nranks = comms.len(), barriers = total, "device communicators created");
+    Ok(handles)
+}
+
+impl DevCommHandle {
+    /// The value to pass to kernels, raw (an untracked launch: prefer passing `&handle`).
+    pub fn dev_comm(&self) -> DevComm {
+        self.dev_comm
+    }
+
+    /// This handle's rank.
+    pub fn rank(&self) -> usize {
+        self.res.rank
+    }
+
+    /// The resource requested as `id` ([`DevCommRequirements::request`]).
+    pub fn resource(&self, id: ResourceId) -> Result<DevResource> {
+        self.resources.get(id.0).copied().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "resource id {} was not requested for this device communicator ({} requested)",
+                id.0,
+                self.resources.len()
+            ))
+        })
+    }
+
+    /// The LSA barrier set requested as `id`.
+    pub fn lsa_barriers(&self, id: ResourceId) -> Result<LsaBarrierHandle> {
+        match self.resource(id)? {
+            DevResource::LsaBarriers(h) => Ok(h),
+        }
+    }
+
+    /// The fault a kernel reported through this device communicator, if any.
+    pub fn fault(&self) -> Option<String> {
+        self.res.fault()
+    }
+
+    /// Adds `window` (this rank's handle, same communicator) to the device-side window table,
+    /// so kernels can use `DevComm::window(index)`; returns the index. [`dev_comm`](Self::dev_comm)
+    /// returns a copy: take it again after adding windows (an older copy's `window_count`
+    /// does not include them, and `window(i)` returns `None` for them). Waits for the kernels
+    /// that use the table (it must not change under them). The window stays alive at least
+    /// as long as this handle.
+    pub fn add_window(&mut self, window: &Window) -> Result<u32> {
+        if window.comm_id() != self.res.barrier_window.comm_id() || window.rank() != self.res.rank {
+            return Err(Error::InvalidArgument(
+                "add_window: the window belongs to another communicator or rank".into(),
+            ));
+        }
+        let index = self.dev_comm.window_count;
+        let mut table = lock(&self.res.table);
+        if index as usize >= table.len() {
+            return Err(Error::InvalidArgument(format!(
+                "add_window: the window table is full ({} windows; raise DevCommRequirements::window_capacity)",
+                table.len()
+            )));
+        }
+        lifetime::wait_all(&self.res.uses.pending(), "add_window")?;
+        let mut entries = table.to_vec()?;
+        entries[index as usize] = window.dev_window();
+        table.copy_from_host(&entries)?;
+        lock(&self.res.windows).push(window.clone());
+        self.dev_comm.window_count += 1;
+        Ok(index)
+    }
+}
+
+impl Sealed for &DevCommHandle {}
+
+impl LaunchArg for &DevCommHandle {
+    type Param = DevComm;
+    fn param(&self) -> DevComm {
+        self.dev_comm
+    }
+    fn track(&self, t: &mut LaunchTracking) {
+        t.expect_device(&self.res.dev, "device communicator");
+        t.holds.push(self.res.uses.clone());
+        let observer: Weak<dyn StreamObserver> = Arc::downgrade(&(self.res.clone() as Arc<dyn StreamObserver>));
+        t.observers.push(observer);
+    }
+}
+
+/// Returns every rank's LSA barriers to their initial state (zero epochs, empty inboxes, no
+/// wait records), after waiting for the kernels that use them. Collective: pass every rank's
+/// handle of one communicator, in rank order. [`crate::recover`] does this and more.
+pub fn reset_barriers(handles: &mut [DevCommHandle]) -> Result<()> {
+    let Some(first) = handles.first() else { return Ok(()) };
+    let ranks = first.dev_comm.nranks as usize;
+    let comm = first.res.barrier_window.comm_id();
+    if handles.len() != ranks
+        || handles.iter().enumerate().any(|(r, h)| h.res.barrier_window.comm_id() != comm || h.res.rank != r)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "reset_barriers is collective: pass all {ranks} ranks' handles of one communicator, in rank order"
+        )));
+    }
+    for h in handles.iter() {
+        lifetime::wait_all(&h.res.uses.pending(), "reset_barriers")?;
+        h.res.reset()?;
+    }
+    Ok(())
+}

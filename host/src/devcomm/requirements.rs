@@ -1,0 +1,66 @@
+//! What a device communicator must provide (NCCL's `ncclDevCommRequirements`), and the
+//! resources a library asks for beside the user's.
+
+use ferrolink_device::LsaBarrierHandle;
+
+/// A resource a library (or the user) asks the device communicator for, beside the default
+/// ones, so that its kernels never collide with others' (NCCL's per-library
+/// `ncclDevResourceRequirements`). Each request gives a [`ResourceId`]; after creation,
+/// [`crate::DevCommHandle::resource`] turns it into the handle kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResourceRequest {
+    /// A set of `count` LSA barriers of its own.
+    LsaBarriers {
+        /// Barriers in the set.
+        count: u32,
+    },
+}
+
+/// Names one [`ResourceRequest`] of a [`DevCommRequirements`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ResourceId(pub(crate) usize);
+
+/// A created resource, as kernels receive it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DevResource {
+    /// A set of LSA barriers: pass it to kernels and open sessions with
+    /// `LsaBarrierSession::with_set(coop, &comm, handle, index)`.
+    LsaBarriers(LsaBarrierHandle),
+}
+
+/// What the kernels using a device communicator need (NCCL's `ncclDevCommRequirements`).
+///
+/// ```
+/// use ferrolink::{DevCommRequirements, ResourceRequest};
+/// let mut reqs = DevCommRequirements { lsa_barrier_count: 16, ..Default::default() };
+/// // A library's own barriers, disjoint from the user's 16:
+/// let lib_barriers = reqs.request(ResourceRequest::LsaBarriers { count: 8 });
+/// # let _ = lib_barriers;
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DevCommRequirements {
+    /// LSA barriers of the default set ([`ferrolink_device::DevComm::lsa_barrier`]): one per
+    /// CTA that synchronizes at a time; at least 1.
+    pub lsa_barrier_count: u32,
+    /// Windows the device-side window table can hold ([`crate::DevCommHandle::add_window`]).
+    pub window_capacity: u32,
+    /// Further resources, in request order ([`DevCommRequirements::request`]).
+    pub resources: Vec<ResourceRequest>,
+}
+
+impl Default for DevCommRequirements {
+    /// 32 barriers (up to 32 synchronizing CTAs per rank), 16 windows, nothing else.
+    fn default() -> Self {
+        DevCommRequirements { lsa_barrier_count: 32, window_capacity: 16, resources: Vec::new() }
+    }
+}
+
+impl DevCommRequirements {
+    /// Adds a request; the id names its resource once the device communicator exists.
+    pub fn request(&mut self, r: ResourceRequest) -> ResourceId {
+        self.resources.push(r);
+        ResourceId(self.resources.len() - 1)
+    }
+}

@@ -1,0 +1,202 @@
+//! The CPU backend's streams and events: a stream is a worker thread that runs its jobs in
+//! order; an event is a flag the worker sets when it reaches it.
+
+use super::super::{EventBackend, EventState, LaunchRequest, ModuleBackend, StreamBackend};
+use crate::{Error, Result};
+use ferrolink_device::emulator::{self, LaunchSpec};
+use std::any::Any;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+/// One queued stream operation. Returns an error to make the stream fail.
+pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send>;
+
+enum Msg {
+    Run(Job),
+    Signal(Arc<CpuEvent>),
+    Wait(Arc<dyn EventBackend>),
+    Flush(Sender<Option<Error>>),
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means a thread panicked while holding it; the data (an error slot,
+    // an event state) stays meaningful.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A CPU-backend stream. Dropping it closes the queue: the worker runs what is queued and
+/// ends by itself (nothing waits for it).
+pub(crate) struct CpuStream {
+    tx: Mutex<Sender<Msg>>,
+    error: Arc<Mutex<Option<Error>>>,
+}
+
+impl CpuStream {
+    pub(crate) fn new() -> Result<CpuStream> {
+        let (tx, rx) = channel::<Msg>();
+        let error = Arc::new(Mutex::new(None));
+        let worker_error = error.clone();
+        std::thread::Builder::new()
+            .name("ferrolink-cpu-stream".into())
+            .spawn(move || worker_loop(rx, worker_error))
+            .map_err(|e| Error::InvalidArgument(format!("could not start a CPU stream thread: {e}")))?;
+        Ok(CpuStream { tx: Mutex::new(tx), error })
+    }
+
+    fn send(&self, msg: Msg) -> Result<()> {
+        lock(&self.tx).send(msg).map_err(|_| Error::StreamFailed("the CPU stream's worker thread has stopped".into()))
+    }
+
+    /// Queues a job; refused once the stream has failed.
+    pub(crate) fn enqueue(&self, job: Job) -> Result<()> {
+        if let Some(e) = lock(&self.error).clone() {
+            return Err(Error::StreamFailed(e.to_string()));
+        }
+        self.send(Msg::Run(job))
+    }
+}
+
+fn worker_loop(rx: Receiver<Msg>, error: Arc<Mutex<Option<Error>>>) {
+    for msg in rx {
+        match msg {
+            Msg::Run(job) => {
+                // After a failure the stream is dead, like a CUDA stream after a fault:
+                // later jobs are dropped unrun.
+                if lock(&error).is_some() {
+                    continue;
+                }
+                if let Err(e) = job() {
+                    tracing::error!(target: "ferrolink::runtime", error = %e, "CPU stream operation failed");
+                    *lock(&error) = Some(e);
+                }
+            }
+            Msg::Signal(event) => event.reach(lock(&error).clone()),
+            Msg::Wait(event) => {
+                if lock(&error).is_none() {
+                    // A failed event means the work it marks no longer runs: go on either way.
+                    let _ = event.synchronize();
+                }
+            }
+            Msg::Flush(reply) => {
+                let _ = reply.send(lock(&error).clone());
+            }
+        }
+    }
+}
+
+impl StreamBackend for CpuStream {
+    unsafe fn launch(&self, _module: &dyn ModuleBackend, req: LaunchRequest<'_>) -> Result<()> {
+        let cfg = req.cfg;
+        let spec = LaunchSpec {
+            name: req.kernel,
+            grid: [cfg.grid.0, cfg.grid.1, cfg.grid.2],
+            block: [cfg.block.0, cfg.block.1, cfg.block.2],
+            shared_mem_bytes: cfg.shared_mem_bytes as usize,
+            timeout: cfg.emulator_timeout.unwrap_or_else(emulator::default_timeout),
+        };
+        emulator::validate(&spec)?;
+        let run = (req.emulate)();
+        self.enqueue(Box::new(move || run(&spec).map_err(Error::from)))
+    }
+
+    unsafe fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.enqueue(Box::new(move || {
+            // SAFETY: the caller's contract: both ranges are valid until the copy has run and
+            // do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };
+            Ok(())
+        }))
+    }
+
+    fn record(&self, _timing: bool) -> Result<Arc<dyn EventBackend>> {
+        let event = Arc::new(CpuEvent::default());
+        if let Some(e) = lock(&self.error).clone() {
+            // A failed stream never reaches anything again.
+            event.reach(Some(e));
+        } else {
+            self.send(Msg::Signal(event.clone()))?;
+        }
+        Ok(event)
+    }
+
+    fn wait_event(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
+        self.send(Msg::Wait(event.clone()))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let (tx, rx) = channel();
+        self.send(Msg::Flush(tx))?;
+        match rx.recv() {
+            Ok(None) => Ok(()),
+            Ok(Some(e)) => Err(e),
+            Err(_) => Err(Error::StreamFailed("the CPU stream's worker thread has stopped".into())),
+        }
+    }
+
+    fn failure(&self) -> Option<Error> {
+        lock(&self.error).clone()
+    }
+}
+
+#[derive(Default)]
+struct EventInner {
+    reached: Option<Instant>,
+    failed: Option<Error>,
+    done: bool,
+}
+
+/// A point in a CPU stream.
+#[derive(Default)]
+pub(crate) struct CpuEvent {
+    state: Mutex<EventInner>,
+    cv: Condvar,
+}
+
+impl CpuEvent {
+    fn reach(&self, failed: Option<Error>) {
+        let mut s = lock(&self.state);
+        s.reached = Some(Instant::now());
+        s.failed = failed;
+        s.done = true;
+        drop(s);
+        self.cv.notify_all();
+    }
+}
+
+impl EventBackend for CpuEvent {
+    fn query(&self) -> EventState {
+        let s = lock(&self.state);
+        match (&s.done, &s.failed) {
+            (false, _) => EventState::Pending,
+            (true, None) => EventState::Done,
+            (true, Some(_)) => EventState::Failed,
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let mut s = lock(&self.state);
+        while !s.done {
+            s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        match &s.failed {
+            None => Ok(()),
+            Some(e) => Err(Error::StreamFailed(e.to_string())),
+        }
+    }
+
+    fn elapsed_ms_since(&self, start: &dyn EventBackend) -> Result<f32> {
+        let start = start.as_any().downcast_ref::<CpuEvent>().ok_or(Error::WrongDevice("event"))?;
+        start.synchronize()?;
+        self.synchronize()?;
+        let (a, b) = (lock(&start.state).reached, lock(&self.state).reached);
+        match (a, b) {
+            (Some(a), Some(b)) => Ok(b.saturating_duration_since(a).as_secs_f32() * 1e3),
+            _ => Err(Error::StreamFailed("an event was never reached (its stream failed)".into())),
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

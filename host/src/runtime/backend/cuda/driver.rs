@@ -1,0 +1,510 @@
+//! The CUDA driver calls ferrolink makes, as thin functions over cudarc's `sys`/`result`
+//! bindings (the driver library is loaded at run time, so this builds on machines without
+//! CUDA). Each function does one driver call (or a fixed pair), returns `Result`, and states
+//! its contract; no policy lives here (when to lock, wait or retry is decided in
+//! [`super`]). All of the backend's FFI `unsafe` is in this file.
+
+use crate::error::cuda_err;
+use crate::{Error, Result};
+use cudarc::driver::{result, sys};
+use std::ffi::{CString, c_void};
+use std::sync::OnceLock;
+
+/// Whether the CUDA backend can be used: the driver library loads, `cuInit` succeeds and at
+/// least one GPU is visible. Checked once per process.
+pub(crate) fn availability() -> Result<()> {
+    static AVAILABLE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    AVAILABLE
+        .get_or_init(|| {
+            // SAFETY: only probes whether the shared library can be loaded.
+            if !unsafe { sys::is_culib_present() } {
+                return Err("the CUDA driver library (libcuda.so) was not found".into());
+            }
+            result::init().map_err(|e| format!("cuInit failed: {e:?}"))?;
+            match result::device::get_count() {
+                Ok(0) => Err("the CUDA driver sees no GPU".into()),
+                Ok(_) => Ok(()),
+                Err(e) => Err(format!("cuDeviceGetCount failed: {e:?}")),
+            }
+        })
+        .clone()
+        .map_err(Error::CudaUnavailable)
+}
+
+/// GPUs the driver sees.
+pub(super) fn device_count() -> Result<usize> {
+    Ok(result::device::get_count().map_err(cuda_err("cuDeviceGetCount"))? as usize)
+}
+
+/// The device handle of GPU `ordinal` (< [`device_count`]).
+pub(super) fn device(ordinal: usize) -> Result<sys::CUdevice> {
+    result::device::get(ordinal as i32).map_err(cuda_err("cuDeviceGet"))
+}
+
+/// A device attribute.
+pub(super) fn attribute(device: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32> {
+    // SAFETY: `device` is a handle from cuDeviceGet; attribute queries have no side effects.
+    unsafe { result::device::get_attribute(device, attr) }.map_err(cuda_err("cuDeviceGetAttribute"))
+}
+
+/// The device's name.
+pub(super) fn device_name(device: sys::CUdevice) -> Result<String> {
+    result::device::get_name(device).map_err(cuda_err("cuDeviceGetName"))
+}
+
+/// Whether `a` can map memory of `b`.
+pub(super) fn can_access_peer(a: sys::CUdevice, b: sys::CUdevice) -> Result<bool> {
+    let mut can = 0;
+    // SAFETY: both handles come from cuDeviceGet.
+    unsafe { sys::cuDeviceCanAccessPeer(&mut can, a, b) }.result().map_err(cuda_err("cuDeviceCanAccessPeer"))?;
+    Ok(can != 0)
+}
+
+/// Retains `device`'s primary context.
+pub(super) fn primary_ctx_retain(device: sys::CUdevice) -> Result<sys::CUcontext> {
+    // SAFETY: `device` is a handle from cuDeviceGet.
+    unsafe { result::primary_ctx::retain(device) }.map_err(cuda_err("cuDevicePrimaryCtxRetain"))
+}
+
+/// Releases a retain of `device`'s primary context.
+///
+/// # Safety
+/// Pairs one earlier [`primary_ctx_retain`]; nothing of the context is used afterwards by
+/// the releasing owner.
+pub(super) unsafe fn primary_ctx_release(device: sys::CUdevice) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { result::primary_ctx::release(device) }.map_err(cuda_err("cuDevicePrimaryCtxRelease"))
+}
+
+/// While alive, `context` is current on this thread; dropping it restores the context that
+/// was current before (the caller's, if it had one).
+pub(super) struct CtxGuard(());
+
+/// Makes `context` current until the guard drops (`cuCtxPushCurrent` / `cuCtxPopCurrent`).
+///
+/// # Safety
+/// `context` is a live (retained) context.
+pub(super) unsafe fn push_context(context: sys::CUcontext) -> Result<CtxGuard> {
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuCtxPushCurrent_v2(context) }.result().map_err(cuda_err("cuCtxPushCurrent"))?;
+    Ok(CtxGuard(()))
+}
+
+impl Drop for CtxGuard {
+    fn drop(&mut self) {
+        let mut popped = std::ptr::null_mut();
+        // SAFETY: pops the context this guard pushed (guards are created and dropped in
+        // stack order on one thread: the type is neither Send nor Clone).
+        if let Err(e) = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) }.result() {
+            tracing::error!(target: "ferrolink::runtime", error = ?e, "cuCtxPopCurrent failed");
+        }
+    }
+}
+
+/// The context current on this thread (null if none).
+pub(crate) fn current_context() -> Result<sys::CUcontext> {
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: writes one handle.
+    unsafe { sys::cuCtxGetCurrent(&mut ctx) }.result().map_err(cuda_err("cuCtxGetCurrent"))?;
+    Ok(ctx)
+}
+
+/// Free and total memory of the current context's GPU.
+pub(super) fn mem_info() -> Result<(usize, usize)> {
+    result::mem_get_info().map_err(cuda_err("cuMemGetInfo"))
+}
+
+// ---- streams -------------------------------------------------------------------------
+
+/// A non-blocking stream of the current context (no implicit synchronization with the
+/// legacy default stream, so kernels of different ranks can run at the same time).
+pub(super) fn stream_create() -> Result<sys::CUstream> {
+    result::stream::create(result::stream::StreamKind::NonBlocking).map_err(cuda_err("cuStreamCreate"))
+}
+
+/// Destroys a stream; queued work still completes.
+///
+/// # Safety
+/// `stream` is live and not used afterwards.
+pub(super) unsafe fn stream_destroy(stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { result::stream::destroy(stream) }.map_err(cuda_err("cuStreamDestroy"))
+}
+
+/// Waits for the stream's work.
+///
+/// # Safety
+/// `stream` is live.
+pub(super) unsafe fn stream_synchronize(stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { result::stream::synchronize(stream) }.map_err(cuda_err("cuStreamSynchronize"))
+}
+
+/// `Ok(true)` if all the stream's work has finished, `Ok(false)` if some is pending, the
+/// error if the stream (or context) failed.
+///
+/// # Safety
+/// `stream` is live.
+pub(super) unsafe fn stream_query(stream: sys::CUstream) -> Result<bool> {
+    // SAFETY: the caller's contract.
+    match unsafe { sys::cuStreamQuery(stream) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        e => Err(cuda_err("cuStreamQuery")(e.result().unwrap_err())),
+    }
+}
+
+/// Makes later work of `stream` wait for `event`.
+///
+/// # Safety
+/// Both are live.
+pub(super) unsafe fn stream_wait_event(stream: sys::CUstream, event: sys::CUevent) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuStreamWaitEvent(stream, event, 0) }.result().map_err(cuda_err("cuStreamWaitEvent"))
+}
+
+// ---- memory --------------------------------------------------------------------------
+
+/// Allocates `bytes` from the device's default memory pool in stream order on `stream`.
+///
+/// # Safety
+/// `stream` is live.
+pub(super) unsafe fn mem_alloc_async(bytes: usize, stream: sys::CUstream) -> Result<sys::CUdeviceptr> {
+    let mut p = 0;
+    // SAFETY: the caller's contract; `p` is written.
+    unsafe { sys::cuMemAllocAsync(&mut p, bytes, stream) }.result().map_err(cuda_err("cuMemAllocAsync"))?;
+    Ok(p)
+}
+
+/// Frees pool memory in stream order on `stream` (never waits for the device).
+///
+/// # Safety
+/// `ptr` came from [`mem_alloc_async`], is freed once, and no work that runs after the free
+/// in `stream`'s order uses it.
+pub(super) unsafe fn mem_free_async(ptr: sys::CUdeviceptr, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuMemFreeAsync(ptr, stream) }.result().map_err(cuda_err("cuMemFreeAsync"))
+}
+
+/// Queues a byte fill.
+///
+/// # Safety
+/// `[dst, dst + bytes)` is device memory valid until the fill has run.
+pub(super) unsafe fn memset_async(dst: sys::CUdeviceptr, value: u8, bytes: usize, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { result::memset_d8_async(dst, value, bytes, stream) }.map_err(cuda_err("cuMemsetD8Async"))
+}
+
+/// Queues a host-to-device copy from pageable memory (staged before this returns).
+///
+/// # Safety
+/// `[dst, dst + src.len())` is device memory valid until the copy has run.
+pub(super) unsafe fn memcpy_htod_async(dst: sys::CUdeviceptr, src: &[u8], stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's contract; `src` is a valid host slice.
+    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, src.len(), stream) }
+        .result()
+        .map_err(cuda_err("cuMemcpyHtoDAsync"))
+}
+
+/// Queues a device-to-host copy into pageable memory (complete when this returns, by the
+/// driver's rule for pageable destinations; the caller still synchronizes the stream).
+///
+/// # Safety
+/// `[src, src + dst.len())` is device memory, valid until the copy has run.
+pub(super) unsafe fn memcpy_dtoh_async(dst: &mut [u8], src: sys::CUdeviceptr, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's contract; `dst` is a valid host slice.
+    unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len(), stream) }
+        .result()
+        .map_err(cuda_err("cuMemcpyDtoHAsync"))
+}
+
+/// Queues a device-to-device copy.
+///
+/// # Safety
+/// Both ranges are device memory valid until the copy has run.
+pub(super) unsafe fn memcpy_dtod_async(
+    dst: sys::CUdeviceptr,
+    src: sys::CUdeviceptr,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { result::memcpy_dtod_async(dst, src, bytes, stream) }.map_err(cuda_err("cuMemcpyDtoDAsync"))
+}
+
+/// Pinned host memory mapped into the device's address space (`cuMemHostAlloc` with
+/// DEVICEMAP | PORTABLE); returns the host pointer.
+pub(super) fn host_alloc_mapped(bytes: usize) -> Result<*mut u8> {
+    let mut p: *mut c_void = std::ptr::null_mut();
+    let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+    // SAFETY: allocates; `p` is written.
+    unsafe { sys::cuMemHostAlloc(&mut p, bytes.max(1), flags) }.result().map_err(cuda_err("cuMemHostAlloc"))?;
+    Ok(p as *mut u8)
+}
+
+/// The device address of mapped host memory.
+///
+/// # Safety
+/// `p` came from [`host_alloc_mapped`] and is live.
+pub(super) unsafe fn host_device_pointer(p: *mut u8) -> Result<sys::CUdeviceptr> {
+    let mut d = 0;
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, p as *mut c_void, 0) }
+        .result()
+        .map_err(cuda_err("cuMemHostGetDevicePointer"))?;
+    Ok(d)
+}
+
+/// Frees memory from [`host_alloc_mapped`].
+///
+/// # Safety
+/// `p` came from it, is freed once, and nothing uses it afterwards.
+pub(super) unsafe fn host_free(p: *mut u8) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuMemFreeHost(p as *mut c_void) }.result().map_err(cuda_err("cuMemFreeHost"))
+}
+
+// ---- modules and launches --------------------------------------------------------------
+
+/// Loads a PTX module into the current context (JIT-compiled by the driver).
+pub(super) fn module_load(ptx: &str) -> Result<sys::CUmodule> {
+    let image = CString::new(ptx).map_err(|_| Error::InvalidArgument("PTX text contains a NUL byte".into()))?;
+    // SAFETY: `image` is a NUL-terminated PTX string, alive during the call.
+    unsafe { result::module::load_data(image.as_ptr() as *const c_void) }.map_err(cuda_err("cuModuleLoadData"))
+}
+
+/// Unloads a module.
+///
+/// # Safety
+/// `module` is loaded, and no queued or running kernel is from it.
+pub(super) unsafe fn module_unload(module: sys::CUmodule) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { result::module::unload(module) }.map_err(cuda_err("cuModuleUnload"))
+}
+
+/// Looks up a kernel entry.
+///
+/// # Safety
+/// `module` is loaded.
+pub(super) unsafe fn module_function(module: sys::CUmodule, name: &str) -> Result<sys::CUfunction> {
+    let cname = CString::new(name).map_err(|_| Error::KernelNotFound(name.into()))?;
+    // SAFETY: the caller's contract.
+    unsafe { result::module::get_function(module, cname) }.map_err(|e| {
+        if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_FOUND {
+            Error::KernelNotFound(name.into())
+        } else {
+            Error::Cuda { call: "cuModuleGetFunction", source: e }
+        }
+    })
+}
+
+/// A function attribute.
+///
+/// # Safety
+/// `f` is a function of a loaded module.
+pub(super) unsafe fn function_attribute(f: sys::CUfunction, attr: sys::CUfunction_attribute) -> Result<i32> {
+    // SAFETY: the caller's contract; attribute queries have no side effects.
+    unsafe { result::function::get_function_attribute(f, attr) }.map_err(cuda_err("cuFuncGetAttribute"))
+}
+
+/// Raises `f`'s dynamic shared memory limit to `bytes`.
+///
+/// # Safety
+/// `f` is a function of a loaded module.
+pub(super) unsafe fn function_set_max_dynamic_shared(f: sys::CUfunction, bytes: u32) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        sys::cuFuncSetAttribute(
+            f,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+    }
+    .result()
+    .map_err(cuda_err("cuFuncSetAttribute"))
+}
+
+/// Queues a kernel launch.
+///
+/// # Safety
+/// `f` is from a loaded module; `params` point to values whose types and layout match the
+/// kernel's parameters; the kernel's own contract holds; `stream` is live.
+pub(super) unsafe fn launch_kernel(
+    f: sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared_mem_bytes: u32,
+    stream: sys::CUstream,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { result::launch_kernel(f, grid, block, shared_mem_bytes, stream, params) }
+        .map_err(cuda_err("cuLaunchKernel"))
+}
+
+// ---- events ----------------------------------------------------------------------------
+
+/// Creates an event (with timing or without, which makes recording cheaper).
+pub(super) fn event_create(timing: bool) -> Result<sys::CUevent> {
+    let flags = if timing { sys::CUevent_flags::CU_EVENT_DEFAULT } else { sys::CUevent_flags::CU_EVENT_DISABLE_TIMING };
+    result::event::create(flags).map_err(cuda_err("cuEventCreate"))
+}
+
+/// Records `event` at the current end of `stream`.
+///
+/// # Safety
+/// Both are live.
+pub(super) unsafe fn event_record(event: sys::CUevent, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { result::event::record(event, stream) }.map_err(cuda_err("cuEventRecord"))
+}
+
+/// `Ok(true)` if reached, `Ok(false)` if pending, the error if the work before it failed.
+///
+/// # Safety
+/// `event` is live.
+pub(super) unsafe fn event_query(event: sys::CUevent) -> Result<bool> {
+    // SAFETY: the caller's contract.
+    match unsafe { sys::cuEventQuery(event) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        e => Err(cuda_err("cuEventQuery")(e.result().unwrap_err())),
+    }
+}
+
+/// Waits for `event`.
+///
+/// # Safety
+/// `event` is live.
+pub(super) unsafe fn event_synchronize(event: sys::CUevent) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { result::event::synchronize(event) }.map_err(cuda_err("cuEventSynchronize"))
+}
+
+/// Milliseconds between two reached timing events.
+///
+/// # Safety
+/// Both are live and were created with timing.
+pub(super) unsafe fn event_elapsed_ms(start: sys::CUevent, end: sys::CUevent) -> Result<f32> {
+    // SAFETY: the caller's contract.
+    unsafe { result::event::elapsed(start, end) }.map_err(cuda_err("cuEventElapsedTime"))
+}
+
+/// Destroys an event.
+///
+/// # Safety
+/// `event` is live and not used afterwards.
+pub(super) unsafe fn event_destroy(event: sys::CUevent) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { result::event::destroy(event) }.map_err(cuda_err("cuEventDestroy"))
+}
+
+// ---- virtual memory management ----------------------------------------------------------
+
+fn allocation_prop(device: sys::CUdevice) -> sys::CUmemAllocationProp {
+    // SAFETY: an all-zero CUmemAllocationProp is a valid starting value (the C API's
+    // documented way to initialize it); the fields we need are set below.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop
+}
+
+/// The recommended VMM granularity of `device` (2 MiB on the H200).
+pub(super) fn vmm_granularity(device: sys::CUdevice) -> Result<usize> {
+    let prop = allocation_prop(device);
+    let mut g = 0usize;
+    // SAFETY: `prop` and `g` are valid for the call.
+    unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut g,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+        )
+    }
+    .result()
+    .map_err(cuda_err("cuMemGetAllocationGranularity"))?;
+    Ok(g)
+}
+
+/// Creates `size` bytes (a multiple of the granularity) of physical memory on `device`,
+/// exportable as a POSIX file descriptor.
+pub(super) fn vmm_create(device: sys::CUdevice, size: usize) -> Result<sys::CUmemGenericAllocationHandle> {
+    let prop = allocation_prop(device);
+    let mut handle = 0;
+    // SAFETY: `prop` describes pinned device memory; `handle` is written.
+    unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) }.result().map_err(cuda_err("cuMemCreate"))?;
+    Ok(handle)
+}
+
+/// Releases a physical allocation (its memory lives on while mapped somewhere).
+///
+/// # Safety
+/// `handle` came from [`vmm_create`] and is released once.
+pub(super) unsafe fn vmm_release(handle: sys::CUmemGenericAllocationHandle) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuMemRelease(handle) }.result().map_err(cuda_err("cuMemRelease"))
+}
+
+/// Reserves `size` bytes of virtual addresses aligned to `align`.
+pub(super) fn vmm_reserve(size: usize, align: usize) -> Result<sys::CUdeviceptr> {
+    let mut base = 0;
+    // SAFETY: reserves address space only; `base` is written.
+    unsafe { sys::cuMemAddressReserve(&mut base, size, align, 0, 0) }
+        .result()
+        .map_err(cuda_err("cuMemAddressReserve"))?;
+    Ok(base)
+}
+
+/// Maps all of `handle` (`size` bytes) at `va`.
+///
+/// # Safety
+/// `[va, va + size)` lies in a live reservation and is unmapped; `handle` is live.
+pub(super) unsafe fn vmm_map(
+    va: sys::CUdeviceptr,
+    size: usize,
+    handle: sys::CUmemGenericAllocationHandle,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuMemMap(va, size, 0, handle, 0) }.result().map_err(cuda_err("cuMemMap"))
+}
+
+/// Grants read/write access to `[va, va + size)` to each of `devices`.
+///
+/// # Safety
+/// The range is fully mapped.
+pub(super) unsafe fn vmm_set_access(va: sys::CUdeviceptr, size: usize, devices: &[sys::CUdevice]) -> Result<()> {
+    let descs: Vec<sys::CUmemAccessDesc> = devices
+        .iter()
+        .map(|&d| {
+            // SAFETY: all-zero is a valid starting value for this plain C struct.
+            let mut desc: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+            desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+            desc.location.id = d;
+            desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            desc
+        })
+        .collect();
+    // SAFETY: the caller's contract; `descs` is valid for the call.
+    unsafe { sys::cuMemSetAccess(va, size, descs.as_ptr(), descs.len()) }.result().map_err(cuda_err("cuMemSetAccess"))
+}
+
+/// Unmaps `[va, va + size)`.
+///
+/// # Safety
+/// Exactly this range was mapped by [`vmm_map`], and no work uses it any more.
+pub(super) unsafe fn vmm_unmap(va: sys::CUdeviceptr, size: usize) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuMemUnmap(va, size) }.result().map_err(cuda_err("cuMemUnmap"))
+}
+
+/// Frees a reservation.
+///
+/// # Safety
+/// It came from [`vmm_reserve`] with this size, is unmapped, and is freed once.
+pub(super) unsafe fn vmm_address_free(base: sys::CUdeviceptr, size: usize) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuMemAddressFree(base, size) }.result().map_err(cuda_err("cuMemAddressFree"))
+}

@@ -1,0 +1,558 @@
+//! The CUDA backend: a GPU through the driver API ([`driver`] holds every FFI call). Every
+//! operation makes the device's primary context current for its duration and restores the
+//! caller's current context afterwards, so ferrolink never changes what a host thread's other
+//! CUDA code sees.
+//!
+//! Policy decided here (not in the FFI layer):
+//! * memory comes from the device's stream-ordered pool on a private *copy stream*, and is
+//!   freed in stream order there: `cuMemFree` may wait for the whole device, `cuMemFreeAsync`
+//!   never does, and the runtime frees only memory whose users have finished;
+//! * host copies run on that copy stream too, never on the legacy default stream, so they
+//!   wait for no kernel of ours;
+//! * driver calls that may wait for the whole context (module load and unload, VMM map,
+//!   unmap and release, freeing pinned host memory) run under
+//!   [`crate::runtime::group::context_wide`], so they never interleave with a half-launched
+//!   group of ranks that wait for each other.
+
+pub(crate) mod driver;
+
+pub(crate) use driver::availability;
+
+use super::{
+    AddressRange, DeviceBackend, DeviceKey, EventBackend, EventState, HostMappedMemory, LaunchRequest, ModuleBackend,
+    PhysicalMemory, StreamBackend, mixed_backends,
+};
+use crate::runtime::group::context_wide;
+use crate::{Backend, Error, Result};
+use cudarc::driver::sys;
+use std::any::Any;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// A retained primary context and what ferrolink keeps with it. Every backend object of the
+/// device holds it, so the context outlives them all.
+struct Ctx {
+    device: sys::CUdevice,
+    context: sys::CUcontext,
+    /// Private non-blocking stream for allocations, frees and host copies.
+    copy_stream: sys::CUstream,
+}
+
+// SAFETY: CUdevice is an integer, CUcontext and CUstream are driver handles that any thread
+// may use with the context current (every use pushes it first); the driver API is
+// thread-safe.
+unsafe impl Send for Ctx {}
+// SAFETY: as above.
+unsafe impl Sync for Ctx {}
+
+impl Ctx {
+    /// Makes the context current until the guard drops.
+    fn bind(&self) -> Result<driver::CtxGuard> {
+        // SAFETY: the context is retained for the lifetime of `self`.
+        unsafe { driver::push_context(self.context) }
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        if let Ok(_g) = self.bind() {
+            // SAFETY: the copy stream is ours and nothing uses it any more (every object that
+            // could holds this context).
+            if let Err(e) = unsafe { driver::stream_destroy(self.copy_stream) } {
+                tracing::warn!(target: "ferrolink::runtime", error = %e, "destroying the copy stream failed");
+            }
+        }
+        // SAFETY: releases the retain taken in `CudaDevice::open`; nothing uses the context
+        // afterwards (every user held this `Ctx`).
+        if let Err(e) = unsafe { driver::primary_ctx_release(self.device) } {
+            tracing::warn!(target: "ferrolink::runtime", error = %e, "releasing the primary context failed");
+        }
+    }
+}
+
+/// A GPU.
+pub(crate) struct CudaDevice {
+    ctx: Arc<Ctx>,
+    sm_count: u32,
+    name: String,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal` and retains its primary context.
+    pub(crate) fn open(ordinal: usize) -> Result<CudaDevice> {
+        availability()?;
+        let count = driver::device_count()?;
+        if ordinal >= count {
+            return Err(Error::InvalidArgument(format!(
+                "GPU ordinal {ordinal} does not exist: the driver sees {count} GPU(s)"
+            )));
+        }
+        let device = driver::device(ordinal)?;
+        let sm_count =
+            driver::attribute(device, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let name = driver::device_name(device)?;
+        let context = driver::primary_ctx_retain(device)?;
+        // SAFETY: just retained.
+        let guard = unsafe { driver::push_context(context) };
+        let copy_stream = guard.and_then(|_g| driver::stream_create());
+        let copy_stream = match copy_stream {
+            Ok(s) => s,
+            Err(e) => {
+                // SAFETY: pairs the retain above; nothing was created in the context.
+                let _ = unsafe { driver::primary_ctx_release(device) };
+                return Err(e);
+            }
+        };
+        Ok(CudaDevice { ctx: Arc::new(Ctx { device, context, copy_stream }), sm_count, name })
+    }
+
+    fn peer(other: &dyn DeviceBackend) -> Result<&CudaDevice> {
+        other.as_any().downcast_ref::<CudaDevice>().ok_or_else(|| mixed_backends("peer device"))
+    }
+
+    /// Runs `f` on the copy stream and waits for it (and only it).
+    fn on_copy_stream(&self, f: impl FnOnce(sys::CUstream) -> Result<()>) -> Result<()> {
+        let _g = self.ctx.bind()?;
+        f(self.ctx.copy_stream)?;
+        // SAFETY: the copy stream lives as long as the context.
+        unsafe { driver::stream_synchronize(self.ctx.copy_stream) }
+    }
+}
+
+impl DeviceBackend for CudaDevice {
+    fn kind(&self) -> Backend {
+        Backend::Cuda
+    }
+
+    fn key(&self) -> DeviceKey {
+        DeviceKey::Cuda(self.ctx.device)
+    }
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    fn can_access_peer(&self, peer: &dyn DeviceBackend) -> Result<bool> {
+        let peer = Self::peer(peer)?;
+        if peer.ctx.device == self.ctx.device {
+            return Ok(true);
+        }
+        driver::can_access_peer(self.ctx.device, peer.ctx.device)
+    }
+
+    fn mem_info(&self) -> Result<(usize, usize)> {
+        let _g = self.ctx.bind()?;
+        driver::mem_info()
+    }
+
+    fn malloc_zeroed(&self, bytes: usize) -> Result<u64> {
+        let mut addr = 0;
+        self.on_copy_stream(|s| {
+            // SAFETY: the copy stream is live; the fill covers the fresh allocation.
+            unsafe {
+                addr = driver::mem_alloc_async(bytes.max(1), s)?;
+                driver::memset_async(addr, 0, bytes.max(1), s)
+            }
+        })?;
+        Ok(addr)
+    }
+
+    unsafe fn free(&self, addr: u64, _bytes: usize) -> Result<()> {
+        let _g = self.ctx.bind()?;
+        // SAFETY: the caller's contract (allocated by `malloc_zeroed`, unused from now on).
+        unsafe { driver::mem_free_async(addr, self.ctx.copy_stream) }
+    }
+
+    unsafe fn write(&self, addr: u64, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract; the copy is complete when `on_copy_stream` returns.
+        self.on_copy_stream(|s| unsafe { driver::memcpy_htod_async(addr, src, s) })
+    }
+
+    unsafe fn read(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract; the copy is complete when `on_copy_stream` returns.
+        self.on_copy_stream(|s| unsafe { driver::memcpy_dtoh_async(dst, addr, s) })
+    }
+
+    unsafe fn memset_zero(&self, addr: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract; the fill is complete when `on_copy_stream` returns.
+        self.on_copy_stream(|s| unsafe { driver::memset_async(addr, 0, bytes, s) })
+    }
+
+    unsafe fn read_atomic_words(&self, addr: u64, dst: &mut [u32]) -> Result<()> {
+        // A DMA copy reads each aligned word whole.
+        // SAFETY: the caller's contract.
+        unsafe { self.read(addr, bytemuck::cast_slice_mut(dst)) }
+    }
+
+    fn alloc_host_mapped(&self, bytes: usize) -> Result<Box<dyn HostMappedMemory>> {
+        let _g = self.ctx.bind()?;
+        let host = driver::host_alloc_mapped(bytes)?;
+        // SAFETY: a fresh allocation of at least `bytes` bytes.
+        unsafe { std::ptr::write_bytes(host, 0, bytes) };
+        let mem = CudaHostMemory { ctx: self.ctx.clone(), host };
+        // SAFETY: `host` is live.
+        let device = unsafe { driver::host_device_pointer(host) }?;
+        Ok(Box::new(MappedHost { mem, device }))
+    }
+
+    fn create_stream(&self) -> Result<Box<dyn StreamBackend>> {
+        let _g = self.ctx.bind()?;
+        Ok(Box::new(CudaStream { ctx: self.ctx.clone(), stream: driver::stream_create()? }))
+    }
+
+    fn load_module(&self, ptx: &str, entries: &HashSet<String>) -> Result<Box<dyn ModuleBackend>> {
+        let _g = self.ctx.bind()?;
+        let module = CudaModule {
+            ctx: self.ctx.clone(),
+            module: context_wide(|| driver::module_load(ptx))?,
+            functions: HashMap::new(),
+        };
+        let mut module = module;
+        // Resolve every entry now. Under CUDA's lazy loading (the default since 12.2) a
+        // function is loaded onto the GPU on first lookup, and that load can wait for running
+        // kernels: a kernel launched to signal a running kernel would deadlock behind it
+        // (seen on the H200: the waiter timed out first).
+        for name in entries {
+            // SAFETY: the module is loaded.
+            let f = context_wide(|| unsafe { driver::module_function(module.module, name) })?;
+            module.functions.insert(name.clone(), Function { f, limits: function_limits(f)? });
+        }
+        Ok(Box::new(module))
+    }
+
+    fn vmm_granularity(&self) -> Result<usize> {
+        driver::vmm_granularity(self.ctx.device)
+    }
+
+    fn vmm_memory_is_zeroed(&self) -> bool {
+        false
+    }
+
+    fn vmm_create(&self, size: usize) -> Result<Box<dyn PhysicalMemory>> {
+        let _g = self.ctx.bind()?;
+        let handle = context_wide(|| driver::vmm_create(self.ctx.device, size))?;
+        Ok(Box::new(CudaPhysical { ctx: self.ctx.clone(), handle, size }))
+    }
+
+    fn vmm_reserve(&self, size: usize, align: usize) -> Result<Box<dyn AddressRange>> {
+        let _g = self.ctx.bind()?;
+        let base = driver::vmm_reserve(size, align)?;
+        Ok(Box::new(CudaRange { ctx: self.ctx.clone(), base, size, mapped: Vec::new() }))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Resource limits of one kernel, read from the driver.
+#[derive(Clone, Copy, Debug)]
+struct FunctionLimits {
+    max_threads_per_block: u32,
+    registers: u32,
+}
+
+fn function_limits(f: sys::CUfunction) -> Result<FunctionLimits> {
+    use sys::CUfunction_attribute as A;
+    // SAFETY: `f` is a function of a loaded module.
+    let get = |a| unsafe { driver::function_attribute(f, a) };
+    Ok(FunctionLimits {
+        max_threads_per_block: get(A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)? as u32,
+        registers: get(A::CU_FUNC_ATTRIBUTE_NUM_REGS)? as u32,
+    })
+}
+
+#[derive(Clone, Copy)]
+struct Function {
+    f: sys::CUfunction,
+    limits: FunctionLimits,
+}
+
+struct CudaModule {
+    ctx: Arc<Ctx>,
+    module: sys::CUmodule,
+    functions: HashMap<String, Function>,
+}
+
+// SAFETY: module and function handles may be used from any thread with the context current.
+unsafe impl Send for CudaModule {}
+// SAFETY: as above; the map is read-only after loading.
+unsafe impl Sync for CudaModule {}
+
+impl ModuleBackend for CudaModule {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for CudaModule {
+    fn drop(&mut self) {
+        let Ok(_g) = self.ctx.bind() else { return };
+        // SAFETY: the runtime retires a module only after every kernel launched from it has
+        // finished.
+        if let Err(e) = context_wide(|| unsafe { driver::module_unload(self.module) }) {
+            tracing::warn!(target: "ferrolink::runtime", error = %e, "unloading a module failed");
+        }
+    }
+}
+
+struct CudaStream {
+    ctx: Arc<Ctx>,
+    stream: sys::CUstream,
+}
+
+// SAFETY: stream handles may be used from any thread with the context current; the driver
+// serializes operations on a stream.
+unsafe impl Send for CudaStream {}
+// SAFETY: as above.
+unsafe impl Sync for CudaStream {}
+
+impl StreamBackend for CudaStream {
+    unsafe fn launch(&self, module: &dyn ModuleBackend, req: LaunchRequest<'_>) -> Result<()> {
+        let module = module.as_any().downcast_ref::<CudaModule>().ok_or_else(|| mixed_backends("launch"))?;
+        let name = req.kernel;
+        let func = *module.functions.get(name).ok_or_else(|| Error::KernelNotFound(name.into()))?;
+        let cfg = req.cfg;
+        if cfg.block_threads() > u64::from(func.limits.max_threads_per_block) {
+            return Err(Error::InvalidArgument(format!(
+                "launch of `{name}`: {} threads per CTA, but the kernel uses {} registers per thread and can \
+                 run at most {} threads per CTA on this GPU",
+                cfg.block_threads(),
+                func.limits.registers,
+                func.limits.max_threads_per_block
+            )));
+        }
+        let _g = self.ctx.bind()?;
+        if cfg.shared_mem_bytes > 48 * 1024 {
+            // SAFETY: `func.f` is a function of the live module.
+            unsafe { driver::function_set_max_dynamic_shared(func.f, cfg.shared_mem_bytes)? };
+        }
+        // SAFETY: the caller's contract (parameters match the kernel, its contract holds).
+        unsafe { driver::launch_kernel(func.f, cfg.grid, cfg.block, cfg.shared_mem_bytes, self.stream, req.params) }
+    }
+
+    unsafe fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        let _g = self.ctx.bind()?;
+        // SAFETY: the caller's contract.
+        unsafe { driver::memcpy_dtod_async(dst, src, bytes, self.stream) }
+    }
+
+    fn record(&self, timing: bool) -> Result<Arc<dyn EventBackend>> {
+        let _g = self.ctx.bind()?;
+        let event = CudaEvent { ctx: self.ctx.clone(), event: driver::event_create(timing)? };
+        // SAFETY: both handles are live.
+        unsafe { driver::event_record(event.event, self.stream)? };
+        Ok(Arc::new(event))
+    }
+
+    fn wait_event(&self, event: &Arc<dyn EventBackend>) -> Result<()> {
+        let event = event.as_any().downcast_ref::<CudaEvent>().ok_or_else(|| mixed_backends("stream wait"))?;
+        let _g = self.ctx.bind()?;
+        // SAFETY: both handles are live.
+        unsafe { driver::stream_wait_event(self.stream, event.event) }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let _g = self.ctx.bind()?;
+        // SAFETY: the stream is live.
+        unsafe { driver::stream_synchronize(self.stream) }
+    }
+
+    fn failure(&self) -> Option<Error> {
+        let _g = self.ctx.bind().ok()?;
+        // SAFETY: the stream is live.
+        unsafe { driver::stream_query(self.stream) }.err()
+    }
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        let Ok(_g) = self.ctx.bind() else { return };
+        // SAFETY: not used after this; queued work completes in the driver.
+        if let Err(e) = unsafe { driver::stream_destroy(self.stream) } {
+            tracing::warn!(target: "ferrolink::runtime", error = %e, "destroying a stream failed");
+        }
+    }
+}
+
+struct CudaEvent {
+    ctx: Arc<Ctx>,
+    event: sys::CUevent,
+}
+
+// SAFETY: event handles may be used from any thread with the context current.
+unsafe impl Send for CudaEvent {}
+// SAFETY: as above.
+unsafe impl Sync for CudaEvent {}
+
+impl EventBackend for CudaEvent {
+    fn query(&self) -> EventState {
+        let Ok(_g) = self.ctx.bind() else { return EventState::Failed };
+        // SAFETY: the event is live.
+        match unsafe { driver::event_query(self.event) } {
+            Ok(true) => EventState::Done,
+            Ok(false) => EventState::Pending,
+            Err(_) => EventState::Failed,
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let _g = self.ctx.bind()?;
+        // SAFETY: the event is live.
+        unsafe { driver::event_synchronize(self.event) }
+    }
+
+    fn elapsed_ms_since(&self, start: &dyn EventBackend) -> Result<f32> {
+        let start = start.as_any().downcast_ref::<CudaEvent>().ok_or(Error::WrongDevice("event"))?;
+        let _g = self.ctx.bind()?;
+        // SAFETY: both events are live.
+        unsafe {
+            driver::event_synchronize(start.event)?;
+            driver::event_synchronize(self.event)?;
+            driver::event_elapsed_ms(start.event, self.event)
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        let Ok(_g) = self.ctx.bind() else { return };
+        // SAFETY: not used after this.
+        let _ = unsafe { driver::event_destroy(self.event) };
+    }
+}
+
+struct CudaHostMemory {
+    ctx: Arc<Ctx>,
+    host: *mut u8,
+}
+
+struct MappedHost {
+    mem: CudaHostMemory,
+    device: u64,
+}
+
+// SAFETY: pinned host memory owned by this value; the runtime accesses its words only
+// atomically or through its own synchronization.
+unsafe impl Send for MappedHost {}
+// SAFETY: as above.
+unsafe impl Sync for MappedHost {}
+
+impl HostMappedMemory for MappedHost {
+    fn host_ptr(&self) -> *mut u8 {
+        self.mem.host
+    }
+    fn device_addr(&self) -> u64 {
+        self.device
+    }
+}
+
+impl Drop for CudaHostMemory {
+    fn drop(&mut self) {
+        let Ok(_g) = self.ctx.bind() else { return };
+        // SAFETY: allocated by `host_alloc_mapped`; retired only after the kernels that used
+        // it finished.
+        if let Err(e) = context_wide(|| unsafe { driver::host_free(self.host) }) {
+            tracing::warn!(target: "ferrolink::runtime", error = %e, "freeing pinned host memory failed");
+        }
+    }
+}
+
+struct CudaPhysical {
+    ctx: Arc<Ctx>,
+    handle: sys::CUmemGenericAllocationHandle,
+    size: usize,
+}
+
+impl PhysicalMemory for CudaPhysical {
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for CudaPhysical {
+    fn drop(&mut self) {
+        let Ok(_g) = self.ctx.bind() else { return };
+        // SAFETY: the handle came from cuMemCreate; the driver frees the memory once its last
+        // mapping is gone.
+        if let Err(e) = context_wide(|| unsafe { driver::vmm_release(self.handle) }) {
+            tracing::warn!(target: "ferrolink::runtime", error = %e, "releasing VMM memory failed");
+        }
+    }
+}
+
+struct CudaRange {
+    ctx: Arc<Ctx>,
+    base: sys::CUdeviceptr,
+    size: usize,
+    mapped: Vec<(usize, usize)>,
+}
+
+impl AddressRange for CudaRange {
+    fn base(&self) -> u64 {
+        self.base
+    }
+
+    fn map(&mut self, offset: usize, phys: &dyn PhysicalMemory) -> Result<()> {
+        let phys = phys.as_any().downcast_ref::<CudaPhysical>().ok_or_else(|| mixed_backends("mapping memory"))?;
+        if offset.checked_add(phys.size).is_none_or(|end| end > self.size) {
+            return Err(Error::InvalidArgument(format!(
+                "mapping {} bytes at offset {offset} overruns a {}-byte range",
+                phys.size, self.size
+            )));
+        }
+        let _g = self.ctx.bind()?;
+        // SAFETY: [base + offset, + size) lies in the reservation and is unmapped (the runtime
+        // maps each offset once); `phys` is alive.
+        context_wide(|| unsafe { driver::vmm_map(self.base + offset as u64, phys.size, phys.handle) })?;
+        self.mapped.push((offset, phys.size));
+        Ok(())
+    }
+
+    fn grant_access(&self, devices: &[&dyn DeviceBackend]) -> Result<()> {
+        let ids = devices.iter().map(|d| CudaDevice::peer(*d).map(|d| d.ctx.device)).collect::<Result<Vec<_>>>()?;
+        let _g = self.ctx.bind()?;
+        // SAFETY: the runtime maps every slot before granting access.
+        context_wide(|| unsafe { driver::vmm_set_access(self.base, self.size, &ids) })
+    }
+}
+
+impl Drop for CudaRange {
+    fn drop(&mut self) {
+        let Ok(_g) = self.ctx.bind() else { return };
+        context_wide(|| {
+            // Unmap everything and free the reservation even if one step fails.
+            for (offset, size) in self.mapped.drain(..) {
+                // SAFETY: this exact sub-range was mapped by `map`; the runtime retires ranges
+                // only after the kernels that used them finished.
+                if let Err(e) = unsafe { driver::vmm_unmap(self.base + offset as u64, size) } {
+                    tracing::warn!(target: "ferrolink::runtime", error = %e, "cuMemUnmap failed");
+                }
+            }
+            // SAFETY: unmapped above; freed once.
+            if let Err(e) = unsafe { driver::vmm_address_free(self.base, self.size) } {
+                tracing::warn!(target: "ferrolink::runtime", error = %e, "cuMemAddressFree failed");
+            }
+        });
+    }
+}

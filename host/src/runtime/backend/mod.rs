@@ -1,0 +1,224 @@
+//! The backend interface: what a device must provide for the rest of ferrolink to run on it.
+//!
+//! Two backends implement it, each in its own folder: [`cuda`] (a GPU through the CUDA driver)
+//! and [`cpu`] (the CPU emulator). Nothing outside this folder names a backend's types or
+//! matches on backends: the runtime above holds `Arc<dyn DeviceBackend>` and the trait objects
+//! it hands out. Operations that only make sense on one backend stay inside it (a CUDA range
+//! maps only CUDA physical memory; it says so with an error if given anything else).
+//!
+//! This layer is unchecked in the wgpu sense: its `unsafe fn`s take raw device addresses,
+//! and the runtime ([`crate::runtime`]) validates and tracks before it calls them.
+
+pub(crate) mod cpu;
+pub(crate) mod cuda;
+
+use crate::runtime::launch::LaunchConfig;
+use crate::{Backend, Error, Result};
+use ferrolink_device::emulator::{EmuError, LaunchSpec};
+use std::any::Any;
+use std::collections::HashSet;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Which physical device a backend device is, for "same device" checks: two handles of one
+/// GPU share its primary context (and must map a window once, not twice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum DeviceKey {
+    /// A GPU, by its driver ordinal handle.
+    Cuda(i32),
+    /// An emulated device, by a process-unique number.
+    Cpu(u64),
+}
+
+/// The work of one emulated launch, run by the CPU backend's stream worker.
+pub(crate) type EmulatedLaunch = Box<dyn FnOnce(&LaunchSpec) -> std::result::Result<(), EmuError> + Send>;
+
+/// One kernel launch as the backends see it: the CUDA backend passes `params` to
+/// `cuLaunchKernel`; the CPU backend calls `emulate` once to get the job it queues.
+pub(crate) struct LaunchRequest<'a> {
+    /// The kernel's entry name.
+    pub(crate) kernel: &'static str,
+    /// Launch shape (validated by the caller).
+    pub(crate) cfg: &'a LaunchConfig,
+    /// One pointer per argument, as `cuLaunchKernel` wants them.
+    pub(crate) params: &'a mut [*mut c_void],
+    /// Builds the emulated launch.
+    pub(crate) emulate: &'a mut dyn FnMut() -> EmulatedLaunch,
+}
+
+/// Whether a recorded point of a stream has been reached.
+#[derive(Clone, Debug)]
+pub(crate) enum EventState {
+    /// Work before it may still run.
+    Pending,
+    /// Everything before it has finished.
+    Done,
+    /// The stream failed before reaching it (or the query itself failed): nothing before it
+    /// runs any more, but the work did not complete. Memory it used may be released.
+    Failed,
+}
+
+/// A device of some backend.
+pub(crate) trait DeviceBackend: Send + Sync + 'static {
+    /// The backend.
+    fn kind(&self) -> Backend;
+    /// The physical device's identity.
+    fn key(&self) -> DeviceKey;
+    /// A readable name.
+    fn name(&self) -> String;
+    /// Streaming multiprocessors (on the emulator: host cores).
+    fn sm_count(&self) -> u32;
+    /// Whether this device can map memory of `peer`.
+    fn can_access_peer(&self, peer: &dyn DeviceBackend) -> Result<bool>;
+    /// Free and total device memory.
+    fn mem_info(&self) -> Result<(usize, usize)>;
+
+    /// `bytes` of zeroed device memory, 256-byte aligned, usable by every stream of the
+    /// device when this returns. Never waits for running kernels.
+    fn malloc_zeroed(&self, bytes: usize) -> Result<u64>;
+    /// Frees memory from [`DeviceBackend::malloc_zeroed`] without waiting for the device.
+    ///
+    /// # Safety
+    /// `addr` came from `malloc_zeroed(bytes)` here, is freed once, and no work that uses it
+    /// is queued or running.
+    unsafe fn free(&self, addr: u64, bytes: usize) -> Result<()>;
+    /// Copies host bytes to device memory; they have landed when this returns. Waits for no
+    /// kernel.
+    ///
+    /// # Safety
+    /// `[addr, addr + src.len())` is device memory of this device that no running or queued
+    /// work accesses.
+    unsafe fn write(&self, addr: u64, src: &[u8]) -> Result<()>;
+    /// Copies device memory to host bytes. Waits for no kernel.
+    ///
+    /// # Safety
+    /// `[addr, addr + dst.len())` is device memory of this device (or host-mapped memory)
+    /// that no running or queued work writes, unless the caller accepts a torn snapshot of
+    /// words that are only written atomically (the watchdog's reads of barrier inboxes).
+    unsafe fn read(&self, addr: u64, dst: &mut [u8]) -> Result<()>;
+    /// Fills `[addr, addr + bytes)` with zeros; done when this returns. Waits for no kernel.
+    ///
+    /// # Safety
+    /// As [`DeviceBackend::write`].
+    unsafe fn memset_zero(&self, addr: u64, bytes: usize) -> Result<()>;
+    /// Reads `dst.len()` words that kernels may be writing with atomics (the watchdog's
+    /// look at barrier inboxes): each word is some value it held.
+    ///
+    /// # Safety
+    /// The range is live device memory of this device (or host-mapped memory), 4-byte
+    /// aligned, and kernels access it only with word atomics.
+    unsafe fn read_atomic_words(&self, addr: u64, dst: &mut [u32]) -> Result<()>;
+    /// Host memory the device can access at a device address (pinned and mapped on CUDA),
+    /// zeroed.
+    fn alloc_host_mapped(&self, bytes: usize) -> Result<Box<dyn HostMappedMemory>>;
+
+    /// A stream whose work may run concurrently with other streams' work.
+    fn create_stream(&self) -> Result<Box<dyn StreamBackend>>;
+    /// Loads a module and resolves each of `entries`.
+    fn load_module(&self, ptx: &str, entries: &HashSet<String>) -> Result<Box<dyn ModuleBackend>>;
+
+    /// The VMM granularity: sizes and strides of symmetric memory are multiples of it.
+    fn vmm_granularity(&self) -> Result<usize>;
+    /// Whether memory from [`DeviceBackend::vmm_create`] starts zero-filled (else the caller
+    /// zeroes it once mapped).
+    fn vmm_memory_is_zeroed(&self) -> bool;
+    /// Physical memory of `size` bytes (a multiple of the granularity), exportable.
+    fn vmm_create(&self, size: usize) -> Result<Box<dyn PhysicalMemory>>;
+    /// A reserved virtual range of `size` bytes aligned to `align`.
+    fn vmm_reserve(&self, size: usize, align: usize) -> Result<Box<dyn AddressRange>>;
+
+    /// For the backend's own downcasts (peer checks between devices of one backend).
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// An in-order queue of device work.
+pub(crate) trait StreamBackend: Send + Sync {
+    /// Queues a kernel launch.
+    ///
+    /// # Safety
+    /// `module` is a module of this backend that declares `req.kernel`; the parameters
+    /// match the kernel's; the kernel's contract holds.
+    unsafe fn launch(&self, module: &dyn ModuleBackend, req: LaunchRequest<'_>) -> Result<()>;
+    /// Queues a device-to-device copy.
+    ///
+    /// # Safety
+    /// Both ranges are device memory of this device, valid until the copy has run, and do
+    /// not overlap.
+    unsafe fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
+    /// Records the current end of the stream; `timing` events can be compared with
+    /// [`EventBackend::elapsed_ms_since`].
+    fn record(&self, timing: bool) -> Result<Arc<dyn EventBackend>>;
+    /// Makes later work of this stream wait (on the device) for `event`.
+    fn wait_event(&self, event: &Arc<dyn EventBackend>) -> Result<()>;
+    /// Waits until all queued work has finished; its error if any failed.
+    fn synchronize(&self) -> Result<()>;
+    /// The stream's failure, if it has one (does not wait).
+    fn failure(&self) -> Option<Error>;
+}
+
+/// A recorded point of a stream.
+pub(crate) trait EventBackend: Send + Sync {
+    /// Whether the stream has reached this point (does not wait).
+    fn query(&self) -> EventState;
+    /// Waits until the stream has reached this point (or failed before it).
+    fn synchronize(&self) -> Result<()>;
+    /// Milliseconds from `start` to this event (both recorded with timing).
+    fn elapsed_ms_since(&self, start: &dyn EventBackend) -> Result<f32>;
+    /// For the backend's own downcasts.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A loaded module of kernels.
+pub(crate) trait ModuleBackend: Send + Sync {
+    /// For the backend's own downcasts.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Host memory mapped for a device; freed on drop.
+pub(crate) trait HostMappedMemory: Send + Sync {
+    /// The host's address.
+    fn host_ptr(&self) -> *mut u8;
+    /// The address kernels use.
+    fn device_addr(&self) -> u64;
+}
+
+/// Physical memory of the VMM allocator; released on drop (the memory lives on while a
+/// range still maps it).
+pub(crate) trait PhysicalMemory: Send + Sync {
+    /// Bytes.
+    fn size(&self) -> usize;
+    /// For the backend's own downcasts.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A reserved virtual address range; unmapped and freed on drop.
+pub(crate) trait AddressRange: Send + Sync {
+    /// Base address.
+    fn base(&self) -> u64;
+    /// Maps all of `phys` at `offset`.
+    fn map(&mut self, offset: usize, phys: &dyn PhysicalMemory) -> Result<()>;
+    /// Grants read/write access to the whole (fully mapped) range to each of `devices`.
+    fn grant_access(&self, devices: &[&dyn DeviceBackend]) -> Result<()>;
+}
+
+/// Opens device `ordinal` of `backend`.
+pub(crate) fn open(backend: Backend, ordinal: usize) -> Result<Arc<dyn DeviceBackend>> {
+    match backend {
+        Backend::Cuda => Ok(Arc::new(cuda::CudaDevice::open(ordinal)?)),
+        Backend::Cpu => Ok(Arc::new(cpu::CpuDevice::new())),
+    }
+}
+
+/// Whether `backend` can be used here; the error says why not.
+pub(crate) fn availability(backend: Backend) -> Result<()> {
+    match backend {
+        Backend::Cpu => Ok(()),
+        Backend::Cuda => cuda::availability(),
+    }
+}
+
+/// A mismatch between objects of different backends (a CUDA range asked to map emulator
+/// memory, …): a bug in the runtime above, reported as an error.
+pub(crate) fn mixed_backends(what: &str) -> Error {
+    Error::InvalidArgument(format!("{what}: objects of different backends were mixed"))
+}

@@ -1,0 +1,238 @@
+//! Event-tracked lifetimes (cudarc's model): no `Drop` frees memory a kernel may still use,
+//! and none waits for the whole device.
+//!
+//! * Every launch records a [`Completion`] on its stream: one event, shared by everything
+//!   the launch used.
+//! * Every resource (buffer, window, device communicator, module, host-mapped block) keeps
+//!   its [`Uses`]: the latest completion of each stream that used it, split into reads and
+//!   writes. Streams run in order, so the latest completion of a stream covers its earlier
+//!   uses.
+//! * A launch whose arguments hold raw device addresses (pointers, or `DevComm`/`DevWindow`
+//!   values copied out of their handles) cannot say what it uses; its completion goes to the
+//!   device's [`Untracked`] list, and every resource of that device freed later also waits
+//!   for it. Launches that pass handles are tracked exactly.
+//! * Dropping a resource hands its memory to [`retire`] with the completions it must wait
+//!   for. Retirement frees at once if they have all passed, else keeps the memory on a
+//!   process-wide list that a background thread (and every later call into the runtime)
+//!   services without blocking, by querying the events.
+//!
+//! Work that failed (a faulted stream, an emulator timeout) counts as finished: it no longer
+//! runs, so its memory may go.
+
+use crate::runtime::backend::{EventBackend, EventState};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+/// A process-unique stream number.
+pub(crate) type StreamId = u64;
+
+/// A new [`StreamId`].
+pub(crate) fn next_stream_id() -> StreamId {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Poisoning only means a thread panicked while holding the lock; these lists stay valid.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A recorded point of a stream.
+#[derive(Clone)]
+pub(crate) struct Completion {
+    event: Arc<dyn EventBackend>,
+    stream: StreamId,
+}
+
+impl Completion {
+    pub(crate) fn new(event: Arc<dyn EventBackend>, stream: StreamId) -> Completion {
+        Completion { event, stream }
+    }
+
+    /// The stream it was recorded on.
+    pub(crate) fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// The backend event.
+    pub(crate) fn event(&self) -> &Arc<dyn EventBackend> {
+        &self.event
+    }
+
+    /// Whether the work before it no longer runs (finished, or its stream failed).
+    pub(crate) fn finished(&self) -> bool {
+        !matches!(self.event.query(), EventState::Pending)
+    }
+
+    /// Waits until [`Completion::finished`].
+    pub(crate) fn wait(&self) {
+        // A failure means the work stopped: that is all a waiter for memory needs.
+        let _ = self.event.synchronize();
+    }
+}
+
+/// Keeps, per stream, the latest of a list of completions and drops finished ones.
+fn remember(list: &mut Vec<Completion>, c: &Completion) {
+    list.retain(|x| x.stream != c.stream && !x.finished());
+    list.push(c.clone());
+}
+
+#[derive(Default)]
+struct UsesInner {
+    reads: Vec<Completion>,
+    writes: Vec<Completion>,
+}
+
+/// The streams' uses of one resource.
+#[derive(Default)]
+pub(crate) struct Uses(Mutex<UsesInner>);
+
+impl Uses {
+    /// Records that the work before `c` reads (or, with `write`, writes) the resource.
+    pub(crate) fn record(&self, c: &Completion, write: bool) {
+        let mut u = lock(&self.0);
+        if write {
+            remember(&mut u.writes, c);
+        } else {
+            remember(&mut u.reads, c);
+        }
+    }
+
+    /// Completions of uses that may still run (reads and writes).
+    pub(crate) fn pending(&self) -> Vec<Completion> {
+        let u = lock(&self.0);
+        u.reads.iter().chain(&u.writes).filter(|c| !c.finished()).cloned().collect()
+    }
+
+    /// Completions of writes that may still run.
+    pub(crate) fn pending_writes(&self) -> Vec<Completion> {
+        lock(&self.0).writes.iter().filter(|c| !c.finished()).cloned().collect()
+    }
+}
+
+/// The completions of a device's untracked launches, the latest per stream.
+#[derive(Default)]
+pub(crate) struct Untracked(Mutex<HashMap<StreamId, Completion>>);
+
+impl Untracked {
+    /// Records an untracked launch.
+    pub(crate) fn record(&self, c: &Completion) {
+        let mut m = lock(&self.0);
+        m.retain(|_, x| !x.finished());
+        m.insert(c.stream, c.clone());
+    }
+
+    /// Untracked launches that may still run.
+    pub(crate) fn pending(&self) -> Vec<Completion> {
+        lock(&self.0).values().filter(|c| !c.finished()).cloned().collect()
+    }
+}
+
+/// Waits on the host until every completion in `waits` has passed. Refused inside a group
+/// launch when some has not: the work may wait for ranks launched after this call.
+pub(crate) fn wait_all(waits: &[Completion], what: &str) -> crate::Result<()> {
+    if crate::runtime::group::in_group_launch() && !waits.iter().all(Completion::finished) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "{what} inside launch_all would wait for kernels that may wait for ranks not yet launched \
+             (a deadlock): do host accesses after launch_all"
+        )));
+    }
+    for c in waits {
+        c.wait();
+    }
+    Ok(())
+}
+
+/// Something whose drop frees memory: what a resource hands to [`retire`].
+pub(crate) type Payload = Box<dyn Send>;
+
+struct Retiring {
+    waits: Vec<Completion>,
+    payload: Payload,
+    what: &'static str,
+}
+
+struct Graveyard {
+    items: Mutex<Vec<Retiring>>,
+    wake: Condvar,
+    retired: AtomicU64,
+}
+
+fn graveyard() -> &'static Graveyard {
+    static G: OnceLock<Graveyard> = OnceLock::new();
+    G.get_or_init(|| {
+        std::thread::Builder::new()
+            .name("ferrolink-reaper".into())
+            .spawn(reaper)
+            .expect("starting ferrolink's retirement thread");
+        Graveyard { items: Mutex::new(Vec::new()), wake: Condvar::new(), retired: AtomicU64::new(0) }
+    })
+}
+
+/// How often the reaper looks at pending retirements.
+const REAP_INTERVAL: Duration = Duration::from_millis(2);
+
+fn reaper() {
+    let g = graveyard();
+    loop {
+        {
+            let items = lock(&g.items);
+            let items = if items.is_empty() {
+                g.wake.wait(items).unwrap_or_else(|e| e.into_inner())
+            } else {
+                g.wake.wait_timeout(items, REAP_INTERVAL).unwrap_or_else(|e| e.into_inner()).0
+            };
+            drop(items);
+        }
+        collect();
+    }
+}
+
+/// Frees `payload` once every completion in `waits` has passed: at once if they all have,
+/// else later, without blocking the caller. `what` names the resource in logs.
+pub(crate) fn retire(waits: Vec<Completion>, payload: Payload, what: &'static str) {
+    if waits.iter().all(Completion::finished) {
+        drop(payload);
+        graveyard().retired.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    tracing::trace!(target: "ferrolink::runtime", what, pending = waits.len(), "deferring a free until its kernels finish");
+    let g = graveyard();
+    lock(&g.items).push(Retiring { waits, payload, what });
+    g.wake.notify_one();
+}
+
+/// Frees every retired resource whose completions have passed (never waits for a kernel).
+/// Returns how many are still pending.
+pub(crate) fn collect() -> usize {
+    let g = graveyard();
+    let ready: Vec<Retiring> = {
+        let mut items = lock(&g.items);
+        for r in items.iter_mut() {
+            r.waits.retain(|c| !c.finished());
+        }
+        let (ready, pending): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut *items).into_iter().partition(|r| r.waits.is_empty());
+        *items = pending;
+        ready
+    };
+    // Free outside the lock: a free may take the group lock or call the driver.
+    for r in ready {
+        tracing::trace!(target: "ferrolink::runtime", what = r.what, "freeing retired memory");
+        drop(r.payload);
+        g.retired.fetch_add(1, Ordering::Relaxed);
+    }
+    lock(&g.items).len()
+}
+
+/// Retired resources whose kernels have not finished yet (after freeing those that have).
+pub fn pending_retirements() -> usize {
+    collect()
+}
+
+/// Resources freed by retirement so far in this process.
+pub fn retired_total() -> u64 {
+    graveyard().retired.load(Ordering::Relaxed)
+}

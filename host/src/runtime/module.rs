@@ -1,0 +1,85 @@
+//! Modules of kernels loaded from PTX.
+
+use crate::runtime::backend::ModuleBackend;
+use crate::runtime::device::{Device, DeviceInner};
+use crate::runtime::lifetime::{self, Untracked, Uses};
+use crate::{Error, Result};
+use std::collections::HashSet;
+use std::sync::{Arc, Weak};
+
+/// How a module refers to its device: a user's module keeps the device alive; the device's
+/// own built-in module (stored inside the device) refers back weakly, or the two would keep
+/// each other alive forever.
+enum DeviceLink {
+    Owner(Device),
+    Builtin(Weak<DeviceInner>),
+}
+
+/// A module of kernels loaded from PTX (see [`Device::load_module`]). On the CPU backend the
+/// kernels run from their host entries, and the PTX tells which entries the module declares.
+/// Dropping it never waits: it is unloaded once the kernels launched from it have finished.
+pub struct Module {
+    link: DeviceLink,
+    imp: Option<Box<dyn ModuleBackend>>,
+    entries: HashSet<String>,
+    pub(crate) uses: Arc<Uses>,
+    untracked: Arc<Untracked>,
+}
+
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module").field("entries", &self.entries).finish()
+    }
+}
+
+impl Module {
+    pub(crate) fn load(dev: &Device, ptx: &str) -> Result<Module> {
+        Module::load_linked(dev, ptx, DeviceLink::Owner(dev.clone()))
+    }
+
+    /// Loads the device's built-in module, which the device itself stores.
+    pub(crate) fn load_builtin(dev: &Device, ptx: &str) -> Result<Module> {
+        Module::load_linked(dev, ptx, DeviceLink::Builtin(Arc::downgrade(&dev.0)))
+    }
+
+    fn load_linked(dev: &Device, ptx: &str, link: DeviceLink) -> Result<Module> {
+        let entries: HashSet<String> = ferrolink_device::kernel::ptx_entry_names(ptx).map(str::to_string).collect();
+        if entries.is_empty() {
+            return Err(Error::InvalidArgument("the PTX declares no kernel entry (.entry)".into()));
+        }
+        let imp = dev.backend_device().load_module(ptx, &entries)?;
+        Ok(Module { link, imp: Some(imp), entries, uses: Arc::default(), untracked: dev.0.untracked.clone() })
+    }
+
+    /// The device the module was loaded on, if it is still alive.
+    fn device(&self) -> Option<Device> {
+        match &self.link {
+            DeviceLink::Owner(d) => Some(d.clone()),
+            DeviceLink::Builtin(w) => w.upgrade().map(Device),
+        }
+    }
+
+    /// Whether the module was loaded on `dev`.
+    pub(crate) fn belongs_to(&self, dev: &Device) -> bool {
+        self.device().is_some_and(|d| d.same_as(dev))
+    }
+
+    /// Whether the module declares a kernel entry called `name`.
+    pub fn has_kernel(&self, name: &str) -> bool {
+        self.entries.contains(name)
+    }
+
+    pub(crate) fn backend(&self) -> &dyn ModuleBackend {
+        self.imp.as_deref().expect("present until drop")
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let mut waits = self.uses.pending();
+        waits.extend(self.untracked.pending());
+        if let Some(imp) = self.imp.take() {
+            lifetime::retire(waits, Box::new(imp), "module");
+        }
+    }
+}

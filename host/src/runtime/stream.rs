@@ -1,0 +1,341 @@
+//! Streams (ordered queues of device work) and events (points in a stream).
+
+use crate::runtime::backend::{EmulatedLaunch, EventBackend, LaunchRequest, StreamBackend};
+use crate::runtime::device::Device;
+use crate::runtime::launch::{KernelArgs, LaunchArgs, LaunchConfig, LaunchTracking};
+use crate::runtime::lifetime::{self, Completion, StreamId, lock};
+use crate::runtime::memory::DeviceBuffer;
+use crate::runtime::module::Module;
+use crate::{Error, Result};
+use bytemuck::Pod;
+use ferrolink_device::emulator;
+use ferrolink_device::kernel::Kernel;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+/// Something a stream's errors are explained by, or raised from: a communicator whose
+/// kernels run on the stream (its abort and asynchronous errors), a device communicator
+/// whose control block holds fault reports.
+pub(crate) trait StreamObserver: Send + Sync {
+    /// A clearer error for the stream's failure `err` (a device fault report), if any.
+    fn explain_failure(&self, err: &Error) -> Option<Error>;
+    /// An error raised outside the stream that its work must report (an abort), if any.
+    fn external_error(&self) -> Option<Error>;
+}
+
+/// The shared part of a [`Stream`].
+pub(crate) struct StreamCore {
+    id: StreamId,
+    backend: RwLock<Arc<dyn StreamBackend>>,
+    observers: Mutex<Vec<Weak<dyn StreamObserver>>>,
+    /// The completion of the last tracked operation.
+    tail: Mutex<Option<Completion>>,
+}
+
+impl StreamCore {
+    pub(crate) fn backend(&self) -> Arc<dyn StreamBackend> {
+        self.backend.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn observers(&self) -> Vec<Arc<dyn StreamObserver>> {
+        lock(&self.observers).iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// The stream's error, explained by its observers where they can.
+    fn explain(&self, err: Error) -> Error {
+        self.observers().iter().find_map(|o| o.explain_failure(&err)).unwrap_or(err)
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.backend().synchronize().map_err(|e| self.explain(e))?;
+        match self.observers().iter().find_map(|o| o.external_error()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn add_observer(&self, o: Weak<dyn StreamObserver>) {
+        let mut list = lock(&self.observers);
+        list.retain(|w| w.strong_count() > 0);
+        if !list.iter().any(|w| Weak::ptr_eq(w, &o)) {
+            list.push(o);
+        }
+    }
+}
+
+/// An in-order queue of device work. Work on different streams may run concurrently: on
+/// CUDA the streams are non-blocking; on the CPU backend each is a worker thread. Dropping a
+/// stream does not wait for its work (memory its work uses stays alive by its own tracking).
+pub struct Stream {
+    dev: Device,
+    core: Arc<StreamCore>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream").field("device", &self.dev).field("id", &self.core.id).finish()
+    }
+}
+
+/// Kernel arguments handed to the emulator's worker thread.
+struct EmulatorArgs<A: KernelArgs>(A);
+// SAFETY: `A` is a tuple of `KernelParam`s, which that unsafe trait requires to be plain
+// values and device addresses that any thread may copy; what the kernel does through the
+// addresses is `Stream::launch`'s caller's contract.
+unsafe impl<A: KernelArgs> Send for EmulatorArgs<A> {}
+
+impl Stream {
+    pub(crate) fn new(dev: &Device) -> Result<Stream> {
+        let backend: Arc<dyn StreamBackend> = Arc::from(dev.backend_device().create_stream()?);
+        let core = Arc::new(StreamCore {
+            id: lifetime::next_stream_id(),
+            backend: RwLock::new(backend),
+            observers: Mutex::new(Vec::new()),
+            tail: Mutex::new(None),
+        });
+        Ok(Stream { dev: dev.clone(), core })
+    }
+
+    pub(crate) fn core(&self) -> &Arc<StreamCore> {
+        &self.core
+    }
+
+    /// The stream's device.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// Waits until all work queued on this stream has finished. Returns the stream's error if
+    /// an operation failed (on the emulator: a timeout, panic or trap in a kernel), explained
+    /// by a device fault report where one exists; on a communicator's stream, also the
+    /// communicator's asynchronous error (an abort) if it has one.
+    pub fn synchronize(&self) -> Result<()> {
+        self.core.synchronize()
+    }
+
+    /// The stream's failure, if it has failed (does not wait).
+    pub fn failure(&self) -> Option<Error> {
+        self.core.backend().failure().map(|e| self.core.explain(e))
+    }
+
+    /// Replaces a failed stream's queue with a fresh one, so that work can be queued again
+    /// (on the emulator after a timeout, panic or trap). Returns whether it replaced it. On
+    /// CUDA a kernel fault usually breaks the whole context: then the probe launch fails
+    /// and the error says so; only a new process recovers from that.
+    pub fn recover(&self) -> Result<bool> {
+        let Some(old) = self.core.backend().failure() else { return Ok(false) };
+        let fresh: Arc<dyn StreamBackend> = Arc::from(self.dev.backend_device().create_stream()?);
+        fresh.record(false)?.synchronize().map_err(|e| {
+            Error::StreamFailed(format!(
+                "the stream failed ({old}) and a fresh stream does not work either ({e}): the device's \
+                 context is broken, which only a new process recovers from"
+            ))
+        })?;
+        *self.core.backend.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        tracing::info!(target: "ferrolink::runtime", stream = self.core.id, error = %old, "replaced a failed stream");
+        Ok(true)
+    }
+
+    /// The completion of the last tracked operation queued here, if any.
+    pub(crate) fn tail(&self) -> Option<Completion> {
+        lock(&self.core.tail).clone()
+    }
+
+    /// Makes the stream's later work wait for the other streams' pending uses that `t`
+    /// conflicts with, runs `op`, records a completion, and notes it in everything `t` uses.
+    fn enqueue_tracked(
+        &self,
+        t: LaunchTracking,
+        op: impl FnOnce(&dyn StreamBackend) -> Result<()>,
+    ) -> Result<Completion> {
+        t.check()?;
+        let backend = self.core.backend();
+        let id = self.core.id;
+        let foreign = |c: &Completion| c.stream() != id;
+        for u in &t.writes {
+            for c in u.pending().iter().filter(|c| foreign(c)) {
+                backend.wait_event(c.event())?;
+            }
+        }
+        for u in &t.reads {
+            for c in u.pending_writes().iter().filter(|c| foreign(c)) {
+                backend.wait_event(c.event())?;
+            }
+        }
+        op(&*backend)?;
+        let c = Completion::new(backend.record(false)?, id);
+        for u in &t.reads {
+            u.record(&c, false);
+        }
+        for u in &t.writes {
+            u.record(&c, true);
+        }
+        for u in &t.holds {
+            u.record(&c, false);
+        }
+        if t.untracked {
+            self.dev.0.untracked.record(&c);
+        }
+        for o in t.observers {
+            self.core.add_observer(o);
+        }
+        *lock(&self.core.tail) = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Queues `kernel` from `module` with `args`.
+    ///
+    /// The argument tuple becomes the kernel's declared parameter types, so wrong arguments
+    /// do not compile; the launch shape is validated before anything is queued. Arguments
+    /// that borrow handles (`&DeviceBuffer`, `&mut DeviceBuffer`, `&Window`,
+    /// `&DevCommHandle`) are tracked: their memory outlives the kernel whatever the caller
+    /// drops, host copies wait for the kernel, and buffers written here are ordered after
+    /// other streams' uses ([`crate::runtime::launch`] has the table).
+    ///
+    /// ```
+    /// # use ferrolink::{Device, LaunchConfig};
+    /// # use ferrolink_device::kernels::copy::ferrolink_copy;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = Device::open(0)?;
+    /// let stream = dev.create_stream()?;
+    /// let src = dev.alloc_from(&[7u8; 64])?;
+    /// let mut dst = dev.alloc::<u8>(64)?;
+    /// // SAFETY: the copy kernel's contract: both buffers hold 64 bytes and do not overlap.
+    /// // Their lifetimes are tracked: dropping either now would be safe.
+    /// unsafe {
+    ///     stream.launch(dev.builtin_module()?, &ferrolink_copy, LaunchConfig::linear(1, 32), (&mut dst, &src, 64usize))?
+    /// };
+    /// assert_eq!(dst.to_vec()?, vec![7u8; 64]); // waits for the kernel (not for the device)
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// `ferrolink_copy` takes `(*mut u8, *const u8, usize)`; a `u32` length is a compile error:
+    ///
+    /// ```compile_fail
+    /// # use ferrolink::{Device, LaunchConfig};
+    /// # use ferrolink_device::kernels::copy::ferrolink_copy;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open(0)?;
+    /// # let stream = dev.create_stream()?;
+    /// # let src = dev.alloc_from(&[7u8; 64])?;
+    /// # let mut dst = dev.alloc::<u8>(64)?;
+    /// unsafe { stream.launch(dev.builtin_module()?, &ferrolink_copy, LaunchConfig::linear(1, 32), (&mut dst, &src, 64u32))? };
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Safety
+    /// The kernel's documented contract must hold. Raw pointers (and `DevComm`/`DevWindow`
+    /// values) among the arguments must refer to device memory of this device that stays
+    /// valid until the kernel has finished (the runtime keeps memory dropped after the launch
+    /// alive until then, but cannot know about memory freed by other means), and no other
+    /// work may race with the kernel's accesses through them.
+    pub unsafe fn launch<A: KernelArgs, L: LaunchArgs<Params = A>>(
+        &self,
+        module: &Module,
+        kernel: &Kernel<A>,
+        cfg: LaunchConfig,
+        args: L,
+    ) -> Result<()> {
+        if !module.belongs_to(&self.dev) {
+            return Err(Error::WrongDevice("module"));
+        }
+        let name = kernel.name();
+        cfg.validate(name)?;
+        if !module.has_kernel(name) {
+            return Err(Error::KernelNotFound(name.into()));
+        }
+        let mut t = LaunchTracking::new(&self.dev);
+        args.track(&mut t);
+        t.holds.push(module.uses.clone());
+        let mut params = args.params();
+        let host_args = EmulatorArgs(params);
+        let entry = kernel.host_entry();
+        let mut host_args = Some(host_args);
+        let mut emulate = move || -> EmulatedLaunch {
+            let args = host_args.take().expect("a launch is emulated once");
+            Box::new(move |spec| {
+                let args = args;
+                // SAFETY: the caller of `launch` upholds the kernel's contract.
+                unsafe { emulator::launch(spec, entry, args.0) }
+            })
+        };
+        self.enqueue_tracked(t, |backend| {
+            params.with_param_ptrs(|p| {
+                let req = LaunchRequest { kernel: name, cfg: &cfg, params: p, emulate: &mut emulate };
+                // SAFETY: the module belongs to this device and declares the kernel (checked
+                // above); `A` is the kernel's declared parameter tuple; the caller upholds the
+                // kernel's contract.
+                unsafe { backend.launch(module.backend(), req) }
+            })
+        })?;
+        Ok(())
+    }
+
+    /// Queues a copy of `src` into `dst` by the driver's copy path (`cuMemcpyDtoDAsync`; on
+    /// the CPU backend a host memcpy). Lengths must match. Tracked like a launch: it does not
+    /// wait, and the buffers stay alive and ordered until it has run.
+    pub fn copy_buffer<T: Pod>(&self, dst: &mut DeviceBuffer<T>, src: &DeviceBuffer<T>) -> Result<()> {
+        if dst.len() != src.len() {
+            return Err(Error::InvalidArgument(format!(
+                "copy_buffer: destination has {} elements, source {}",
+                dst.len(),
+                src.len()
+            )));
+        }
+        let mut t = LaunchTracking::new(&self.dev);
+        t.expect_device(dst.device(), "buffer");
+        t.expect_device(src.device(), "buffer");
+        t.writes.push(dst.uses().clone());
+        t.reads.push(src.uses().clone());
+        let (d, s, bytes) = (dst.addr(), src.addr(), src.bytes());
+        // SAFETY: both ranges are whole live buffers of this device (checked), distinct
+        // allocations; tracking keeps them alive and ordered until the copy has run.
+        self.enqueue_tracked(t, |b| unsafe { b.copy_dtod(d, s, bytes) })?;
+        Ok(())
+    }
+
+    /// Queues the driver's device-to-device copy on raw addresses (the baseline the perf tool
+    /// measures kernels against). Untracked.
+    ///
+    /// # Safety
+    /// Both ranges are device memory of this device, valid until the copy has run, not
+    /// overlapping, and no other work races with the copy.
+    pub unsafe fn copy_raw(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        let mut t = LaunchTracking::new(&self.dev);
+        t.untracked = true;
+        // SAFETY: the caller's contract.
+        self.enqueue_tracked(t, |b| unsafe { b.copy_dtod(dst, src, bytes) })?;
+        Ok(())
+    }
+
+    /// Records an event: a point in the stream, with the time the stream reached it.
+    pub fn record_event(&self) -> Result<Event> {
+        Ok(Event { dev: self.dev.clone(), event: self.core.backend().record(true)? })
+    }
+}
+
+/// A point in a stream, with the time the stream reached it (see [`Stream::record_event`]).
+pub struct Event {
+    dev: Device,
+    event: Arc<dyn EventBackend>,
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event").field("device", &self.dev).finish()
+    }
+}
+
+impl Event {
+    /// Milliseconds between `start` and this event (waits for both).
+    pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
+        if !self.dev.same_as(&start.dev) {
+            return Err(Error::WrongDevice("event"));
+        }
+        self.event.elapsed_ms_since(&*start.event)
+    }
+
+    /// Waits until the stream has reached this event.
+    pub fn synchronize(&self) -> Result<()> {
+        self.event.synchronize()
+    }
+}
