@@ -332,3 +332,31 @@ kernel! {
         unsafe { count.write(i) };
     }
 }
+
+kernel! {
+    /// One LSA barrier round on barrier `block_idx`, which world rank `fail_rank` never reaches:
+    /// its thread 0 traps first (the device's form of a panic; on the emulator the launch fails
+    /// with the trap), while its other threads head for the barrier. Every other rank's CTA `b`
+    /// writes [`TRY_SYNC_OK`] or [`TRY_SYNC_ABORTED`] to `status[b]`: a failed rank must never
+    /// let the others pass, so the test expects `TRY_SYNC_ABORTED` (after the host aborts the
+    /// communicator for the failed stream) and never `TRY_SYNC_OK`.
+    ///
+    /// # Safety
+    /// `comm` from a live handle with at least `grid` barriers; `status` holds `grid` words.
+    pub unsafe fn lsa_barrier_fail_rank(comm: DevComm, fail_rank: u32, status: *mut u32) {
+        let b = arch::block_idx_x();
+        if comm.rank == fail_rank && arch::thread_rank_in_block() == 0 {
+            arch::trap();
+        }
+        // SAFETY: one barrier per CTA (kernel contract).
+        let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+        let result = match bar.try_sync() {
+            Ok(()) => TRY_SYNC_OK,
+            Err(_) => TRY_SYNC_ABORTED,
+        };
+        if arch::thread_rank_in_block() == 0 {
+            // SAFETY: `status` holds one word per CTA.
+            unsafe { status.add(b).write(result) };
+        }
+    }
+}
