@@ -7,6 +7,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/setup.sh
 export FERROLINK_REQUIRE_PTXAS=1
+# The bundle's builds take the built-in kernels fresh from device/ (.cargo/config.toml sets
+# FERROLINK_BUILD_PTX=1 in this checkout); refuse to bundle a commit whose committed PTX, the
+# one users of the crate get, differs from them.
+bash scripts/check-ptx.sh
 bundle="$root/gpu-bundle"
 rm -rf "$bundle" && mkdir -p "$bundle/bin"
 

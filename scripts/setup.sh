@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building ferrolink needs and exports FERROLINK_PTXAS. Source it or run it;
-# it is idempotent and quick once done.
+# it is idempotent and quick once done. Once it has run, plain cargo commands in this checkout
+# find ptxas without the export: .cargo/config.toml sets FERROLINK_PTXAS to the same
+# .tools/cuda/bin/ptxas, and ferrolink-builder also looks for .tools/cuda/bin/ptxas above the
+# device crate.
 #  - the nightly toolchain's rust-src (for -Z build-std=core when compiling device code to PTX)
 #  - ptxas for sm_90, unpacked from the nvidia-cuda-nvcc wheel on PyPI into .tools/
 set -euo pipefail

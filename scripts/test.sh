@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The test command: formatting, the PTX build with its checks and ptxas assembly for sm_90,
+# the committed built-in PTX against a fresh build, a crate using ferrolink on stable Rust,
 # clippy, rustdoc with warnings as errors, and every test (device tests on the CPU emulator
 # here; on CUDA too where a GPU is).
 set -euo pipefail
@@ -7,11 +8,68 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/setup.sh
 export FERROLINK_REQUIRE_PTXAS=1
+# The built-in kernels are built fresh from device/ (nightly, ptxas) in every step, as
+# .cargo/config.toml also asks, and the per-kernel resource table is printed whenever
+# host/build.rs runs. Both are exported for the whole run: a variable that changes between
+# steps would rerun the build script and rebuild everything that depends on the host crate.
+export FERROLINK_BUILD_PTX=1 FERROLINK_PRINT_PTX_RESOURCES=1
 
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== build (device crate -> PTX, extern/entry checks, ptxas -arch=sm_90 with per-kernel resources)"
-FERROLINK_PRINT_PTX_RESOURCES=1 cargo build --workspace --all-targets
+cargo build --workspace --all-targets
+echo "== built-in PTX matches a fresh build"
+bash scripts/check-ptx.sh
+
+echo "== a crate outside the workspace that uses ferrolink builds on stable Rust (committed PTX, no nightly)"
+# A throwaway crate in $TMPDIR depends on host/ by path and builds with the stable toolchain
+# offline, with the workspace's Cargo.lock (its crates are fetched by the build above) and the
+# workspace's target directory (so the registry crates compiled above are reused: a few
+# seconds). Its RUSTUP points at a fake rustup that fails loudly, so a build script that
+# reached for the nightly (`rustup run nightly …`, as ferrolink-builder does) would fail the
+# step. It then loads the built-in module on the CPU emulator.
+user="$(mktemp -d "${TMPDIR:-/tmp}/ferrolink-stable-user.XXXXXX")"
+mkdir -p "$user/bin" "$user/app/src"
+cat > "$user/bin/rustup" <<'SH'
+#!/bin/sh
+echo "stable-user check: the build ran \`rustup $*\`; without FERROLINK_BUILD_PTX=1 it must not need nightly" >&2
+touch "$(dirname "$0")/../rustup-was-called"
+exit 97
+SH
+chmod +x "$user/bin/rustup"
+cat > "$user/app/Cargo.toml" <<TOML
+[package]
+name = "ferrolink-stable-user"
+version = "0.0.0"
+edition = "2024"
+publish = false
+
+[dependencies]
+ferrolink = { path = "$root/host" }
+
+[workspace]
+TOML
+cat > "$user/app/src/main.rs" <<'RS'
+fn main() {
+    let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0).expect("the CPU emulator opens");
+    dev.builtin_module().expect("the committed built-in PTX loads");
+    assert!(ferrolink::DEVICE_PTX.contains(".entry "), "the built-in PTX has kernel entries");
+    println!("stable user: {} bytes of built-in PTX, loaded on the CPU emulator", ferrolink::DEVICE_PTX.len());
+}
+RS
+cp Cargo.lock "$user/app/Cargo.lock"
+(
+  cd "$user/app"
+  env -u FERROLINK_BUILD_PTX -u FERROLINK_PRINT_PTX_RESOURCES -u FERROLINK_PTXAS -u FERROLINK_REQUIRE_PTXAS \
+    RUSTUP="$user/bin/rustup" PATH="$user/bin:$PATH" RUSTUP_TOOLCHAIN=stable \
+    CARGO_TARGET_DIR="$root/target" cargo +stable run --offline --quiet
+)
+if [ -e "$user/rustup-was-called" ]; then
+  echo "error: building a crate that uses ferrolink ran rustup (see above): it must build on stable alone" >&2
+  exit 1
+fi
+rm -rf "$user"
+
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo doc (broken links and doc warnings are errors)"

@@ -18,8 +18,9 @@
 //!    directory;
 //! 3. rejects PTX that references an external function (`.extern .func`, except `vprintf`)
 //!    or has no `.entry`;
-//! 4. if `ptxas` is found (`FERROLINK_PTXAS`, `PATH`, `$CUDA_HOME/bin`), assembles the PTX
-//!    for the target and reports registers, stack and spills per kernel, warning on spills.
+//! 4. if `ptxas` is found ([`find_ptxas`]: `FERROLINK_PTXAS`, `.tools/cuda/bin` above the
+//!    crate, `PATH`, `$CUDA_HOME/bin`), assembles the PTX for the target and reports registers,
+//!    stack and spills per kernel, warning on spills.
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -234,7 +235,9 @@ impl PtxBuilder {
 
         let mut output = PtxOutput { ptx_path, kernels, cubin_path: None, resources: Vec::new(), warnings: Vec::new() };
         let require = self.require_ptxas || std::env::var("FERROLINK_REQUIRE_PTXAS").is_ok_and(|v| v == "1");
-        match find_ptxas() {
+        let search = PtxasSearch::run(&[crate_dir.as_path()]);
+        output.warnings.extend(search.notes);
+        match search.found {
             Some(ptxas) => {
                 let cubin = output.ptx_path.with_extension("cubin");
                 let out = Command::new(&ptxas)
@@ -263,18 +266,13 @@ impl PtxBuilder {
             None if require => {
                 return Err(BuildError::Io {
                     what: "ptxas is required (FERROLINK_REQUIRE_PTXAS=1) but was not found".into(),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "set FERROLINK_PTXAS to its path, or run scripts/setup.sh, which unpacks it \
-                         from the nvidia-cuda-nvcc wheel",
-                    ),
+                    source: std::io::Error::new(std::io::ErrorKind::NotFound, PTXAS_HOWTO),
                 });
             }
-            None => output.warnings.push(
-                "ptxas not found (FERROLINK_PTXAS, PATH, $CUDA_HOME/bin): the PTX was not assembled \
-                 for the target; run scripts/setup.sh to get it"
-                    .into(),
-            ),
+            None => output.warnings.push(format!(
+                "ptxas not found ({PTXAS_LOOKED_AT}): the PTX was not assembled for the target. \
+                 {PTXAS_HOWTO}"
+            )),
         }
         Ok(output)
     }
@@ -472,19 +470,81 @@ pub fn parse_ptxas_report(log: &str) -> Vec<KernelResources> {
     out
 }
 
-/// Finds `ptxas`: `FERROLINK_PTXAS`, then `PATH`, then `$CUDA_HOME/bin`, then
-/// `/usr/local/cuda/bin`.
+/// Where the builder looks for ptxas, for messages.
+const PTXAS_LOOKED_AT: &str = "looked at FERROLINK_PTXAS, .tools/cuda/bin/ptxas in the crate's folder and its \
+                               parents, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin";
+
+/// How to get ptxas without a CUDA toolkit: the recipe of scripts/setup.sh, for a user of any
+/// device crate.
+const PTXAS_HOWTO: &str = "To get ptxas without a CUDA toolkit, run in your workspace root: \
+     `python3 -m pip download --no-deps --only-binary=:all: --platform manylinux_2_17_x86_64 \
+     \"nvidia-cuda-nvcc==13.0.*\" -d .tools/wheels && mkdir -p .tools/cuda/bin && unzip -o -j \
+     .tools/wheels/nvidia_cuda_nvcc-*.whl nvidia/cu13/bin/ptxas -d .tools/cuda/bin` (the builder finds .tools/cuda/bin/ptxas above the \
+     crate by itself; in a ferrolink checkout scripts/setup.sh does this), or set FERROLINK_PTXAS \
+     to the path of an existing ptxas";
+
+/// The outcome of a ptxas search: the binary, and notes worth a warning (a `FERROLINK_PTXAS`
+/// that points at nothing).
+struct PtxasSearch {
+    found: Option<PathBuf>,
+    notes: Vec<String>,
+}
+
+impl PtxasSearch {
+    /// Looks in the order documented at [`find_ptxas`]; `.tools/cuda/bin/ptxas` is searched
+    /// for in and above each of `start_dirs`, then `CARGO_MANIFEST_DIR`, then the current folder.
+    fn run(start_dirs: &[&Path]) -> PtxasSearch {
+        let mut notes = Vec::new();
+        let mut candidates: Vec<(PathBuf, &str)> = Vec::new();
+        if let Some(p) = std::env::var_os("FERROLINK_PTXAS").filter(|p| !p.is_empty()).map(PathBuf::from) {
+            if p.is_file() {
+                return PtxasSearch { found: Some(p), notes };
+            }
+            notes.push(format!(
+                "FERROLINK_PTXAS is set to {}, which does not exist (scripts/setup.sh puts ptxas \
+                 there in a ferrolink checkout); looking elsewhere",
+                p.display()
+            ));
+        }
+        // `.tools/cuda/bin/ptxas` in the first start folder that has one in itself or a parent.
+        let starts = start_dirs
+            .iter()
+            .map(|d| d.to_path_buf())
+            .chain(std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from))
+            .chain(std::env::current_dir().ok());
+        let tools = starts
+            .flat_map(|start| start.ancestors().map(|d| d.join(".tools/cuda/bin/ptxas")).collect::<Vec<_>>())
+            .find(|p| p.is_file());
+        candidates.extend(tools.map(|p| (p, ".tools/cuda/bin")));
+        if let Some(path) = std::env::var_os("PATH") {
+            candidates.extend(std::env::split_paths(&path).map(|d| (d.join("ptxas"), "PATH")));
+        }
+        if let Some(cuda) = std::env::var_os("CUDA_HOME") {
+            candidates.push((PathBuf::from(cuda).join("bin/ptxas"), "$CUDA_HOME/bin"));
+        }
+        candidates.push(("/usr/local/cuda/bin/ptxas".into(), "/usr/local/cuda/bin"));
+        let found = candidates.into_iter().find(|(p, _)| p.is_file());
+        if !notes.is_empty()
+            && let Some((p, from)) = &found
+        {
+            notes.push(format!("using ptxas {} (from {from}) instead", p.display()));
+        }
+        PtxasSearch { found: found.map(|(p, _)| p), notes }
+    }
+}
+
+/// Finds `ptxas`, in this order:
+/// 1. `FERROLINK_PTXAS`, when it names an existing file (a path that does not exist is
+///    skipped, and the builder warns about it);
+/// 2. `.tools/cuda/bin/ptxas` in the device crate's folder or one of its parents (when called
+///    by the builder), else in `CARGO_MANIFEST_DIR` or one of its parents, else in the current
+///    folder or one of its parents: where `scripts/setup.sh`, and the recipe in the builder's
+///    "ptxas not found" warning, put it;
+/// 3. `ptxas` on `PATH`;
+/// 4. `$CUDA_HOME/bin/ptxas`;
+/// 5. `/usr/local/cuda/bin/ptxas`.
 pub fn find_ptxas() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FERROLINK_PTXAS").map(PathBuf::from) {
-        return p.exists().then_some(p);
-    }
-    let mut dirs: Vec<PathBuf> =
-        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
-    if let Some(cuda) = std::env::var_os("CUDA_HOME") {
-        dirs.push(PathBuf::from(cuda).join("bin"));
-    }
-    dirs.push("/usr/local/cuda/bin".into());
-    dirs.into_iter().map(|d| d.join("ptxas")).find(|p| p.is_file())
+    PtxasSearch::run(&[]).found
 }
 
 /// Local crates the device crate depends on by `path = "..."` (recursively), so that a change
