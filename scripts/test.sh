@@ -76,3 +76,5 @@ echo "== cargo doc (broken links and doc warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 echo "== cargo test"
 cargo test --workspace 2>&1
+echo "== miri (the emulator's shared memory, argument passing and failure stops; scripts/miri.sh)"
+bash scripts/miri.sh

@@ -96,16 +96,29 @@ fn barrier_index_outside_its_set_is_a_reported_error() {
     for_each_backend("barrier_index_outside_its_set_is_a_reported_error", |dev| {
         if dev.backend() == Backend::Cuda {
             let out = run_child("barrier_index_outside_its_set_is_a_reported_error")?;
-            return check(out.contains("index 4 is outside its barrier set of 4"), || out);
+            check(out.contains("is outside its barrier set of 4 barriers"), || out.clone())?;
+            return check(fault_names_its_own_cta(&out), || out);
         }
         for grid in [8u32, 64] {
             let err = barrier_index_case(dev, grid).expect_err("more CTAs than barriers must fail");
             let msg = err.to_string();
             check(matches!(err, Error::DeviceFault { .. }), || format!("{err:?}"))?;
-            check(msg.contains("is outside its barrier set of 4") && msg.contains("lsa_barrier_count"), || msg)?;
+            check(msg.contains("is outside its barrier set of 4") && msg.contains("lsa_barrier_count"), || msg.clone())?;
+            check(fault_names_its_own_cta(&msg), || msg)?;
         }
         Ok(())
     });
+}
+
+/// Whether a fault report "rank R CTA C thread T: LSA barrier index I ..." names one whole
+/// record: `lsa_barrier_try_sync` uses index = CTA, so C == I unless several faulting threads
+/// mixed their fields.
+fn fault_names_its_own_cta(msg: &str) -> bool {
+    let after = |key: &str| -> Option<u64> {
+        let rest = &msg[msg.find(key)? + key.len()..];
+        rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    matches!((after(" CTA "), after("barrier index ")), (Some(c), Some(i)) if c == i && i >= 4)
 }
 
 /// Launches `lsa_barrier_try_sync` with `grid` CTAs on 2 ranks whose default barrier set has 4

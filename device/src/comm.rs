@@ -2,7 +2,7 @@
 //! kernels by value (defined once, here, and used by the host crate).
 
 use crate::arch::Scope;
-use crate::arch::atomic::{self, LoadOrder, StoreOrder};
+use crate::arch::atomic::{self, LoadOrder, RmwOrder, StoreOrder};
 use crate::window::DevWindow;
 use bytemuck::{Pod, Zeroable};
 
@@ -110,6 +110,10 @@ pub struct DevComm {
     /// Address of `lsa_barrier_total` [`WaitRecord`]s (host memory mapped for the device),
     /// one per barrier: what a slow wait is waiting for, for the host's watchdog. Zero: none.
     pub wait_records: u64,
+    /// Address of a word in device memory that the first faulting thread claims (compare and
+    /// swap at `.gpu` scope) before it fills [`DevControl::error`], so that several threads
+    /// faulting at once leave one whole record, not a mix. Zero: none.
+    pub fault_claim: u64,
 }
 
 /// The control block of one rank's device communicator, in host memory mapped for the
@@ -255,7 +259,12 @@ impl DevComm {
     #[inline(never)]
     #[cold]
     pub fn fail(&self, code: u32, a: u64, b: u64) -> ! {
-        if self.control != 0 {
+        // The first faulting thread of this rank writes the record; the others only trap.
+        // SAFETY: `fault_claim` is this rank's live claim word in device memory, accessed
+        // only atomically.
+        let first = self.fault_claim == 0
+            || unsafe { atomic::compare_swap(self.fault_claim as *mut u32, 0, 1, RmwOrder::Relaxed, Scope::Gpu) } == 0;
+        if first && self.control != 0 {
             let c = self.control as *mut DevControl;
             // SAFETY: `control` points to this rank's live DevControl; its words are only
             // accessed atomically while kernels run (the host reads them after).
@@ -334,7 +343,7 @@ mod tests {
     #[test]
     fn dev_comm_layout_is_stable() {
         // Host and device share this layout; a change must be deliberate.
-        assert_eq!(core::mem::size_of::<DevComm>(), 16 + 32 + core::mem::size_of::<DevWindow>() + 40);
+        assert_eq!(core::mem::size_of::<DevComm>(), 16 + 32 + core::mem::size_of::<DevWindow>() + 48);
         assert_eq!(core::mem::align_of::<DevComm>(), 8);
         assert_eq!(core::mem::size_of::<DevControl>(), 40);
         assert_eq!(core::mem::size_of::<WaitRecord>(), 16);

@@ -1,12 +1,12 @@
 //! Abort, asynchronous errors and fault reports of a communicator.
 //!
-//! A [`CommControl`] is shared by all ranks' handles of one communicator in this process. It
+//! A `CommControl` is shared by all ranks' handles of one communicator in this process. It
 //! holds the communicator's first asynchronous error and its abort state, and reaches every
-//! rank's device-side control block through the [`ControlSource`]s the device communicators
+//! rank's device-side control block through the `ControlSource`s the device communicators
 //! register. Aborting raises the abort flag in each control block: every device wait of the
 //! communicator that is past its fast spin phase sees it and returns
-//! (`ferrolink_device::barrier`). The watchdog ([`super::watchdog`]) calls
-//! [`CommControl::tick`] periodically: it turns failed streams, device fault reports and
+//! (`ferrolink_device::barrier`). The watchdog (`super::watchdog`) calls
+//! `CommControl::tick` periodically: it turns failed streams, device fault reports and
 //! waits that never end into an abort with an error that says who waits on whom.
 
 use crate::runtime::lifetime::lock;

@@ -207,7 +207,8 @@ pub fn create_dev_comms(comms: &[Communicator], reqs: &DevCommRequirements) -> R
         .zip(barrier_windows)
         .map(|(c, barrier_window)| {
             let dev = c.device();
-            let epochs = dev.alloc::<u32>(total as usize)?;
+            // The epoch words, then the fault claim word (DevComm::fault_claim).
+            let epochs = dev.alloc::<u32>(total as usize + 1)?;
             let table = dev.alloc::<DevWindow>(reqs.window_capacity.max(1) as usize)?;
             let control = HostMapped::alloc(dev, control_bytes)?;
             let dev_comm = DevComm {
@@ -226,6 +227,7 @@ pub fn create_dev_comms(comms: &[Communicator], reqs: &DevCommRequirements) -> R
                 _reserved: 0,
                 control: control.device_addr(),
                 wait_records: control.device_addr() + WAIT_RECORDS_OFFSET as u64,
+                fault_claim: epochs.addr() + u64::from(total) * 4,
             };
             let res = Arc::new(DevCommResources {
                 dev: dev.clone(),

@@ -1,17 +1,17 @@
 //! Event-tracked lifetimes (cudarc's model): no `Drop` frees memory a kernel may still use,
 //! and none waits for the whole device.
 //!
-//! * Every launch records a [`Completion`] on its stream: one event, shared by everything
+//! * Every launch records a `Completion` on its stream: one event, shared by everything
 //!   the launch used.
 //! * Every resource (buffer, window, device communicator, module, host-mapped block) keeps
-//!   its [`Uses`]: the latest completion of each stream that used it, split into reads and
+//!   its `Uses`: the latest completion of each stream that used it, split into reads and
 //!   writes. Streams run in order, so the latest completion of a stream covers its earlier
 //!   uses.
 //! * A launch whose arguments hold raw device addresses (pointers, or `DevComm`/`DevWindow`
 //!   values copied out of their handles) cannot say what it uses; its completion goes to the
-//!   device's [`Untracked`] list, and every resource of that device freed later also waits
+//!   device's `Untracked` list, and every resource of that device freed later also waits
 //!   for it. Launches that pass handles are tracked exactly.
-//! * Dropping a resource hands its memory to [`retire`] with the completions it must wait
+//! * Dropping a resource hands its memory to `retire` with the completions it must wait
 //!   for. Retirement frees at once if they have all passed, else keeps the memory on a
 //!   process-wide list that a background thread (and every later call into the runtime)
 //!   services without blocking, by querying the events.

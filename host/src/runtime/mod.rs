@@ -1,7 +1,7 @@
 //! The runtime: devices and their backends, streams and events, device memory, modules,
 //! launches, and the event-tracked lifetimes that tie them together.
 //!
-//! Layers (the wgpu-style safety ladder): [`backend`] is the unchecked interface each
+//! Layers (the wgpu-style safety ladder): `backend` is the unchecked interface each
 //! backend implements (CUDA through the driver, or the CPU emulator), with all FFI in
 //! `backend/cuda/driver.rs`; the types here ([`Device`], [`Stream`], [`DeviceBuffer`],
 //! [`Module`]) validate and track, and are the same on both backends.
