@@ -103,7 +103,9 @@ fn barrier_index_outside_its_set_is_a_reported_error() {
             let err = barrier_index_case(dev, grid).expect_err("more CTAs than barriers must fail");
             let msg = err.to_string();
             check(matches!(err, Error::DeviceFault { .. }), || format!("{err:?}"))?;
-            check(msg.contains("is outside its barrier set of 4") && msg.contains("lsa_barrier_count"), || msg.clone())?;
+            check(msg.contains("is outside its barrier set of 4") && msg.contains("lsa_barrier_count"), || {
+                msg.clone()
+            })?;
             check(fault_names_its_own_cta(&msg), || msg)?;
         }
         Ok(())

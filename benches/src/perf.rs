@@ -409,3 +409,46 @@ pub fn ring_bench(dev: &Device, nranks: usize, bytes: usize, iters: usize, trial
         sweep: Vec::new(),
     })
 }
+
+/// Seconds each phase of [`scale_bench`] took.
+#[derive(Clone, Copy, Debug)]
+pub struct ScaleFigure {
+    /// `Communicator::init_all` of the ranks.
+    pub init_all: f64,
+    /// One 4 KiB symmetric buffer per rank, registered as a window.
+    pub window: f64,
+    /// `create_dev_comms` with the default requirements.
+    pub dev_comms: f64,
+    /// Dropping everything, until the retired memory has been freed.
+    pub drop: f64,
+}
+
+impl ScaleFigure {
+    /// All phases.
+    pub fn total(&self) -> f64 {
+        self.init_all + self.window + self.dev_comms + self.drop
+    }
+}
+
+/// Creates `nranks` virtual ranks on `dev` (communicator, a window, device communicators),
+/// then drops them all, timing each phase; the drop phase ends when the memory is freed.
+pub fn scale_bench(dev: &Device, nranks: usize) -> Result<ScaleFigure> {
+    let t = std::time::Instant::now();
+    let comms = ferrolink::Communicator::init_all(&vec![dev.clone(); nranks])?;
+    let init_all = t.elapsed().as_secs_f64();
+    let t = std::time::Instant::now();
+    let bufs = comms.iter().map(|c| c.mem_alloc(4096)).collect::<Result<Vec<_>>>()?;
+    let windows = ferrolink::register_window(&comms, bufs)?;
+    let window = t.elapsed().as_secs_f64();
+    let t = std::time::Instant::now();
+    let handles = ferrolink::create_dev_comms(&comms, &ferrolink::DevCommRequirements::default())?;
+    let dev_comms = t.elapsed().as_secs_f64();
+    let t = std::time::Instant::now();
+    drop(handles);
+    drop(windows);
+    drop(comms);
+    while ferrolink::runtime::pending_retirements() > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    Ok(ScaleFigure { init_all, window, dev_comms, drop: t.elapsed().as_secs_f64() })
+}

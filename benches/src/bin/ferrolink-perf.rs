@@ -69,7 +69,14 @@ enum Command {
     /// Latency of single primitives (fences, release stores, dependent loads, barriers),
     /// nanoseconds and SM cycles per instance.
     Latency,
-    /// Everything above with default settings.
+    /// Host-side scale: create and drop N virtual ranks (communicator, a window, device
+    /// communicators), each phase timed; init and teardown should grow linearly with N.
+    Scale {
+        /// Comma-separated rank counts.
+        #[arg(long, value_delimiter = ',', default_value = "100,300,1000")]
+        ranks: Vec<usize>,
+    },
+    /// Everything above with default settings (scale only with `scale`).
     All,
 }
 
@@ -102,6 +109,7 @@ fn run(cli: Cli) -> ferrolink::Result<()> {
         Command::Put { sizes } => put(&dev, sizes),
         Command::Ring { bytes } => ring(&dev, bytes),
         Command::Latency => latency(&dev),
+        Command::Scale { ranks } => scale(&dev, &ranks),
         Command::All => {
             copy(&dev, Vec::new(), 20, 5, false)?;
             put(&dev, Vec::new())?;
@@ -110,6 +118,27 @@ fn run(cli: Cli) -> ferrolink::Result<()> {
             ring(&dev, None)
         }
     }
+}
+
+fn scale(dev: &Device, ranks: &[usize]) -> ferrolink::Result<()> {
+    println!("\n== scale: N virtual ranks on one device, each phase timed (seconds)");
+    println!(
+        "{:>6}  {:>9}  {:>15}  {:>16}  {:>8}  {:>8}",
+        "ranks", "init_all", "window (alloc+reg)", "create_dev_comms", "drop", "total"
+    );
+    for &n in ranks {
+        let s = perf::scale_bench(dev, n)?;
+        println!(
+            "{n:>6}  {:>9.3}  {:>18.3}  {:>16.3}  {:>8.3}  {:>8.3}",
+            s.init_all,
+            s.window,
+            s.dev_comms,
+            s.drop,
+            s.total()
+        );
+    }
+    println!("(drop: every handle dropped and the retired memory freed; target: 1000 ranks in <= 5 s on the emulator)");
+    Ok(())
 }
 
 fn gpu(dev: &Device) -> bool {
