@@ -39,7 +39,7 @@ if [ "${SANITIZE:-0}" = 1 ]; then
         res=FAIL; status=1
       fi
       cat "$here/last.log" >> "$log"
-      echo "$res $tool $name: $(grep -E "ERROR SUMMARY|test result:" "$here/last.log" | tr '\n' ' ')" | tee -a "$summary"
+      echo "$res $tool $name: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test result:" "$here/last.log" | tr '\n' ' ')" | tee -a "$summary"
     done
   done
   TESTS="${TESTS:-0}"; PERF="${PERF:-0}"; REF="${REF:-0}"

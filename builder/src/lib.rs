@@ -555,13 +555,7 @@ pub fn path_dependencies(crate_dir: &Path) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = Vec::new();
     let mut todo = vec![crate_dir.to_path_buf()];
     while let Some(dir) = todo.pop() {
-        let Ok(text) = std::fs::read_to_string(dir.join("Cargo.toml")) else { continue };
-        for rest in text.split("path").skip(1) {
-            // `path = "../x"` inside a dependency table or inline table.
-            let Some(value) = rest.trim_start().strip_prefix('=') else { continue };
-            let Some(value) = value.trim_start().strip_prefix('"') else { continue };
-            let Some(end) = value.find('"') else { continue };
-            let dep = dir.join(&value[..end]);
+        for dep in manifest_path_dependencies(&dir) {
             let Ok(dep) = dep.canonicalize() else { continue };
             if dep.join("Cargo.toml").is_file() && !found.contains(&dep) && dep != *crate_dir {
                 found.push(dep.clone());
@@ -570,6 +564,58 @@ pub fn path_dependencies(crate_dir: &Path) -> Vec<PathBuf> {
         }
     }
     found
+}
+
+/// The directories of the path dependencies one manifest declares: `path = ".."` entries of
+/// its `[dependencies]` (and target-specific ones), and entries inherited from the
+/// workspace (`x.workspace = true`) that are path dependencies of `[workspace.dependencies]`
+/// in the enclosing workspace's manifest. (A device crate inside a workspace usually takes
+/// `ferrolink-device` the second way; missing it left a stale PTX after a change to the
+/// device crate.)
+fn manifest_path_dependencies(dir: &Path) -> Vec<PathBuf> {
+    let Some(manifest) = read_manifest(&dir.join("Cargo.toml")) else { return Vec::new() };
+    let mut tables: Vec<&toml::Table> = Vec::new();
+    for key in ["dependencies", "build-dependencies"] {
+        if let Some(t) = manifest.get(key).and_then(toml::Value::as_table) {
+            tables.push(t);
+        }
+    }
+    if let Some(targets) = manifest.get("target").and_then(toml::Value::as_table) {
+        for t in targets.values().filter_map(toml::Value::as_table) {
+            if let Some(d) = t.get("dependencies").and_then(toml::Value::as_table) {
+                tables.push(d);
+            }
+        }
+    }
+    let workspace = workspace_root(dir).and_then(|root| {
+        let m = read_manifest(&root.join("Cargo.toml"))?;
+        let deps = m.get("workspace")?.get("dependencies")?.as_table()?.clone();
+        Some((root, deps))
+    });
+    let mut out = Vec::new();
+    for (name, spec) in tables.into_iter().flatten() {
+        let Some(spec) = spec.as_table() else { continue };
+        if let Some(p) = spec.get("path").and_then(toml::Value::as_str) {
+            out.push(dir.join(p));
+        } else if spec.get("workspace").and_then(toml::Value::as_bool) == Some(true)
+            && let Some((root, deps)) = &workspace
+            && let Some(p) = deps.get(name).and_then(|d| d.get("path")).and_then(toml::Value::as_str)
+        {
+            out.push(root.join(p));
+        }
+    }
+    out
+}
+
+fn read_manifest(path: &Path) -> Option<toml::Table> {
+    std::fs::read_to_string(path).ok()?.parse::<toml::Table>().ok()
+}
+
+/// The nearest directory at or above `dir` whose manifest has a `[workspace]` table.
+fn workspace_root(dir: &Path) -> Option<PathBuf> {
+    dir.ancestors()
+        .find(|d| read_manifest(&d.join("Cargo.toml")).is_some_and(|m| m.contains_key("workspace")))
+        .map(Path::to_path_buf)
 }
 
 fn source_files(crate_dir: &Path) -> Vec<PathBuf> {
@@ -641,14 +687,20 @@ ptxas info    : Used 10 registers, used 1 barriers, 360 bytes cmem[0]\n";
                 "[package]\nname = \"kernels\"\n[dependencies]\nmid = { path = \"../mid\" }\nbytemuck = \"1\"\n",
             ),
             ("mid", "[package]\nname = \"mid\"\n[dependencies.leaf]\npath = \"../leaf\"\n"),
-            ("leaf", "[package]\nname = \"leaf\"\n"),
+            ("leaf", "[package]\nname = \"leaf\"\n[dependencies]\nshared.workspace = true\n"),
+            ("shared", "[package]\nname = \"shared\"\n"),
         ] {
             std::fs::create_dir_all(root.join(name).join("src")).unwrap();
             std::fs::write(root.join(name).join("Cargo.toml"), manifest).unwrap();
         }
+        std::fs::write(
+            root.join("Cargo.toml"),
+            "[workspace]\nmembers = [\"kernels\"]\n[workspace.dependencies]\nshared = { path = \"shared\" }\n",
+        )
+        .unwrap();
         let deps = path_dependencies(&root.join("kernels").canonicalize().unwrap());
         let names: Vec<_> = deps.iter().map(|d| d.file_name().unwrap().to_string_lossy().into_owned()).collect();
-        assert_eq!(names, vec!["mid", "leaf"]);
+        assert_eq!(names, vec!["mid", "leaf", "shared"]);
         let _ = std::fs::remove_dir_all(&root);
     }
 
