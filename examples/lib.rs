@@ -33,7 +33,7 @@ fn check(cond: bool, what: impl FnOnce() -> String) -> Result<()> {
 }
 
 fn sync_all(comms: &[Communicator]) -> Result<()> {
-    comms.iter().try_for_each(|c| c.stream().synchronize())
+    comms.iter().try_for_each(Communicator::synchronize)
 }
 
 /// Deterministic bytes for rank `r`.
@@ -55,15 +55,15 @@ pub mod ring {
         let bufs = comms.iter().zip(&srcs).map(|(c, s)| c.device().alloc_from(s)).collect::<Result<Vec<_>>>()?;
         ferrolink::launch_all(&comms, |c| {
             let r = c.rank();
-            // SAFETY: source and window slots hold `bytes` bytes and outlive the kernels
-            // (synchronized below); at most 8 CTAs use 8 of the 32 barriers; every rank launches the
-            // same grid.
+            // SAFETY: the kernel's contract: the source and the window slots hold `bytes` bytes;
+            // at most 8 CTAs use 8 of the 32 barriers; every rank launches the same grid. The
+            // handles are tracked: they outlive the kernels whatever is dropped.
             unsafe {
                 c.stream().launch(
                     c.device().builtin_module()?,
                     &lsa_ring_exchange,
                     LaunchConfig::linear(grid_ctas(dev, 8), block_threads(dev)),
-                    (handles[r].dev_comm(), windows[r].dev_window(), bufs[r].as_kernel_ptr(), bytes),
+                    (&handles[r], &windows[r], &bufs[r], bytes),
                 )?;
             }
             Ok(())
@@ -96,17 +96,18 @@ pub mod allreduce {
             windows[r].copy_from_host(0, &inputs[r])?;
             outs.push(comms[r].device().alloc::<f32>(count)?);
         }
-        let out_ptrs: Vec<*mut f32> = outs.iter_mut().map(|o| o.as_kernel_mut_ptr()).collect();
+        let mut out_refs: Vec<Option<&mut ferrolink::DeviceBuffer<f32>>> = outs.iter_mut().map(Some).collect();
         ferrolink::launch_all(&comms, |c| {
             let r = c.rank();
-            // SAFETY: every slot holds `count` floats, `out` too; at most 16 CTAs <= 32 barriers;
-            // synchronized below.
+            let out = out_refs[r].take().expect("one launch per rank");
+            // SAFETY: the kernel's contract: every slot holds `count` floats, `out` too; at most
+            // 16 CTAs <= 32 barriers. All arguments are tracked handles.
             unsafe {
                 c.stream().launch(
                     c.device().builtin_module()?,
                     &lsa_allreduce_sum_f32,
                     LaunchConfig::linear(grid_ctas(dev, 16), block_threads(dev)),
-                    (handles[r].dev_comm(), windows[r].dev_window(), out_ptrs[r], count),
+                    (&handles[r], &windows[r], out, count),
                 )
             }
         })?;
@@ -135,13 +136,14 @@ pub mod fused {
         let bufs = comms.iter().zip(&inputs).map(|(c, v)| c.device().alloc_from(v)).collect::<Result<Vec<_>>>()?;
         ferrolink::launch_all(&comms, |c| {
             let r = c.rank();
-            // SAFETY: input and window slots hold `count` floats; at most 8 CTAs <= 32 barriers.
+            // SAFETY: the kernel's contract: input and window slots hold `count` floats; at most
+            // 8 CTAs <= 32 barriers. All arguments are tracked handles.
             unsafe {
                 c.stream().launch(
                     c.device().builtin_module()?,
                     &lsa_fused_scale_put,
                     LaunchConfig::linear(grid_ctas(dev, 8), block_threads(dev)),
-                    (handles[r].dev_comm(), windows[r].dev_window(), bufs[r].as_kernel_ptr(), count, scale),
+                    (&handles[r], &windows[r], &bufs[r], count, scale),
                 )?;
             }
             Ok(())
