@@ -144,8 +144,12 @@ unsafe impl KernelParam for crate::DevComm {
 unsafe impl KernelParam for crate::DevWindow {
     const HOLDS_ADDRESS: bool = true;
 }
-// SAFETY: as above (two u32 words).
+// SAFETY: a `#[repr(C)]` Pod struct of three u32 words, no addresses.
 unsafe impl KernelParam for crate::comm::Team {
+    const HOLDS_ADDRESS: bool = false;
+}
+// SAFETY: a `#[repr(C)]` Pod struct of two u32 words (a barrier set), no addresses.
+unsafe impl KernelParam for crate::comm::LsaBarrierHandle {
     const HOLDS_ADDRESS: bool = false;
 }
 

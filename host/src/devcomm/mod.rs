@@ -326,14 +326,22 @@ impl LaunchArg for &DevCommHandle {
     fn track(&self, t: &mut LaunchTracking) {
         t.expect_device(&self.res.dev, "device communicator");
         t.holds.push(self.res.uses.clone());
+        // Kernels reach the table's windows through `DevComm::window(i)`: their host copies
+        // must wait for this launch too.
+        for w in lock(&self.res.windows).iter() {
+            t.holds.push(w.uses().clone());
+        }
         let observer: Weak<dyn StreamObserver> = Arc::downgrade(&(self.res.clone() as Arc<dyn StreamObserver>));
         t.observers.push(observer);
     }
 }
 
 /// Returns every rank's LSA barriers to their initial state (zero epochs, empty inboxes, no
-/// wait records), after waiting for the kernels that use them. Collective: pass every rank's
-/// handle of one communicator, in rank order. [`crate::recover`] does this and more.
+/// wait records) and clears the device-side abort flag and fault record, after waiting for the
+/// kernels that use them. Collective: pass every rank's handle of one communicator, in rank
+/// order. It leaves the communicator's host-side state alone: after an abort, use
+/// [`crate::recover`], which does this and also replaces failed streams and forgets the
+/// asynchronous error.
 pub fn reset_barriers(handles: &mut [DevCommHandle]) -> Result<()> {
     let Some(first) = handles.first() else { return Ok(()) };
     let ranks = first.dev_comm.nranks as usize;

@@ -242,6 +242,10 @@ impl Window {
         unsafe { self.dev.backend_device().read_atomic_words(addr, dst) }
     }
 
+    pub(crate) fn uses(&self) -> &Arc<Uses> {
+        &self.shared.uses
+    }
+
     pub(crate) fn comm_id(&self) -> u64 {
         self.shared.comm_id
     }
