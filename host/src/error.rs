@@ -52,6 +52,10 @@ pub enum Error {
         /// The stream's own error.
         cause: String,
     },
+    /// The bootstrap (how ranks find each other and exchange host messages) failed: a rank
+    /// never came, a connection broke, a message was malformed. The message names the ranks.
+    #[error("bootstrap: {0}")]
+    Bootstrap(String),
     /// Objects from different devices were mixed.
     #[error("{0} belongs to a different device than the stream or buffer it was used with")]
     WrongDevice(&'static str),

@@ -7,6 +7,7 @@
 //! own stream. Rank-local state ([`Communicator`]) is kept apart from job-wide state so that
 //! a multi-process bootstrap can build the same objects.
 
+pub mod bootstrap;
 pub mod control;
 pub(crate) mod topology;
 pub(crate) mod watchdog;
