@@ -73,9 +73,12 @@ impl Completion {
     }
 }
 
-/// Keeps, per stream, the latest of a list of completions and drops finished ones.
+/// Keeps, per stream, the latest of a list of completions. It does not query the others'
+/// events: a launch records into every resource it uses, and an event query per entry per
+/// launch made a host-bound launch loop (8 ranks sharing a window) about 3 % slower. The list
+/// stays bounded by the number of streams; finished entries are dropped when it is read.
 fn remember(list: &mut Vec<Completion>, c: &Completion) {
-    list.retain(|x| x.stream != c.stream && !x.finished());
+    list.retain(|x| x.stream != c.stream);
     list.push(c.clone());
 }
 
@@ -100,15 +103,19 @@ impl Uses {
         }
     }
 
-    /// Completions of uses that may still run (reads and writes).
+    /// Completions of uses that may still run (reads and writes); forgets finished ones.
     pub(crate) fn pending(&self) -> Vec<Completion> {
-        let u = lock(&self.0);
-        u.reads.iter().chain(&u.writes).filter(|c| !c.finished()).cloned().collect()
+        let mut u = lock(&self.0);
+        u.reads.retain(|c| !c.finished());
+        u.writes.retain(|c| !c.finished());
+        u.reads.iter().chain(&u.writes).cloned().collect()
     }
 
-    /// Completions of writes that may still run.
+    /// Completions of writes that may still run; forgets finished ones.
     pub(crate) fn pending_writes(&self) -> Vec<Completion> {
-        lock(&self.0).writes.iter().filter(|c| !c.finished()).cloned().collect()
+        let mut u = lock(&self.0);
+        u.writes.retain(|c| !c.finished());
+        u.writes.clone()
     }
 }
 
@@ -117,16 +124,17 @@ impl Uses {
 pub(crate) struct Untracked(Mutex<HashMap<StreamId, Completion>>);
 
 impl Untracked {
-    /// Records an untracked launch.
+    /// Records an untracked launch (replacing that stream's earlier one; no event queries,
+    /// as in `remember`).
     pub(crate) fn record(&self, c: &Completion) {
-        let mut m = lock(&self.0);
-        m.retain(|_, x| !x.finished());
-        m.insert(c.stream, c.clone());
+        lock(&self.0).insert(c.stream, c.clone());
     }
 
-    /// Untracked launches that may still run.
+    /// Untracked launches that may still run; forgets finished ones.
     pub(crate) fn pending(&self) -> Vec<Completion> {
-        lock(&self.0).values().filter(|c| !c.finished()).cloned().collect()
+        let mut m = lock(&self.0);
+        m.retain(|_, c| !c.finished());
+        m.values().cloned().collect()
     }
 }
 
