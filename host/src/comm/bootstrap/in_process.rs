@@ -12,11 +12,22 @@ use std::time::{Duration, Instant};
 /// (from, to, tag)
 type Key = (usize, usize, u64);
 
+/// One all-gather in progress: every rank's contribution, and how many have taken the result.
+struct Round {
+    slots: Vec<Option<Arc<Vec<u8>>>>,
+    filled: usize,
+    taken: usize,
+}
+
 struct Group {
     nranks: usize,
     timeout: Duration,
     mail: Mutex<HashMap<Key, VecDeque<Vec<u8>>>>,
     arrived: Condvar,
+    /// All-gathers by tag: one slot per rank, so that a thousand threads gather in O(n) with
+    /// one wake-up each (messages to every peer would be n² and wake everyone n times).
+    rounds: Mutex<HashMap<u64, Round>>,
+    round_done: Condvar,
 }
 
 /// One rank's view of an in-process group.
@@ -30,7 +41,14 @@ impl InProcessBootstrap {
     /// A group of `nranks` ranks whose receives wait at most `timeout`; element `r` is rank
     /// `r`'s bootstrap.
     pub fn group(nranks: usize, timeout: Duration) -> Vec<Arc<InProcessBootstrap>> {
-        let group = Arc::new(Group { nranks, timeout, mail: Mutex::new(HashMap::new()), arrived: Condvar::new() });
+        let group = Arc::new(Group {
+            nranks,
+            timeout,
+            mail: Mutex::new(HashMap::new()),
+            arrived: Condvar::new(),
+            rounds: Mutex::new(HashMap::new()),
+            round_done: Condvar::new(),
+        });
         (0..nranks)
             .map(|rank| Arc::new(InProcessBootstrap { group: group.clone(), rank, seq: AtomicU64::new(0) }))
             .collect()
@@ -93,12 +111,47 @@ impl Bootstrap for InProcessBootstrap {
     fn describe(&self) -> String {
         format!("in-process bootstrap of {} ranks", self.group.nranks)
     }
+
+    fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let tag = self.next_tag();
+        let n = self.group.nranks;
+        let deadline = Instant::now() + self.group.timeout;
+        let mut rounds = lock(&self.group.rounds);
+        let round = rounds.entry(tag).or_insert_with(|| Round { slots: vec![None; n], filled: 0, taken: 0 });
+        round.slots[self.rank] = Some(Arc::new(data.to_vec()));
+        round.filled += 1;
+        if round.filled == n {
+            self.group.round_done.notify_all();
+        }
+        loop {
+            let round = rounds.get_mut(&tag).expect("a round lives until every rank took it");
+            if round.filled == n {
+                let out = round.slots.iter().map(|s| s.as_ref().expect("filled").as_ref().clone()).collect();
+                round.taken += 1;
+                if round.taken == n {
+                    rounds.remove(&tag);
+                }
+                return Ok(out);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let missing: Vec<usize> = round.slots.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(r, _)| r).collect();
+                return Err(Error::Bootstrap(format!(
+                    "rank {}: {} never answered an all-gather within {:?} (in-process bootstrap)",
+                    self.rank,
+                    super::ranks_phrase(&missing),
+                    self.group.timeout
+                )));
+            }
+            rounds = self.group.round_done.wait_timeout(rounds, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::comm::bootstrap::{BootstrapExt, Subgroup};
+    use crate::comm::bootstrap::Subgroup;
 
     fn run<R: Send>(n: usize, f: impl Fn(Arc<InProcessBootstrap>) -> R + Sync) -> Vec<R> {
         let group = InProcessBootstrap::group(n, Duration::from_secs(10));

@@ -29,8 +29,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Tagged messages between the ranks of a job. A message sent with `(to, tag)` is received by
-/// rank `to`'s `recv(from, tag)`; messages between one pair with one tag arrive in order.
+/// Tagged messages between the ranks of a job, and the collectives built on them. A message
+/// sent with `(to, tag)` is received by rank `to`'s `recv(from, tag)`; messages between one
+/// pair with one tag arrive in order. The collectives have default implementations on the
+/// messages; an implementation may provide faster ones (the in-process bootstrap does).
 pub trait Bootstrap: Send + Sync {
     /// This rank.
     fn rank(&self) -> usize;
@@ -47,10 +49,7 @@ pub trait Bootstrap: Send + Sync {
     fn next_tag(&self) -> u64;
     /// A short description for errors ("TCP bootstrap, root 10.0.0.1:29501").
     fn describe(&self) -> String;
-}
 
-/// The collectives, written once on [`Bootstrap`]'s messages.
-pub trait BootstrapExt: Bootstrap {
     /// Gathers every rank's `data` (sizes may differ): element `r` is rank `r`'s. If ranks
     /// never send, the error names all of them.
     fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
@@ -110,7 +109,9 @@ pub trait BootstrapExt: Bootstrap {
     }
 }
 
-impl<B: Bootstrap + ?Sized> BootstrapExt for B {}
+/// The collectives used to live in an extension trait; they are [`Bootstrap`]'s own methods
+/// now (so that an implementation can provide faster ones). This name keeps old imports working.
+pub use self::Bootstrap as BootstrapExt;
 
 /// "rank 3", "ranks 1 and 6", "ranks 1, 4 and 6".
 pub(crate) fn ranks_phrase(ranks: &[usize]) -> String {
