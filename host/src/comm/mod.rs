@@ -9,6 +9,7 @@
 
 pub mod bootstrap;
 pub mod control;
+pub mod fdpass;
 pub(crate) mod topology;
 pub(crate) mod watchdog;
 
