@@ -115,6 +115,11 @@ pub(crate) struct CommControl {
     /// When the watchdog first saw each stalled wait, keyed by (rank, barrier, epoch), and
     /// how many progress lines it has logged for it.
     stalls: Mutex<HashMap<StallKey, StallSeen>>,
+    /// What this process's ranks of the communicator computed once for all of them: every
+    /// rank's description, and the LSA layout (the same inputs give the same result on every
+    /// rank; a thousand virtual ranks must not each decode and check a thousand others).
+    pub(crate) peers: std::sync::OnceLock<std::sync::Arc<Vec<super::topology::PeerInfo>>>,
+    pub(crate) layout: std::sync::OnceLock<super::topology::LsaLayout>,
 }
 
 impl CommControl {
@@ -127,6 +132,8 @@ impl CommControl {
             sources: Mutex::new(Vec::new()),
             streams: Mutex::new(Vec::new()),
             stalls: Mutex::new(HashMap::new()),
+            peers: std::sync::OnceLock::new(),
+            layout: std::sync::OnceLock::new(),
         }
     }
 
@@ -189,9 +196,24 @@ impl CommControl {
         self.aborted.store(false, Ordering::SeqCst);
     }
 
-    /// Resets every rank's control block (recovery).
-    pub(crate) fn reset_sources(&self) -> Result<()> {
-        self.sources().iter().try_for_each(|s| s.reset())
+    /// Resets rank `rank`'s control blocks (recovery).
+    pub(crate) fn reset_sources_of(&self, rank: usize) -> Result<()> {
+        self.sources().iter().filter(|s| s.rank() == rank).try_for_each(|s| s.reset())
+    }
+
+    /// The control shared by this process's ranks of communicator `comm_id` (created with
+    /// `config` by the first of them).
+    pub(crate) fn for_comm(comm_id: u64, config: CommConfig) -> std::sync::Arc<CommControl> {
+        static LIVE: std::sync::OnceLock<Mutex<HashMap<u64, Weak<CommControl>>>> = std::sync::OnceLock::new();
+        let mut live = lock(LIVE.get_or_init(|| Mutex::new(HashMap::new())));
+        live.retain(|_, w| w.strong_count() > 0);
+        if let Some(c) = live.get(&comm_id).and_then(Weak::upgrade) {
+            return c;
+        }
+        let c = std::sync::Arc::new(CommControl::new(comm_id, config));
+        live.insert(comm_id, std::sync::Arc::downgrade(&c));
+        super::watchdog::watch(std::sync::Arc::downgrade(&c));
+        c
     }
 
     /// One watchdog pass: failed streams, fault reports, stalled waits.

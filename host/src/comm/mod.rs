@@ -1,21 +1,32 @@
 //! Communicators: the ranks of a job, their devices and streams, their teams, and the
 //! communicator-wide abort, asynchronous error and recovery.
 //!
-//! [`Communicator::init_all`] creates every rank of a single-process job at once (like
-//! `ncclCommInitAll`): one rank per entry of the device list. A device may appear several
-//! times: those ranks are *virtual ranks* sharing one GPU (or the emulator), each with its
-//! own stream. Rank-local state ([`Communicator`]) is kept apart from job-wide state so that
-//! a multi-process bootstrap can build the same objects.
+//! A [`Communicator`] is one rank's handle. Every rank of a job calls the collective methods
+//! (`register_window`, `create_dev_comm`, `split`, `recover`, …) in the same order; the ranks
+//! meet through a [`Bootstrap`](bootstrap::Bootstrap). Three ways to create one:
+//! * [`Communicator::init_all`]: every rank of a job in this process (like `ncclCommInitAll`),
+//!   one rank per entry of a device list (a device may appear several times: *virtual
+//!   ranks*), each rank's collectives run on a thread over an in-process bootstrap;
+//! * [`Communicator::init_rank`]: one rank, from a [`UniqueId`](bootstrap::UniqueId) shared by
+//!   the program (like `ncclCommInitRank`), over TCP;
+//! * [`Communicator::from_env`]: one rank, from a launcher's environment (torchrun, mpirun,
+//!   srun, `ferrolink-run`; [`launch`]).
+//!
+//! For calls that take every rank's handle at once (`register_window(&comms, ..)`, …), the
+//! ranks of one process run the per-rank call on threads.
 
 pub mod bootstrap;
 pub mod control;
 pub mod fdpass;
-pub(crate) mod topology;
+pub mod launch;
+pub mod topology;
 pub(crate) mod watchdog;
 
 use crate::runtime::device::Device;
 use crate::runtime::stream::{Stream, StreamObserver};
 use crate::{Backend, Error, Result};
+use bootstrap::in_process::InProcessBootstrap;
+use bootstrap::{Bootstrap, Subgroup, UniqueId};
 pub use control::CommConfig;
 use control::CommControl;
 use ferrolink_device::arch::Scope;
@@ -23,32 +34,96 @@ use ferrolink_device::comm::Team;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use topology::{LsaMode, PeerInfo};
 
-/// Job-wide facts, shared by all ranks' handles.
+/// One rank's state, shared by the clones of its handle.
 pub(crate) struct CommShared {
+    /// The communicator's id: the same on every rank (rank 0's random number).
     pub(crate) id: u64,
-    pub(crate) devices: Vec<Device>,
-    pub(crate) lsa_size: usize,
-    pub(crate) backend: Backend,
+    rank: usize,
+    nranks: usize,
+    device: Device,
+    /// Every rank's description, by world rank.
+    pub(crate) peers: Arc<Vec<PeerInfo>>,
+    lsa_size: usize,
+    pub(crate) bootstrap: Arc<dyn Bootstrap>,
     pub(crate) control: Arc<CommControl>,
+    /// Collective calls made so far (every rank counts the same): names windows across ranks.
+    collectives: AtomicU64,
+    config: CommConfig,
+    /// File-descriptor exchange with this machine's other processes, opened on first need.
+    fds: std::sync::OnceLock<Arc<fdpass::FdExchange>>,
 }
 
 /// One rank of a communicator. Cheap to clone (the rank's stream is shared).
 #[derive(Clone)]
 pub struct Communicator {
     pub(crate) shared: Arc<CommShared>,
-    rank: usize,
     stream: Arc<Stream>,
 }
 
 impl std::fmt::Debug for Communicator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Communicator")
-            .field("rank", &self.rank)
+            .field("rank", &self.rank())
             .field("nranks", &self.nranks())
             .field("lsa_size", &self.shared.lsa_size)
-            .field("backend", &self.shared.backend)
+            .field("backend", &self.device().backend())
             .finish()
+    }
+}
+
+/// How long bootstrap exchanges wait for the slowest rank: `FERROLINK_BOOTSTRAP_TIMEOUT`
+/// seconds, default 120.
+pub fn bootstrap_timeout() -> Duration {
+    std::env::var("FERROLINK_BOOTSTRAP_TIMEOUT")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or(Duration::from_secs(120))
+}
+
+/// Runs `f(rank)` for every rank on threads of this process and returns the results in rank
+/// order (the first error if any): how the calls that take every rank's handle run the
+/// per-rank collectives.
+pub(crate) fn on_rank_threads<T: Send>(n: usize, f: impl Fn(usize) -> Result<T> + Sync) -> Result<Vec<T>> {
+    if n == 1 {
+        return Ok(vec![f(0)?]);
+    }
+    let results: Vec<Result<T>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                let f = &f;
+                std::thread::Builder::new()
+                    .name(format!("ferrolink-rank-{r}"))
+                    .stack_size(256 * 1024)
+                    .spawn_scoped(s, move || f(r))
+                    .expect("starting a rank thread")
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::InvalidArgument("a rank thread panicked".into()))))
+            .collect()
+    });
+    // Report the most telling error: one that is not merely another rank's absence.
+    let mut out = Vec::with_capacity(n);
+    let mut first_err: Option<Error> = None;
+    for r in results {
+        match r {
+            Ok(v) => out.push(v),
+            Err(e) => {
+                let secondary = matches!(e, Error::Bootstrap(_));
+                if first_err.as_ref().is_none_or(|f| matches!(f, Error::Bootstrap(_)) && !secondary) {
+                    first_err = Some(e);
+                }
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
     }
 }
 
@@ -59,8 +134,8 @@ impl Communicator {
     ///
     /// The LSA domain (ranks that load/store each other's windows) is every rank when all
     /// pairs of GPUs have peer access (and always on one GPU or on the emulator); otherwise
-    /// it is the ranks of one GPU when every GPU holds the same number of consecutive ranks,
-    /// else each rank alone.
+    /// consecutive equal blocks of ranks that reach each other, else each rank alone
+    /// ([`topology::lsa_layout`]). `FERROLINK_LSA=process` makes the whole process one domain.
     pub fn init_all(devices: &[Device]) -> Result<Vec<Communicator>> {
         let backend = devices.first().map_or(Backend::Cpu, Device::backend);
         Communicator::init_all_with(devices, CommConfig::from_env(backend))
@@ -71,46 +146,176 @@ impl Communicator {
         if devices.is_empty() {
             return Err(Error::InvalidArgument("init_all needs at least one device".into()));
         }
-        let backend = devices[0].backend();
-        if devices.iter().any(|d| d.backend() != backend) {
-            return Err(Error::InvalidArgument("init_all: every rank's device must use the same backend".into()));
+        let group = InProcessBootstrap::group(devices.len(), bootstrap_timeout());
+        on_rank_threads(devices.len(), |r| {
+            Communicator::from_bootstrap(group[r].clone() as Arc<dyn Bootstrap>, &devices[r], config)
+        })
+    }
+
+    /// Creates this process's rank `rank` of an `nranks`-rank job (like `ncclCommInitRank`):
+    /// every rank calls it with the same `id` (made by one of them with [`UniqueId::new`] and
+    /// handed to the others by the program), its own `rank`, and its device. Rank 0's process
+    /// runs the bootstrap's root at `id.root()`. Returns when every rank has joined, or fails
+    /// after `FERROLINK_BOOTSTRAP_TIMEOUT` (120 s) with an error naming the ranks that never
+    /// came.
+    pub fn init_rank(id: &UniqueId, nranks: usize, rank: usize, device: &Device) -> Result<Communicator> {
+        Communicator::init_rank_with(id, nranks, rank, device, CommConfig::from_env(device.backend()))
+    }
+
+    /// [`Communicator::init_rank`] with explicit watchdog settings.
+    pub fn init_rank_with(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        device: &Device,
+        config: CommConfig,
+    ) -> Result<Communicator> {
+        if rank >= nranks {
+            return Err(Error::InvalidArgument(format!("init_rank: rank {rank} is outside 0..{nranks}")));
         }
-        let lsa_size = topology::lsa_domain_size(devices)?;
-        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let control = Arc::new(CommControl::new(id, config));
-        let shared =
-            Arc::new(CommShared { id, devices: devices.to_vec(), lsa_size, backend, control: control.clone() });
+        let b = bootstrap::tcp::TcpBootstrap::init(id, rank, nranks, bootstrap_timeout())?;
+        Communicator::from_bootstrap(b, device, config)
+    }
+
+    /// Creates this process's rank from a launcher's environment (torchrun, Open MPI, Slurm,
+    /// `ferrolink-run`; [`launch::LaunchEnv`] says which variables are read), on `device`.
+    pub fn from_env(device: &Device) -> Result<Communicator> {
+        let env = launch::LaunchEnv::detect()?.ok_or_else(|| {
+            Error::InvalidArgument(
+                "Communicator::from_env: no launcher environment (RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/SIZE, \
+                 SLURM_PROCID/NTASKS, or FERROLINK_RANK/FERROLINK_NRANKS): start the program with torchrun, \
+                 mpirun, srun or ferrolink-run, or use init_all/init_rank"
+                    .into(),
+            )
+        })?;
+        Communicator::init_rank(&env.unique_id()?, env.nranks, env.rank, device)
+    }
+
+    /// Creates one rank over any bootstrap (the other constructors end here): gathers every
+    /// rank's description, checks the job, computes the LSA domains, creates the rank's stream.
+    pub fn from_bootstrap(bootstrap: Arc<dyn Bootstrap>, device: &Device, config: CommConfig) -> Result<Communicator> {
+        let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
+        crate::log::init();
+        let me = PeerInfo::local(device);
+        let mut hello = me.encode();
+        let mut id_bytes = [0u8; 8];
+        getrandom::fill(&mut id_bytes).map_err(|e| Error::Bootstrap(format!("no random numbers: {e}")))?;
+        hello.extend_from_slice(&id_bytes);
+        let gathered = bootstrap.all_gather(&hello)?;
+        let id = gathered[0]
+            .len()
+            .checked_sub(8)
+            .map(|at| u64::from_le_bytes(gathered[0][at..].try_into().expect("8 bytes")))
+            .ok_or_else(|| Error::Bootstrap("rank 0's description is malformed".into()))?;
+        let control = CommControl::for_comm(id, config);
+        let peers = match control.peers.get() {
+            Some(p) => p.clone(),
+            None => {
+                let mut peers = Vec::with_capacity(nranks);
+                for (r, g) in gathered.iter().enumerate() {
+                    let info = g.len().checked_sub(8).map(|at| &g[..at]);
+                    peers.push(PeerInfo::decode(
+                        info.ok_or_else(|| Error::Bootstrap(format!("rank {r}'s description is malformed")))?,
+                    )?);
+                }
+                control.peers.get_or_init(|| Arc::new(peers)).clone()
+            }
+        };
+        if let Some(r) = peers.iter().position(|p| p.backend != me.backend) {
+            return Err(Error::InvalidArgument(format!(
+                "rank {r} runs on the {} backend and rank {rank} on {}: every rank of a job must use the same backend",
+                peers[r].backend, me.backend
+            )));
+        }
+        if let Some(problem) = topology::shared_device_problem(&peers) {
+            return Err(Error::InvalidArgument(problem));
+        }
+        // Which ranks this one can map, then everyone's answer.
+        let b = device.backend_device();
+        let mut row = Vec::with_capacity(nranks);
+        for p in peers.iter() {
+            row.push(u8::from(p.node == me.node && b.can_access_uuid(&p.uuid)?));
+        }
+        let rows = bootstrap.all_gather(&row)?;
+        let layout = match control.layout.get() {
+            Some(l) => *l,
+            None => {
+                let reach: Vec<Vec<bool>> = rows.iter().map(|r| r.iter().map(|&x| x != 0).collect()).collect();
+                if reach.iter().any(|r| r.len() != nranks) {
+                    return Err(Error::Bootstrap("a rank's reach list is malformed".into()));
+                }
+                *control
+                    .layout
+                    .get_or_init(|| topology::lsa_layout(&peers, &reach, LsaMode::from_env().unwrap_or(LsaMode::Node)))
+            }
+        };
+        LsaMode::from_env()?;
+        let stream = Arc::new(device.create_stream()?);
         let observer: std::sync::Weak<dyn StreamObserver> =
             Arc::downgrade(&(control.clone() as Arc<dyn StreamObserver>));
-        let comms = devices
-            .iter()
-            .enumerate()
-            .map(|(rank, dev)| {
-                let stream = Arc::new(dev.create_stream()?);
-                stream.core().add_observer(observer.clone());
-                control.watch_stream(rank, Arc::downgrade(stream.core()));
-                Ok(Communicator { shared: shared.clone(), rank, stream })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        watchdog::watch(Arc::downgrade(&control));
-        tracing::debug!(target: "ferrolink::comm", comm = id, nranks = devices.len(), lsa_size, %backend, "communicator created");
-        Ok(comms)
+        stream.core().add_observer(observer);
+        control.watch_stream(rank, Arc::downgrade(stream.core()));
+        let shared = Arc::new(CommShared {
+            id,
+            rank,
+            nranks,
+            device: device.clone(),
+            peers,
+            lsa_size: layout.size,
+            bootstrap,
+            control,
+            collectives: AtomicU64::new(0),
+            config,
+            fds: std::sync::OnceLock::new(),
+        });
+        if rank == 0 {
+            tracing::debug!(target: "ferrolink::comm", comm = id, nranks, lsa_size = layout.size, "communicator created");
+        }
+        Ok(Communicator { shared, stream })
+    }
+
+    /// Splits the communicator (collective over all its ranks; NCCL's `ncclCommSplit`): the
+    /// ranks passing the same `color` form a new communicator, ordered by `key` (ties by their
+    /// rank here). A rank passing `None` takes part but gets no communicator. The new
+    /// communicators have their own windows, device communicators and watchdog; their
+    /// bootstrap messages travel over this one's.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        let mut msg = Vec::with_capacity(13);
+        msg.push(u8::from(color.is_some()));
+        msg.extend_from_slice(&color.unwrap_or(0).to_le_bytes());
+        msg.extend_from_slice(&key.to_le_bytes());
+        let all = self.shared.bootstrap.all_gather(&msg)?;
+        let space = self.shared.bootstrap.next_tag();
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<(i64, usize)> = Vec::new();
+        for (r, m) in all.iter().enumerate() {
+            if m.len() != 13 {
+                return Err(Error::Bootstrap(format!("rank {r}'s split request is malformed")));
+            }
+            let c = u32::from_le_bytes(m[1..5].try_into().expect("4 bytes"));
+            if m[0] == 1 && c == color {
+                members.push((i64::from_le_bytes(m[5..13].try_into().expect("8 bytes")), r));
+            }
+        }
+        members.sort();
+        let members: Vec<usize> = members.into_iter().map(|(_, r)| r).collect();
+        let sub = Subgroup::new(self.shared.bootstrap.clone(), members, space ^ (u64::from(color) << 40))?;
+        Communicator::from_bootstrap(Arc::new(sub), &self.shared.device, self.shared.config).map(Some)
     }
 
     /// This rank.
     pub fn rank(&self) -> usize {
-        self.rank
+        self.shared.rank
     }
 
     /// Ranks in the job.
     pub fn nranks(&self) -> usize {
-        self.shared.devices.len()
+        self.shared.nranks
     }
 
     /// This rank's device.
     pub fn device(&self) -> &Device {
-        &self.shared.devices[self.rank]
+        &self.shared.device
     }
 
     /// This rank's stream (non-blocking: ranks' kernels run concurrently). Its
@@ -119,19 +324,30 @@ impl Communicator {
         &self.stream
     }
 
+    /// Where every rank runs (machine, process, device), by world rank.
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.shared.peers
+    }
+
     /// Waits for this rank's queued work; the stream's error, or the communicator's
     /// asynchronous error (an abort, a watchdog timeout, another rank's failure) if any.
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize()
     }
 
+    /// Waits until every rank has called it (a host barrier through the bootstrap).
+    pub fn barrier(&self) -> Result<()> {
+        self.shared.bootstrap.barrier()
+    }
+
     /// Aborts the communicator (NCCL's `ncclCommAbort`, without freeing anything): every
-    /// device wait of every rank returns promptly, kernels run to their end, and every rank's
-    /// [`Communicator::synchronize`] and [`Communicator::async_error`] then report the abort.
-    /// Callable from any thread, at any time. Use [`recover`] to go on with the same
-    /// communicator afterwards.
+    /// device wait of this process's ranks of it returns promptly, kernels run to their end,
+    /// and their [`Communicator::synchronize`] and [`Communicator::async_error`] then report
+    /// the abort. Callable from any thread, at any time. Ranks in other processes are not
+    /// told: their watchdogs report the ranks that stopped arriving. Use
+    /// [`Communicator::recover`] to go on with the same communicator afterwards.
     pub fn abort(&self) {
-        self.shared.control.abort(Error::Aborted(format!("Communicator::abort was called on rank {}", self.rank)));
+        self.shared.control.abort(Error::Aborted(format!("Communicator::abort was called on rank {}", self.rank())));
     }
 
     /// The communicator's asynchronous error (NCCL's `ncclCommGetAsyncError`): why it was
@@ -152,12 +368,12 @@ impl Communicator {
 
     /// This rank's index in its LSA domain.
     pub fn lsa_rank(&self) -> usize {
-        self.rank % self.shared.lsa_size
+        self.rank() % self.shared.lsa_size
     }
 
     /// The world team.
     pub fn world_team(&self) -> Team {
-        Team { rank: self.rank as u32, size: self.nranks() as u32, stride: 1 }
+        Team { rank: self.rank() as u32, size: self.nranks() as u32, stride: 1 }
     }
 
     /// The LSA team.
@@ -168,30 +384,95 @@ impl Communicator {
     /// The rail team: ranks with this LSA rank in every LSA domain.
     pub fn rail_team(&self) -> Team {
         let l = self.lsa_size();
-        Team { rank: (self.rank / l) as u32, size: (self.nranks() / l) as u32, stride: l as u32 }
+        Team { rank: (self.rank() / l) as u32, size: (self.nranks() / l) as u32, stride: l as u32 }
     }
 
     /// World ranks of this rank's LSA domain.
     pub fn lsa_peers(&self) -> std::ops::Range<usize> {
-        let first = self.rank - self.lsa_rank();
+        let first = self.rank() - self.lsa_rank();
         first..first + self.lsa_size()
     }
 
     /// The scope LSA synchronization needs: [`Scope::Gpu`] when every LSA peer runs on this
-    /// rank's GPU (virtual ranks; on the emulator, the same emulated device), else
-    /// [`Scope::Sys`] (peers on other GPUs see our writes only at system scope).
+    /// rank's GPU (virtual ranks, or processes sharing it under MPS; on the emulator, the
+    /// same emulated device of one process), else [`Scope::Sys`] (peers on other GPUs see
+    /// our writes only at system scope).
     pub fn lsa_scope(&self) -> Scope {
-        let me = self.device();
-        if self.lsa_peers().all(|p| self.shared.devices[p].same_as(me)) { Scope::Gpu } else { Scope::Sys }
+        let me = &self.shared.peers[self.rank()];
+        if self.lsa_peers().all(|p| self.shared.peers[p].uuid == me.uuid) { Scope::Gpu } else { Scope::Sys }
     }
 
     /// Whether `other` is a rank of the same communicator.
     pub fn same_comm(&self, other: &Communicator) -> bool {
-        Arc::ptr_eq(&self.shared, &other.shared)
+        self.shared.id == other.shared.id
     }
 
     pub(crate) fn control(&self) -> &Arc<CommControl> {
         &self.shared.control
+    }
+
+    pub(crate) fn bootstrap(&self) -> &Arc<dyn Bootstrap> {
+        &self.shared.bootstrap
+    }
+
+    /// This rank's file-descriptor exchange (a Unix socket named after the communicator and
+    /// the rank), opened on first use. A peer that sends before it is open retries until the
+    /// bootstrap's timeout.
+    pub(crate) fn fd_exchange(&self) -> Result<Arc<fdpass::FdExchange>> {
+        if let Some(f) = self.shared.fds.get() {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(fdpass::FdExchange::new(self.shared.id, self.rank(), self.shared.bootstrap.timeout())?);
+        Ok(self.shared.fds.get_or_init(|| f).clone())
+    }
+
+    /// Numbers this rank's next collective call; every rank gets the same number for the same
+    /// call. The ranks compare it in their first exchange, so calls made in different orders
+    /// are an error rather than a mix-up.
+    pub(crate) fn next_collective(&self) -> u64 {
+        self.shared.collectives.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Makes the communicator usable again after an error or an abort, without dropping
+    /// anything (collective: every rank calls it). It
+    /// 1. aborts the communicator if kernels of this rank still run, and waits (up to 10 s)
+    ///    until its stream has drained;
+    /// 2. replaces a failed stream ([`Stream::recover`]; on the emulator after a timeout,
+    ///    panic or trap. A CUDA kernel fault breaks the device's context, and then this fails
+    ///    with an error saying so);
+    /// 3. returns this rank's device communicators' barriers (epochs, inboxes, wait records),
+    ///    abort flag and fault record to their initial state, meets the other ranks, and
+    ///    forgets the asynchronous error.
+    ///
+    /// Buffers, windows and device communicators stay valid; their contents are whatever the
+    /// failed work left.
+    pub fn recover(&self) -> Result<()> {
+        let control = self.control();
+        let busy = || self.stream.tail().is_some_and(|t| !t.finished());
+        if busy() {
+            control.abort(Error::Aborted("recover() was called while kernels still ran".into()));
+        }
+        let deadline = Instant::now() + RECOVER_DRAIN;
+        while busy() {
+            if Instant::now() >= deadline {
+                return Err(Error::StreamFailed(format!(
+                    "recover: rank {}'s kernels did not stop within {RECOVER_DRAIN:?} of the abort (a kernel that \
+                     never reaches a wait, or a broken device); the device cannot be recovered in this process",
+                    self.rank()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.stream.recover()?;
+        control.reset_sources_of(self.rank())?;
+        self.barrier()?;
+        control.clear();
+        // Nobody may start new work before every rank has cleared its state.
+        self.barrier()?;
+        if self.rank() == 0 {
+            tracing::info!(target: "ferrolink::comm", comm = self.shared.id, "communicator recovered");
+        }
+        Ok(())
     }
 }
 
@@ -221,48 +502,14 @@ pub fn launch_all(comms: &[Communicator], mut launch: impl FnMut(&Communicator) 
     crate::runtime::group::group_launch(|| comms.iter().try_for_each(&mut launch))
 }
 
-/// How long [`recover`] waits for kernels to stop after it aborted them.
+/// How long [`Communicator::recover`] waits for kernels to stop after it aborted them.
 const RECOVER_DRAIN: Duration = Duration::from_secs(10);
 
-/// Makes a communicator usable again after an error or an abort, without dropping anything
-/// (collective: pass all ranks, in rank order). It
-/// 1. aborts the communicator if kernels of it still run, and waits (up to 10 s) until every
-///    rank's stream has drained;
-/// 2. replaces failed streams ([`Stream::recover`]; on the emulator after a timeout, panic or
-///    trap. A CUDA kernel fault breaks the device's context, and then this fails with an
-///    error saying so);
-/// 3. returns every device communicator's barriers (epochs, inboxes, wait records), abort
-///    flag and fault record to their initial state, and forgets the asynchronous error.
-///
-/// Buffers, windows and device communicators stay valid; their contents are whatever the
-/// failed work left.
+/// [`Communicator::recover`] for every rank of a communicator in this process (pass all
+/// ranks, in rank order): the per-rank calls run on threads.
 pub fn recover(comms: &[Communicator]) -> Result<()> {
     check_all_ranks(comms, "recover")?;
-    let control = comms[0].control();
-    let busy = |c: &Communicator| c.stream.tail().is_some_and(|t| !t.finished());
-    if comms.iter().any(busy) {
-        control.abort(Error::Aborted("recover() was called while kernels still ran".into()));
-    }
-    let deadline = Instant::now() + RECOVER_DRAIN;
-    for c in comms {
-        while busy(c) {
-            if Instant::now() >= deadline {
-                return Err(Error::StreamFailed(format!(
-                    "recover: rank {}'s kernels did not stop within {RECOVER_DRAIN:?} of the abort (a kernel that \
-                     never reaches a wait, or a broken device); the device cannot be recovered in this process",
-                    c.rank
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-    for c in comms {
-        c.stream.recover()?;
-    }
-    control.reset_sources()?;
-    control.clear();
-    tracing::info!(target: "ferrolink::comm", comm = control.comm_id, "communicator recovered");
-    Ok(())
+    on_rank_threads(comms.len(), |r| comms[r].recover()).map(drop)
 }
 
 /// Checks that `comms` are all ranks of one communicator, in rank order.

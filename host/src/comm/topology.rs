@@ -1,35 +1,233 @@
-//! Which ranks can load and store each other's memory (the LSA domain).
+//! Which ranks can load and store each other's memory (the LSA domain), across processes and
+//! machines: every rank describes itself ([`PeerInfo`]), every rank says which others it can
+//! map, and every rank then computes the same domains from the same gathered data.
 
 use crate::runtime::device::Device;
-use crate::{Backend, Result};
+use crate::{Backend, Error, Result};
 
-/// The size of the LSA domains of a single-process job whose rank `r` runs on `devices[r]`:
-/// every rank when all pairs of distinct devices have peer access (always on one GPU or on
-/// the emulator); else the ranks of one GPU when every GPU holds the same number of
-/// consecutive ranks; else each rank alone. Peer access is asked once per pair of distinct
-/// devices, so a thousand virtual ranks on one GPU cost one query.
-pub(crate) fn lsa_domain_size(devices: &[Device]) -> Result<usize> {
-    let n = devices.len();
-    if devices.iter().all(|d| d.backend() == Backend::Cpu) {
-        return Ok(n); // the emulator: all host memory is shared
-    }
-    let mut distinct: Vec<&Device> = Vec::new();
-    for d in devices {
-        if !distinct.iter().any(|x| x.same_as(d)) {
-            distinct.push(d);
+/// What a rank tells the others about where it runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The machine: host name and boot id (`/proc/sys/kernel/random/boot_id`), so that two
+    /// machines with one name, or one machine rebooted, differ.
+    pub node: String,
+    /// The process.
+    pub pid: u32,
+    /// The backend of its device.
+    pub backend: Backend,
+    /// Its device's identity ([`Device::uuid`]).
+    pub uuid: [u8; 16],
+    /// Its device's ordinal in its process.
+    pub ordinal: u32,
+    /// Whether kernels of several processes may share its device (on CUDA: MPS is running).
+    pub multi_process_ok: bool,
+}
+
+/// This machine's identity: host name and boot id.
+pub fn node_identity() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
+    let host = read("/proc/sys/kernel/hostname");
+    let boot = read("/proc/sys/kernel/random/boot_id");
+    format!("{host}/{boot}")
+}
+
+impl PeerInfo {
+    /// This process's rank on `dev`.
+    pub fn local(dev: &Device) -> PeerInfo {
+        let b = dev.backend_device();
+        PeerInfo {
+            node: node_identity(),
+            pid: std::process::id(),
+            backend: dev.backend(),
+            uuid: b.uuid(),
+            ordinal: dev.ordinal() as u32,
+            multi_process_ok: b.check_multi_process().is_ok(),
         }
     }
-    let mut all_pairs = true;
-    for a in &distinct {
-        for b in &distinct {
-            all_pairs &= a.backend_device().can_access_peer(&**b.backend_device())?;
+
+    /// Whether `other` runs in the same process on the same machine.
+    pub fn same_process(&self, other: &PeerInfo) -> bool {
+        self.pid == other.pid && self.node == other.node
+    }
+
+    /// The wire form.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(32 + self.node.len());
+        v.push(match self.backend {
+            Backend::Cuda => 1,
+            Backend::Cpu => 2,
+        });
+        v.push(u8::from(self.multi_process_ok));
+        v.extend_from_slice(&self.pid.to_le_bytes());
+        v.extend_from_slice(&self.ordinal.to_le_bytes());
+        v.extend_from_slice(&self.uuid);
+        v.extend_from_slice(self.node.as_bytes());
+        v
+    }
+
+    /// Parses [`PeerInfo::encode`]'s form.
+    pub fn decode(b: &[u8]) -> Result<PeerInfo> {
+        let bad = || Error::Bootstrap(format!("a rank's description is malformed ({} bytes)", b.len()));
+        if b.len() < 26 {
+            return Err(bad());
+        }
+        let backend = match b[0] {
+            1 => Backend::Cuda,
+            2 => Backend::Cpu,
+            _ => return Err(bad()),
+        };
+        Ok(PeerInfo {
+            backend,
+            multi_process_ok: b[1] != 0,
+            pid: u32::from_le_bytes(b[2..6].try_into().map_err(|_| bad())?),
+            ordinal: u32::from_le_bytes(b[6..10].try_into().map_err(|_| bad())?),
+            uuid: b[10..26].try_into().map_err(|_| bad())?,
+            node: String::from_utf8(b[26..].to_vec()).map_err(|_| bad())?,
+        })
+    }
+}
+
+/// How LSA domains are chosen (`FERROLINK_LSA`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LsaMode {
+    /// Ranks of one machine whose devices can map each other (the default).
+    Node,
+    /// Ranks of one process only: makes every process its own LSA domain, so that the paths
+    /// between domains (GIN, hybrid barriers) run on one machine.
+    Process,
+}
+
+impl LsaMode {
+    /// `FERROLINK_LSA`: `node` (default) or `process`.
+    pub fn from_env() -> Result<LsaMode> {
+        match std::env::var("FERROLINK_LSA").as_deref() {
+            Err(_) | Ok("") | Ok("node") => Ok(LsaMode::Node),
+            Ok("process") => Ok(LsaMode::Process),
+            Ok(other) => Err(Error::InvalidArgument(format!("FERROLINK_LSA={other:?}: use `node` or `process`"))),
         }
     }
-    if all_pairs {
-        return Ok(n);
+}
+
+/// The LSA domains of a job, as every rank computes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LsaLayout {
+    /// Ranks per domain; domains are consecutive blocks of world ranks.
+    pub size: usize,
+}
+
+/// The domains from every rank's description and reach (`reach[r][s]`: rank `r` can map rank
+/// `s`'s device and runs on its machine). The first domain is the longest prefix of ranks that
+/// all reach each other (and share a process, in [`LsaMode::Process`]); when every block of
+/// that size is such a clique, that is the size, else every rank is its own domain (which is
+/// always valid), with a warning.
+pub fn lsa_layout(infos: &[PeerInfo], reach: &[Vec<bool>], mode: LsaMode) -> LsaLayout {
+    let n = infos.len();
+    // Small integers for the machines and processes, so that the checks below compare
+    // numbers: this runs for every rank of a thousand-rank job.
+    let mut nodes: Vec<&str> = Vec::new();
+    let mut procs: Vec<(&str, u32)> = Vec::new();
+    let mut node_of = Vec::with_capacity(n);
+    let mut proc_of = Vec::with_capacity(n);
+    for i in infos {
+        let node = nodes.iter().position(|x| *x == i.node).unwrap_or_else(|| {
+            nodes.push(&i.node);
+            nodes.len() - 1
+        });
+        let proc = procs.iter().position(|x| *x == (i.node.as_str(), i.pid)).unwrap_or_else(|| {
+            procs.push((&i.node, i.pid));
+            procs.len() - 1
+        });
+        node_of.push(node);
+        proc_of.push(proc);
     }
-    // Ranks of one GPU only: consecutive and equally many per GPU.
-    let per_gpu = devices.iter().take_while(|d| d.same_as(&devices[0])).count();
-    let grouped = n.is_multiple_of(per_gpu) && devices.chunks(per_gpu).all(|c| c.iter().all(|d| d.same_as(&c[0])));
-    Ok(if grouped { per_gpu } else { 1 })
+    let linked = |a: usize, b: usize| {
+        reach[a][b] && reach[b][a] && node_of[a] == node_of[b] && (mode == LsaMode::Node || proc_of[a] == proc_of[b])
+    };
+    // The first block: grow it while the next rank links to every rank in it.
+    let mut k = 1;
+    while k < n && (0..k).all(|a| linked(a, k)) {
+        k += 1;
+    }
+    let clique = |start: usize| (start..start + k).all(|a| (a + 1..start + k).all(|b| linked(a, b)));
+    if n.is_multiple_of(k) && (k..n).step_by(k).all(clique) {
+        LsaLayout { size: k }
+    } else {
+        tracing::warn!(
+            target: "ferrolink::comm",
+            "the ranks that can map each other do not form equal consecutive blocks (first block: {k} of {n} \
+             ranks): every rank is its own LSA domain"
+        );
+        LsaLayout { size: 1 }
+    }
+}
+
+/// The job's problem with processes that share a device, if any: a sentence for the error.
+/// (One pass over the ranks: it runs on every rank of jobs of thousands.)
+pub fn shared_device_problem(infos: &[PeerInfo]) -> Option<String> {
+    let mut first_on: std::collections::HashMap<(&str, [u8; 16]), usize> = std::collections::HashMap::new();
+    for (b, y) in infos.iter().enumerate() {
+        let a = *first_on.entry((y.node.as_str(), y.uuid)).or_insert(b);
+        let x = &infos[a];
+        if x.pid != y.pid && !(x.multi_process_ok && y.multi_process_ok) {
+            return Some(format!(
+                "ranks {a} and {b} run in different processes on one device (ordinal {} of {}): their kernels \
+                 can only run at the same time under MPS, which is not running. Start the MPS control daemon \
+                 (`nvidia-cuda-mps-control -d`), or give each process its own GPU",
+                x.ordinal, x.node
+            ));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(node: &str, pid: u32, dev: u8) -> PeerInfo {
+        PeerInfo {
+            node: node.into(),
+            pid,
+            backend: Backend::Cuda,
+            uuid: [dev; 16],
+            ordinal: u32::from(dev),
+            multi_process_ok: false,
+        }
+    }
+
+    #[test]
+    fn peer_infos_round_trip() {
+        let i = info("host/boot", 42, 3);
+        assert_eq!(PeerInfo::decode(&i.encode()).unwrap(), i);
+        assert!(PeerInfo::decode(&[9; 30]).is_err());
+        assert!(PeerInfo::decode(&[1; 3]).is_err());
+    }
+
+    #[test]
+    fn domains_are_equal_consecutive_cliques_or_single_ranks() {
+        // Two machines of two GPUs, one process per GPU, all peers reachable on a machine.
+        let infos = vec![info("a", 1, 0), info("a", 2, 1), info("b", 1, 0), info("b", 2, 1)];
+        let all = vec![vec![true; 4]; 4];
+        assert_eq!(lsa_layout(&infos, &all, LsaMode::Node).size, 2);
+        assert_eq!(lsa_layout(&infos, &all, LsaMode::Process).size, 1);
+        // One machine, no peer access between the GPUs.
+        let one = vec![info("a", 1, 0), info("a", 2, 1)];
+        let none = vec![vec![true, false], vec![false, true]];
+        assert_eq!(lsa_layout(&one, &none, LsaMode::Node).size, 1);
+        // Uneven blocks (3 ranks on a machine, 1 on another): every rank alone.
+        let uneven = vec![info("a", 1, 0), info("a", 2, 1), info("a", 3, 2), info("b", 1, 0)];
+        assert_eq!(lsa_layout(&uneven, &all, LsaMode::Node).size, 1);
+        // Virtual ranks: one process, one GPU.
+        let virt = vec![info("a", 1, 0); 8];
+        assert_eq!(lsa_layout(&virt, &vec![vec![true; 8]; 8], LsaMode::Process).size, 8);
+    }
+
+    #[test]
+    fn processes_sharing_a_gpu_need_mps() {
+        let mut infos = vec![info("a", 1, 0), info("a", 2, 0)];
+        assert!(shared_device_problem(&infos).unwrap().contains("MPS"));
+        infos.iter_mut().for_each(|i| i.multi_process_ok = true);
+        assert!(shared_device_problem(&infos).is_none());
+        assert!(shared_device_problem(&[info("a", 1, 0), info("a", 1, 0)]).is_none(), "one process: fine");
+    }
 }

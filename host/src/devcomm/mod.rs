@@ -7,8 +7,8 @@ mod diagnostics;
 pub mod requirements;
 
 use crate::comm::control::{ControlSource, StalledWait};
-use crate::comm::{Communicator, check_all_ranks};
-use crate::mem::window::{Window, register_window};
+use crate::comm::{Communicator, check_all_ranks, on_rank_threads};
+use crate::mem::window::Window;
 use crate::runtime::device::Device;
 use crate::runtime::host_mapped::HostMapped;
 use crate::runtime::launch::{LaunchArg, LaunchTracking, sealed::Sealed};
@@ -171,15 +171,19 @@ impl Drop for DevCommHandle {
     }
 }
 
-/// Creates every rank's device communicator (collective over all ranks, in rank order):
-/// allocates and registers the barrier window (one inbox row per barrier of every set),
-/// zeroed epoch words, the window table and the control block.
+/// Creates every rank's device communicator for the ranks of one process (pass all ranks, in
+/// rank order): runs [`Communicator::create_dev_comm`] for each rank on a thread.
 pub fn create_dev_comms(comms: &[Communicator], reqs: &DevCommRequirements) -> Result<Vec<DevCommHandle>> {
     check_all_ranks(comms, "create_dev_comms")?;
+    on_rank_threads(comms.len(), |r| comms[r].create_dev_comm(reqs))
+}
+
+/// Lays out the barrier sets: the default one first, then each request's, back to back.
+/// Returns the total and the requested resources' handles.
+fn barrier_sets(reqs: &DevCommRequirements) -> Result<(u32, Vec<DevResource>)> {
     if reqs.lsa_barrier_count == 0 {
-        return Err(Error::InvalidArgument("create_dev_comms: lsa_barrier_count must be at least 1".into()));
+        return Err(Error::InvalidArgument("create_dev_comm: lsa_barrier_count must be at least 1".into()));
     }
-    // Barrier sets: the default one first, then each request's, back to back.
     let mut total = reqs.lsa_barrier_count;
     let mut resources = Vec::with_capacity(reqs.resources.len());
     for r in &reqs.resources {
@@ -187,69 +191,74 @@ pub fn create_dev_comms(comms: &[Communicator], reqs: &DevCommRequirements) -> R
             ResourceRequest::LsaBarriers { count } => {
                 if count == 0 {
                     return Err(Error::InvalidArgument(
-                        "create_dev_comms: a barrier set needs at least 1 barrier".into(),
+                        "create_dev_comm: a barrier set needs at least 1 barrier".into(),
                     ));
                 }
                 resources.push(DevResource::LsaBarriers(LsaBarrierHandle { first: total, count }));
                 total = total
                     .checked_add(count)
-                    .ok_or_else(|| Error::InvalidArgument("create_dev_comms: too many barriers requested".into()))?;
+                    .ok_or_else(|| Error::InvalidArgument("create_dev_comm: too many barriers requested".into()))?;
             }
         }
     }
-    let lsa = comms[0].lsa_size() as u32;
-    let bytes = inbox_bytes(total, lsa);
-    let buffers = comms.iter().map(|c| c.mem_alloc(bytes)).collect::<Result<Vec<_>>>()?;
-    let barrier_windows = register_window(comms, buffers)?;
-    let control_bytes = WAIT_RECORDS_OFFSET + total as usize * std::mem::size_of::<WaitRecord>();
-    let handles = comms
-        .iter()
-        .zip(barrier_windows)
-        .map(|(c, barrier_window)| {
-            let dev = c.device();
-            // The epoch words, then the fault claim word (DevComm::fault_claim).
-            let epochs = dev.alloc::<u32>(total as usize + 1)?;
-            let table = dev.alloc::<DevWindow>(reqs.window_capacity.max(1) as usize)?;
-            let control = HostMapped::alloc(dev, control_bytes)?;
-            let dev_comm = DevComm {
-                header: DevCommHeader::CURRENT,
-                rank: c.rank() as u32,
-                nranks: c.nranks() as u32,
-                lsa_rank: c.lsa_rank() as u32,
-                lsa_size: lsa,
-                lsa_scope_code: c.lsa_scope().code(),
-                lsa_barrier_total: total,
-                lsa_barrier: LsaBarrierHandle { first: 0, count: reqs.lsa_barrier_count },
-                barrier_window: barrier_window.dev_window(),
-                barrier_epochs: epochs.addr(),
-                windows: table.addr(),
-                window_count: 0,
-                _reserved: 0,
-                control: control.device_addr(),
-                wait_records: control.device_addr() + WAIT_RECORDS_OFFSET as u64,
-                fault_claim: epochs.addr() + u64::from(total) * 4,
-            };
-            let res = Arc::new(DevCommResources {
-                dev: dev.clone(),
-                rank: c.rank(),
-                lsa_rank: c.lsa_rank(),
-                lsa_size: lsa as usize,
-                barrier_total: total,
-                control,
-                barrier_window,
-                epochs: Mutex::new(epochs),
-                table: Mutex::new(table),
-                windows: Mutex::new(Vec::new()),
-                uses: Arc::default(),
-                known_done: Mutex::new(HashMap::new()),
-            });
-            let source: Weak<dyn ControlSource> = Arc::downgrade(&(res.clone() as Arc<dyn ControlSource>));
-            c.control().add_source(source);
-            Ok(DevCommHandle { res, dev_comm, resources: resources.clone() })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    tracing::debug!(target: "ferrolink::devcomm", nranks = comms.len(), barriers = total, "device communicators created");
-    Ok(handles)
+    Ok((total, resources))
+}
+
+impl Communicator {
+    /// Creates this rank's device communicator (collective: every rank calls it with the same
+    /// requirements; NCCL's `ncclDevCommCreate`): registers the barrier window (one inbox row
+    /// per barrier of every set) and allocates zeroed epoch words, the window table and the
+    /// control block.
+    pub fn create_dev_comm(&self, reqs: &DevCommRequirements) -> Result<DevCommHandle> {
+        let (total, resources) = barrier_sets(reqs)?;
+        let lsa = self.lsa_size() as u32;
+        let buffer = self.mem_alloc(inbox_bytes(total, lsa))?;
+        let barrier_window = self.register_window(buffer)?;
+        let control_bytes = WAIT_RECORDS_OFFSET + total as usize * std::mem::size_of::<WaitRecord>();
+        let dev = self.device();
+        // The epoch words, then the fault claim word (DevComm::fault_claim).
+        let epochs = dev.alloc::<u32>(total as usize + 1)?;
+        let table = dev.alloc::<DevWindow>(reqs.window_capacity.max(1) as usize)?;
+        let control = HostMapped::alloc(dev, control_bytes)?;
+        let dev_comm = DevComm {
+            header: DevCommHeader::CURRENT,
+            rank: self.rank() as u32,
+            nranks: self.nranks() as u32,
+            lsa_rank: self.lsa_rank() as u32,
+            lsa_size: lsa,
+            lsa_scope_code: self.lsa_scope().code(),
+            lsa_barrier_total: total,
+            lsa_barrier: LsaBarrierHandle { first: 0, count: reqs.lsa_barrier_count },
+            barrier_window: barrier_window.dev_window(),
+            barrier_epochs: epochs.addr(),
+            windows: table.addr(),
+            window_count: 0,
+            _reserved: 0,
+            control: control.device_addr(),
+            wait_records: control.device_addr() + WAIT_RECORDS_OFFSET as u64,
+            fault_claim: epochs.addr() + u64::from(total) * 4,
+        };
+        let res = Arc::new(DevCommResources {
+            dev: dev.clone(),
+            rank: self.rank(),
+            lsa_rank: self.lsa_rank(),
+            lsa_size: lsa as usize,
+            barrier_total: total,
+            control,
+            barrier_window,
+            epochs: Mutex::new(epochs),
+            table: Mutex::new(table),
+            windows: Mutex::new(Vec::new()),
+            uses: Arc::default(),
+            known_done: Mutex::new(HashMap::new()),
+        });
+        let source: Weak<dyn ControlSource> = Arc::downgrade(&(res.clone() as Arc<dyn ControlSource>));
+        self.control().add_source(source);
+        if self.rank() == 0 {
+            tracing::debug!(target: "ferrolink::devcomm", nranks = self.nranks(), barriers = total, "device communicators created");
+        }
+        Ok(DevCommHandle { res, dev_comm, resources })
+    }
 }
 
 impl DevCommHandle {

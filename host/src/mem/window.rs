@@ -4,56 +4,90 @@
 //! [`DevWindow::lsa_ptr`](ferrolink_device::DevWindow::lsa_ptr).
 //!
 //! # Lifetimes
-//! A [`Window`] owns its mappings and the buffers registered in it. Launches that pass
-//! `&window` record their use of it; host copies wait for those kernels; and when the last
-//! handle (every rank's [`Window`], and every `DevCommHandle` it was added to) is dropped,
-//! the flat ranges and buffers are retired: unmapped and released once the kernels that used
-//! the window have finished (and any untracked launch on its devices), without waiting
-//! for the devices.
+//! A rank's [`Window`] owns its buffer, its GPU's flat mapping (shared with the other ranks of
+//! this process on that GPU) and the memory it imported from other processes. Launches that
+//! pass `&window` record their use of it; host copies wait for this process's kernels that
+//! used it; and when a rank's last handle (its [`Window`] clones, and every `DevCommHandle`
+//! it was added to) is dropped, its part is retired: unmapped and released once this
+//! process's kernels that used the window have finished (and any untracked launch on its
+//! devices), without waiting for a device. Physical memory lives on while another rank, in
+//! any process, still maps it: no rank can free memory under a peer's kernel.
 
-use crate::comm::{Communicator, check_all_ranks};
+use crate::comm::{Communicator, check_all_ranks, on_rank_threads};
 use crate::mem::symmetric::SymBuffer;
-use crate::runtime::backend::AddressRange;
+use crate::runtime::backend::{AddressRange, DeviceKey, PhysicalMemory};
 use crate::runtime::device::Device;
 use crate::runtime::launch::{LaunchArg, LaunchTracking, sealed::Sealed};
-use crate::runtime::lifetime::{self, Completion, Uses};
+use crate::runtime::lifetime::{self, Completion, Uses, lock};
 use crate::{Error, Result};
 use bytemuck::Pod;
 use ferrolink_device::DevWindow;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
-/// The memory of a window: retired as one piece (flat ranges first, then the buffers).
-type WindowMemory = (Vec<Box<dyn AddressRange>>, Vec<SymBuffer>);
+/// One GPU's flat mapping of every LSA peer's buffer, shared by this process's ranks on that
+/// GPU. Dropping it unmaps the range, then releases its references to the physical memory.
+struct FlatMapping {
+    range: Box<dyn AddressRange>,
+    _phys: Vec<Arc<dyn PhysicalMemory>>,
+}
 
-struct WindowShared {
-    comm_id: u64,
+/// What this process's ranks of one window share: the uses of their kernels (peers write
+/// into each other's slots), their buffers (while the window is being registered), and the
+/// flat mapping of each of their GPUs.
+struct LocalWindow {
+    uses: Arc<Uses>,
+    devices: Mutex<Vec<Device>>,
+    phys: Mutex<HashMap<usize, Arc<dyn PhysicalMemory>>>,
+    flat: Mutex<HashMap<DeviceKey, Arc<FlatMapping>>>,
     /// Serializes host reads and writes of the window's buffers: handles are `Clone` and
     /// `Send`, and on the CPU backend two unsynchronized host copies into one slot would be a
     /// data race on host memory.
-    host_access: std::sync::Mutex<()>,
-    devices: Vec<Device>,
-    /// Each rank's buffer address (its local mapping).
-    addrs: Vec<u64>,
-    memory: Option<WindowMemory>,
-    uses: Arc<Uses>,
+    host_access: Mutex<()>,
 }
 
-impl WindowShared {
-    /// Everything a host access or the release must wait for: every kernel that used the
-    /// window, and untracked launches on its devices.
+impl LocalWindow {
+    /// Everything a host access or a release must wait for: every kernel of this process
+    /// that used the window, and untracked launches on its devices. (Kernels of other
+    /// processes are theirs to order: see `Window::copy_to_host`.)
     fn pending(&self) -> Vec<Completion> {
         let mut w = self.uses.pending();
-        for d in &self.devices {
+        for d in lock(&self.devices).iter() {
             w.extend(d.0.untracked.pending());
         }
         w
     }
 }
 
-impl Drop for WindowShared {
+/// Windows being registered in this process, by (communicator, collective call).
+type Registering = Mutex<HashMap<(u64, u64), Arc<LocalWindow>>>;
+
+/// Windows being registered in this process: how the ranks of one process find each other's
+/// buffers and mappings.
+fn registering() -> &'static Registering {
+    static R: OnceLock<Registering> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// A rank's part of a window: its GPU's flat mapping, its buffer, and the memory it imported.
+type RankMemory = (Option<Arc<FlatMapping>>, SymBuffer, Vec<Arc<dyn PhysicalMemory>>);
+
+/// One rank's part of a window; retired as one piece when its last handle is dropped.
+struct WindowRank {
+    comm_id: u64,
+    rank: usize,
+    dev: Device,
+    local: Arc<LocalWindow>,
+    /// This rank's buffer, its GPU's flat mapping, and peers' memory imported from other
+    /// processes (kept while mapped here).
+    memory: Option<RankMemory>,
+    addr: u64,
+}
+
+impl Drop for WindowRank {
     fn drop(&mut self) {
         if let Some(memory) = self.memory.take() {
-            lifetime::retire(self.pending(), Box::new(memory), "window");
+            lifetime::retire(self.local.pending(), Box::new(memory), "window");
         }
     }
 }
@@ -62,21 +96,20 @@ impl Drop for WindowShared {
 /// last handle is dropped (see the [module docs](self)).
 #[derive(Clone)]
 pub struct Window {
-    shared: Arc<WindowShared>,
-    rank: usize,
-    dev: Device,
+    shared: Arc<WindowRank>,
     dev_window: DevWindow,
 }
 
 impl std::fmt::Debug for Window {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Window").field("rank", &self.rank).field("dev_window", &self.dev_window).finish()
+        f.debug_struct("Window").field("rank", &self.shared.rank).field("dev_window", &self.dev_window).finish()
     }
 }
 
-/// Registers one [`SymBuffer`] per rank as a window (collective; NCCL's
-/// `ncclCommWindowRegister`). `comms` are all ranks in rank order and `buffers[r]` is rank
-/// `r`'s buffer, on its device; all buffers have the same size. Returns each rank's handle.
+/// Registers every rank's [`SymBuffer`] as a window, for the ranks of one process (pass all
+/// ranks in rank order, and `buffers[r]` of rank `r`; NCCL's `ncclCommWindowRegister` per
+/// rank): runs [`Communicator::register_window`] for each rank on a thread. Returns each
+/// rank's handle.
 pub fn register_window(comms: &[Communicator], buffers: Vec<SymBuffer>) -> Result<Vec<Window>> {
     check_all_ranks(comms, "register_window")?;
     if buffers.len() != comms.len() {
@@ -86,75 +119,150 @@ pub fn register_window(comms: &[Communicator], buffers: Vec<SymBuffer>) -> Resul
             comms.len()
         )));
     }
-    let size = buffers[0].len();
-    for (r, (c, b)) in comms.iter().zip(&buffers).enumerate() {
-        if !b.device().same_as(c.device()) {
-            return Err(Error::WrongDevice("register_window: a rank's buffer"));
+    let slots: Vec<Mutex<Option<SymBuffer>>> = buffers.into_iter().map(|b| Mutex::new(Some(b))).collect();
+    on_rank_threads(comms.len(), |r| {
+        let buf = lock(&slots[r]).take().expect("each rank takes its buffer once");
+        comms[r].register_window(buf)
+    })
+}
+
+/// The first exchange of a registration: the call's number and the buffer's sizes.
+fn describe(seq: u64, buf: &SymBuffer) -> Vec<u8> {
+    [seq, buf.len() as u64, buf.allocated() as u64].iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+impl Communicator {
+    /// Registers this rank's symmetric buffer as a window (collective: every rank calls it,
+    /// with buffers of the same size; NCCL's `ncclCommWindowRegister`). Every LSA peer's
+    /// buffer is mapped into one flat range on this rank's GPU, slot `p` at `base + p *
+    /// stride`: ranks of this process share their buffers and their GPU's mapping directly;
+    /// buffers of other processes of this machine arrive as file descriptors over a Unix
+    /// socket and are imported.
+    pub fn register_window(&self, buf: SymBuffer) -> Result<Window> {
+        if !buf.device().same_as(self.device()) {
+            return Err(Error::WrongDevice("register_window: the buffer"));
         }
-        if b.len() != size {
-            return Err(Error::InvalidArgument(format!(
-                "register_window: rank {r}'s buffer has {} bytes but rank 0's has {size}; window \
-                 buffers must have the same size on every rank",
-                b.len()
-            )));
-        }
-    }
-    let stride = buffers[0].allocated();
-    let lsa = comms[0].lsa_size();
-    let mut flat: Vec<Box<dyn AddressRange>> = Vec::new();
-    // The flat base each rank's kernels use: one mapping per GPU per LSA domain, shared by
-    // the virtual ranks of that GPU.
-    let mut base_of = vec![0u64; comms.len()];
-    for domain in (0..comms.len()).step_by(lsa) {
-        let ranks = domain..domain + lsa;
-        let mut domain_maps: Vec<(Device, u64)> = Vec::new();
-        for r in ranks.clone() {
-            let dev = comms[r].device();
-            if let Some((_, base)) = domain_maps.iter().find(|(d, _)| d.same_as(dev)) {
-                base_of[r] = *base;
-                continue;
+        let rank = self.rank();
+        let seq = self.next_collective();
+        let key = (self.shared.id, seq);
+        let local = lock(registering())
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(LocalWindow {
+                    uses: Arc::default(),
+                    devices: Mutex::new(Vec::new()),
+                    phys: Mutex::new(HashMap::new()),
+                    flat: Mutex::new(HashMap::new()),
+                    host_access: Mutex::new(()),
+                })
+            })
+            .clone();
+        lock(&local.phys).insert(rank, buf.phys.clone());
+        {
+            let mut devs = lock(&local.devices);
+            if !devs.iter().any(|d| d.same_as(self.device())) {
+                devs.push(self.device().clone());
             }
-            let b = dev.backend_device();
-            let mut range = b.vmm_reserve(lsa * stride, b.vmm_granularity()?)?;
-            for (slot, p) in ranks.clone().enumerate() {
-                range.map(slot * stride, &*buffers[p].phys)?;
+        }
+        let result = self.map_window(&local, seq, buf);
+        // Every rank of this process has taken what it needs once the others have mapped.
+        let met = self.bootstrap().barrier();
+        lock(registering()).remove(&key);
+        let window = result?;
+        met?;
+        Ok(window)
+    }
+
+    fn map_window(&self, local: &Arc<LocalWindow>, seq: u64, buf: SymBuffer) -> Result<Window> {
+        let (rank, n) = (self.rank(), self.nranks());
+        let all = self.bootstrap().all_gather(&describe(seq, &buf))?;
+        let field = |r: usize, i: usize| -> Result<u64> {
+            all[r]
+                .get(8 * i..8 * i + 8)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .ok_or_else(|| Error::Bootstrap(format!("rank {r}'s window description is malformed")))
+        };
+        for r in 0..n {
+            if field(r, 0)? != seq {
+                return Err(Error::InvalidArgument(format!(
+                    "register_window: rank {r} is at its collective call {} and rank {rank} at {seq}: every rank must                      make the same collective calls in the same order",
+                    field(r, 0)?
+                )));
             }
-            range.grant_access(&[&**b])?;
-            base_of[r] = range.base();
-            domain_maps.push((dev.clone(), range.base()));
-            flat.push(range);
+            if field(r, 1)? != buf.len() as u64 || field(r, 2)? != buf.allocated() as u64 {
+                return Err(Error::InvalidArgument(format!(
+                    "register_window: rank {r}'s buffer has {} bytes but rank {rank}'s has {}; window buffers must                      have the same size on every rank",
+                    field(r, 1)?,
+                    buf.len()
+                )));
+            }
         }
-    }
-    let mut devices: Vec<Device> = Vec::new();
-    for c in comms {
-        if !devices.iter().any(|d| d.same_as(c.device())) {
-            devices.push(c.device().clone());
+        let stride = buf.allocated();
+        let peers = self.lsa_peers();
+        let me = &self.peers()[rank];
+        // Peers of other processes: send ours to each, then take theirs.
+        let remote: Vec<usize> = peers.clone().filter(|&p| p != rank && !self.peers()[p].same_process(me)).collect();
+        let mut imported: Vec<Arc<dyn PhysicalMemory>> = Vec::new();
+        let mut by_rank: HashMap<usize, Arc<dyn PhysicalMemory>> = HashMap::new();
+        if !remote.is_empty() {
+            let fds = self.fd_exchange()?;
+            for &p in &remote {
+                let fd = buf.phys.export_fd()?;
+                fds.send_fd(p, seq, std::os::fd::AsFd::as_fd(&fd))?;
+            }
+            for &p in &remote {
+                let fd = fds.recv_fd(p, seq)?;
+                let phys: Arc<dyn PhysicalMemory> = Arc::from(self.device().backend_device().vmm_import(fd, stride)?);
+                imported.push(phys.clone());
+                by_rank.insert(p, phys);
+            }
         }
-    }
-    let addrs = buffers.iter().map(SymBuffer::addr).collect();
-    let shared = Arc::new(WindowShared {
-        comm_id: comms[0].shared.id,
-        host_access: std::sync::Mutex::new(()),
-        devices,
-        addrs,
-        memory: Some((flat, buffers)),
-        uses: Arc::default(),
-    });
-    Ok(comms
-        .iter()
-        .map(|c| Window {
-            shared: shared.clone(),
-            rank: c.rank(),
-            dev: c.device().clone(),
-            dev_window: DevWindow {
-                flat_base: base_of[c.rank()],
-                stride: stride as u64,
-                size: size as u64,
-                lsa_rank: c.lsa_rank() as u32,
-                lsa_size: lsa as u32,
-            },
+        let flat = {
+            let dev = self.device();
+            let mut flats = lock(&local.flat);
+            match flats.get(&dev.key()) {
+                Some(f) => f.clone(),
+                None => {
+                    let b = dev.backend_device();
+                    let mut range = b.vmm_reserve(peers.len() * stride, b.vmm_granularity()?)?;
+                    let mut held = Vec::with_capacity(peers.len());
+                    for (slot, p) in peers.clone().enumerate() {
+                        let phys = match by_rank.get(&p) {
+                            Some(ph) => ph.clone(),
+                            None => lock(&local.phys).get(&p).cloned().ok_or_else(|| {
+                                Error::Bootstrap(format!("register_window: rank {p}'s buffer is not in this process"))
+                            })?,
+                        };
+                        range.map(slot * stride, &*phys)?;
+                        held.push(phys);
+                    }
+                    range.grant_access(&[&**b])?;
+                    let f = Arc::new(FlatMapping { range, _phys: held });
+                    flats.insert(dev.key(), f.clone());
+                    f
+                }
+            }
+        };
+        let dev_window = DevWindow {
+            flat_base: flat.range.base(),
+            stride: stride as u64,
+            size: buf.len() as u64,
+            lsa_rank: self.lsa_rank() as u32,
+            lsa_size: self.lsa_size() as u32,
+        };
+        let addr = buf.addr();
+        Ok(Window {
+            shared: Arc::new(WindowRank {
+                comm_id: self.shared.id,
+                rank,
+                dev: self.device().clone(),
+                local: local.clone(),
+                memory: Some((Some(flat), buf, imported)),
+                addr,
+            }),
+            dev_window,
         })
-        .collect())
+    }
 }
 
 impl Window {
@@ -166,12 +274,12 @@ impl Window {
 
     /// This handle's rank.
     pub fn rank(&self) -> usize {
-        self.rank
+        self.shared.rank
     }
 
     /// The device of this handle's rank.
     pub fn device(&self) -> &Device {
-        &self.dev
+        &self.shared.dev
     }
 
     /// Usable bytes per rank.
@@ -192,38 +300,41 @@ impl Window {
                 self.size()
             )));
         }
-        Ok(self.shared.addrs[self.rank] + offset as u64)
+        Ok(self.shared.addr + offset as u64)
     }
 
     /// Writes `src` into this rank's buffer at byte `offset` (bounds-checked). Waits first
-    /// for the kernels that used the window (peers write into this slot too).
+    /// for this process's kernels that used the window (peers write into this slot too).
+    /// Kernels of ranks in other processes are not waited for: order them with the program's
+    /// own protocol (a barrier kernel, or [`Communicator::barrier`] after they finished).
     pub fn copy_from_host<T: Pod>(&self, offset: usize, src: &[T]) -> Result<()> {
         let addr = self.check_range::<T>(offset, src.len())?;
-        let _exclusive = self.shared.host_access.lock().unwrap_or_else(|e| e.into_inner());
-        lifetime::wait_all(&self.shared.pending(), "Window::copy_from_host")?;
-        // SAFETY: the range was bounds-checked against this rank's live buffer; no kernel
-        // uses the window (waited above) and the lock excludes other host copies.
-        unsafe { self.dev.backend_device().write(addr, bytemuck::cast_slice(src)) }
+        let _exclusive = lock(&self.shared.local.host_access);
+        lifetime::wait_all(&self.shared.local.pending(), "Window::copy_from_host")?;
+        // SAFETY: the range was bounds-checked against this rank's live buffer; no kernel of
+        // this process uses the window (waited above) and the lock excludes other host copies.
+        unsafe { self.device().backend_device().write(addr, bytemuck::cast_slice(src)) }
     }
 
     /// Fills `bytes` bytes of this rank's buffer at `offset` with zeros, as
     /// [`Window::copy_from_host`] does with data.
     pub fn zero(&self, offset: usize, bytes: usize) -> Result<()> {
         let addr = self.check_range::<u8>(offset, bytes)?;
-        let _exclusive = self.shared.host_access.lock().unwrap_or_else(|e| e.into_inner());
-        lifetime::wait_all(&self.shared.pending(), "Window::zero")?;
+        let _exclusive = lock(&self.shared.local.host_access);
+        lifetime::wait_all(&self.shared.local.pending(), "Window::zero")?;
         // SAFETY: as in `copy_from_host`.
-        unsafe { self.dev.backend_device().memset_zero(addr, bytes) }
+        unsafe { self.device().backend_device().memset_zero(addr, bytes) }
     }
 
     /// Reads this rank's buffer at byte `offset` into `dst` (bounds-checked). Waits first for
-    /// the kernels that used the window.
+    /// this process's kernels that used the window (see [`Window::copy_from_host`] for the
+    /// kernels of other processes).
     pub fn copy_to_host<T: Pod>(&self, offset: usize, dst: &mut [T]) -> Result<()> {
         let addr = self.check_range::<T>(offset, dst.len())?;
-        let _exclusive = self.shared.host_access.lock().unwrap_or_else(|e| e.into_inner());
-        lifetime::wait_all(&self.shared.pending(), "Window::copy_to_host")?;
+        let _exclusive = lock(&self.shared.local.host_access);
+        lifetime::wait_all(&self.shared.local.pending(), "Window::copy_to_host")?;
         // SAFETY: as in `copy_from_host`.
-        unsafe { self.dev.backend_device().read(addr, bytemuck::cast_slice_mut(dst)) }
+        unsafe { self.device().backend_device().read(addr, bytemuck::cast_slice_mut(dst)) }
     }
 
     /// `len` elements of this rank's buffer at `offset`, as a `Vec`.
@@ -239,11 +350,11 @@ impl Window {
         let addr = self.check_range::<u32>(offset, dst.len())?;
         // SAFETY: bounds-checked, 4-byte aligned (checked) live memory of this rank's buffer;
         // kernels access the words peeked (barrier inboxes) only with atomics.
-        unsafe { self.dev.backend_device().read_atomic_words(addr, dst) }
+        unsafe { self.device().backend_device().read_atomic_words(addr, dst) }
     }
 
     pub(crate) fn uses(&self) -> &Arc<Uses> {
-        &self.shared.uses
+        &self.shared.local.uses
     }
 
     pub(crate) fn comm_id(&self) -> u64 {
@@ -259,7 +370,7 @@ impl LaunchArg for &Window {
         self.dev_window
     }
     fn track(&self, t: &mut LaunchTracking) {
-        t.expect_device(&self.dev, "window");
-        t.holds.push(self.shared.uses.clone());
+        t.expect_device(&self.shared.dev, "window");
+        t.holds.push(self.shared.local.uses.clone());
     }
 }

@@ -126,16 +126,20 @@ impl Bootstrap for InProcessBootstrap {
         loop {
             let round = rounds.get_mut(&tag).expect("a round lives until every rank took it");
             if round.filled == n {
-                let out = round.slots.iter().map(|s| s.as_ref().expect("filled").as_ref().clone()).collect();
+                // Take the shared slots under the lock, copy them out of it (a thousand ranks
+                // copying a thousand slots each must not queue on one lock).
+                let shared: Vec<Arc<Vec<u8>>> = round.slots.iter().map(|s| s.clone().expect("filled")).collect();
                 round.taken += 1;
                 if round.taken == n {
                     rounds.remove(&tag);
                 }
-                return Ok(out);
+                drop(rounds);
+                return Ok(shared.iter().map(|s| s.as_ref().clone()).collect());
             }
             let now = Instant::now();
             if now >= deadline {
-                let missing: Vec<usize> = round.slots.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(r, _)| r).collect();
+                let missing: Vec<usize> =
+                    round.slots.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(r, _)| r).collect();
                 return Err(Error::Bootstrap(format!(
                     "rank {}: {} never answered an all-gather within {:?} (in-process bootstrap)",
                     self.rank,

@@ -173,11 +173,17 @@ impl Bootstrap for Subgroup {
         self.parent.timeout()
     }
     fn send(&self, to: usize, tag: u64, data: &[u8]) -> Result<()> {
-        let to = *self.members.get(to).ok_or_else(|| Error::InvalidArgument(format!("send to rank {to} of {}", self.members.len())))?;
+        let to = *self
+            .members
+            .get(to)
+            .ok_or_else(|| Error::InvalidArgument(format!("send to rank {to} of {}", self.members.len())))?;
         self.parent.send(to, mix_tag(self.space, tag), data)
     }
     fn recv(&self, from: usize, tag: u64) -> Result<Vec<u8>> {
-        let from = *self.members.get(from).ok_or_else(|| Error::InvalidArgument(format!("recv from rank {from} of {}", self.members.len())))?;
+        let from = *self
+            .members
+            .get(from)
+            .ok_or_else(|| Error::InvalidArgument(format!("recv from rank {from} of {}", self.members.len())))?;
         self.parent.recv(from, mix_tag(self.space, tag))
     }
     fn next_tag(&self) -> u64 {

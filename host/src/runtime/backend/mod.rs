@@ -68,8 +68,17 @@ pub(crate) trait DeviceBackend: Send + Sync + 'static {
     fn name(&self) -> String;
     /// Streaming multiprocessors (on the emulator: host cores).
     fn sm_count(&self) -> u32;
-    /// Whether this device can map memory of `peer`.
-    fn can_access_peer(&self, peer: &dyn DeviceBackend) -> Result<bool>;
+    /// A 16-byte identity that other processes can compare: the GPU's UUID on CUDA; on the
+    /// emulator, one made of the process id and the device's number (emulated devices of
+    /// different processes differ, but their memory is shared through file descriptors).
+    fn uuid(&self) -> [u8; 16];
+    /// Whether this device can map memory of the device with identity `uuid`, which may be
+    /// another process's: on CUDA, when that GPU is visible here and has peer access (or is
+    /// this one); on the emulator, for any emulated device of this machine.
+    fn can_access_uuid(&self, uuid: &[u8; 16]) -> Result<bool>;
+    /// Whether kernels of several processes can run on this device at the same time; the
+    /// error says why not and what to do (on CUDA: MPS must be running).
+    fn check_multi_process(&self) -> Result<()>;
     /// Free and total device memory.
     fn mem_info(&self) -> Result<(usize, usize)>;
 
@@ -126,6 +135,9 @@ pub(crate) trait DeviceBackend: Send + Sync + 'static {
     fn vmm_create(&self, size: usize) -> Result<Box<dyn PhysicalMemory>>;
     /// A reserved virtual range of `size` bytes aligned to `align`.
     fn vmm_reserve(&self, size: usize, align: usize) -> Result<Box<dyn AddressRange>>;
+    /// Physical memory of `size` bytes exported by another process of this machine as the
+    /// file descriptor `fd` ([`PhysicalMemory::export_fd`]); takes the descriptor.
+    fn vmm_import(&self, fd: std::os::fd::OwnedFd, size: usize) -> Result<Box<dyn PhysicalMemory>>;
 
     /// For the backend's own downcasts (peer checks between devices of one backend).
     fn as_any(&self) -> &dyn Any;
@@ -183,10 +195,13 @@ pub(crate) trait HostMappedMemory: Send + Sync {
 }
 
 /// Physical memory of the VMM allocator; released on drop (the memory lives on while a
-/// range still maps it).
+/// range still maps it, in any process).
 pub(crate) trait PhysicalMemory: Send + Sync {
     /// Bytes.
     fn size(&self) -> usize;
+    /// A file descriptor another process of this machine can import the memory from
+    /// ([`DeviceBackend::vmm_import`]); the caller owns (and closes) it.
+    fn export_fd(&self) -> Result<std::os::fd::OwnedFd>;
     /// For the backend's own downcasts.
     fn as_any(&self) -> &dyn Any;
 }

@@ -67,9 +67,21 @@ impl DeviceBackend for CpuDevice {
         std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
     }
 
-    fn can_access_peer(&self, peer: &dyn DeviceBackend) -> Result<bool> {
-        // Every emulated device's memory is this process's memory.
-        Ok(peer.kind() == Backend::Cpu)
+    fn uuid(&self) -> [u8; 16] {
+        let mut u = [0u8; 16];
+        u[..4].copy_from_slice(b"FLEM");
+        u[4..8].copy_from_slice(&std::process::id().to_le_bytes());
+        u[8..16].copy_from_slice(&self.id.to_le_bytes());
+        u
+    }
+
+    fn can_access_uuid(&self, uuid: &[u8; 16]) -> Result<bool> {
+        // Every emulated device of this machine: memory crosses processes as memfds.
+        Ok(uuid[..4] == *b"FLEM")
+    }
+
+    fn check_multi_process(&self) -> Result<()> {
+        Ok(()) // emulated kernels are host threads: processes always run at once
     }
 
     fn mem_info(&self) -> Result<(usize, usize)> {
@@ -142,6 +154,10 @@ impl DeviceBackend for CpuDevice {
 
     fn vmm_reserve(&self, size: usize, align: usize) -> Result<Box<dyn AddressRange>> {
         Ok(Box::new(vmm::CpuRange::reserve(size, align)?))
+    }
+
+    fn vmm_import(&self, fd: std::os::fd::OwnedFd, size: usize) -> Result<Box<dyn PhysicalMemory>> {
+        Ok(Box::new(vmm::CpuPhysical::from_fd(fd, size)?))
     }
 
     fn as_any(&self) -> &dyn Any {

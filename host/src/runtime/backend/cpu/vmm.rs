@@ -108,9 +108,31 @@ impl CpuRange {
     }
 }
 
+impl CpuPhysical {
+    /// A memfd another process exported, checked to hold at least `size` bytes.
+    pub(crate) fn from_fd(fd: OwnedFd, size: usize) -> Result<CpuPhysical> {
+        // SAFETY: `st` is written by fstat on a valid descriptor we own.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is a valid open descriptor; `st` is valid for writes.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(os_err("fstat (imported memory)"));
+        }
+        if (st.st_size as u64) < size as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "imported memory holds {} bytes, not the {size} its owner announced",
+                st.st_size
+            )));
+        }
+        Ok(CpuPhysical { fd, size })
+    }
+}
+
 impl PhysicalMemory for CpuPhysical {
     fn size(&self) -> usize {
         self.size
+    }
+    fn export_fd(&self) -> Result<OwnedFd> {
+        self.fd.try_clone().map_err(|e| Error::InvalidArgument(format!("duplicating a memfd failed: {e}")))
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -60,6 +60,15 @@ pub(super) fn can_access_peer(a: sys::CUdevice, b: sys::CUdevice) -> Result<bool
     Ok(can != 0)
 }
 
+/// The device's UUID.
+pub(super) fn device_uuid(device: sys::CUdevice) -> Result<[u8; 16]> {
+    // SAFETY: all-zero is a valid CUuuid.
+    let mut u: sys::CUuuid = unsafe { std::mem::zeroed() };
+    // SAFETY: `device` is a handle from cuDeviceGet; `u` is written.
+    unsafe { sys::cuDeviceGetUuid_v2(&mut u, device) }.result().map_err(cuda_err("cuDeviceGetUuid"))?;
+    Ok(u.bytes.map(|b| b as u8))
+}
+
 /// Retains `device`'s primary context.
 pub(super) fn primary_ctx_retain(device: sys::CUdevice) -> Result<sys::CUcontext> {
     // SAFETY: `device` is a handle from cuDeviceGet.
@@ -436,6 +445,47 @@ pub(super) fn vmm_create(device: sys::CUdevice, size: usize) -> Result<sys::CUme
     let mut handle = 0;
     // SAFETY: `prop` describes pinned device memory; `handle` is written.
     unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) }.result().map_err(cuda_err("cuMemCreate"))?;
+    Ok(handle)
+}
+
+/// Exports a physical allocation as a POSIX file descriptor (the caller owns it).
+///
+/// # Safety
+/// `handle` is a live allocation created with the POSIX_FD handle type.
+pub(super) unsafe fn vmm_export_fd(handle: sys::CUmemGenericAllocationHandle) -> Result<i32> {
+    let mut fd: i32 = -1;
+    // SAFETY: the caller's contract; `fd` is written.
+    unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&raw mut fd).cast(),
+            handle,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    }
+    .result()
+    .map_err(cuda_err("cuMemExportToShareableHandle"))?;
+    Ok(fd)
+}
+
+/// Imports a physical allocation another process exported as `fd` (which stays open: the
+/// caller closes it).
+///
+/// # Safety
+/// `fd` is an open descriptor from [`vmm_export_fd`] (in any process of this machine).
+pub(super) unsafe fn vmm_import_fd(fd: i32) -> Result<sys::CUmemGenericAllocationHandle> {
+    let mut handle = 0;
+    // SAFETY: the caller's contract; for POSIX_FD handles the driver takes the descriptor's
+    // value in the pointer argument.
+    unsafe {
+        sys::cuMemImportFromShareableHandle(
+            &mut handle,
+            fd as isize as *mut c_void,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        )
+    }
+    .result()
+    .map_err(cuda_err("cuMemImportFromShareableHandle"))?;
     Ok(handle)
 }
 

@@ -73,8 +73,10 @@ impl Drop for Ctx {
 /// A GPU.
 pub(crate) struct CudaDevice {
     ctx: Arc<Ctx>,
+    ordinal: usize,
     sm_count: u32,
     name: String,
+    uuid: [u8; 16],
 }
 
 impl CudaDevice {
@@ -91,6 +93,7 @@ impl CudaDevice {
         let sm_count =
             driver::attribute(device, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let name = driver::device_name(device)?;
+        let uuid = driver::device_uuid(device)?;
         let context = driver::primary_ctx_retain(device)?;
         // SAFETY: just retained.
         let guard = unsafe { driver::push_context(context) };
@@ -103,7 +106,7 @@ impl CudaDevice {
                 return Err(e);
             }
         };
-        Ok(CudaDevice { ctx: Arc::new(Ctx { device, context, copy_stream }), sm_count, name })
+        Ok(CudaDevice { ctx: Arc::new(Ctx { device, context, copy_stream }), ordinal, sm_count, name, uuid })
     }
 
     fn peer(other: &dyn DeviceBackend) -> Result<&CudaDevice> {
@@ -136,12 +139,36 @@ impl DeviceBackend for CudaDevice {
         self.sm_count
     }
 
-    fn can_access_peer(&self, peer: &dyn DeviceBackend) -> Result<bool> {
-        let peer = Self::peer(peer)?;
-        if peer.ctx.device == self.ctx.device {
+    fn uuid(&self) -> [u8; 16] {
+        self.uuid
+    }
+
+    fn can_access_uuid(&self, uuid: &[u8; 16]) -> Result<bool> {
+        if *uuid == self.uuid {
             return Ok(true);
         }
-        driver::can_access_peer(self.ctx.device, peer.ctx.device)
+        for ordinal in 0..driver::device_count()? {
+            let d = driver::device(ordinal)?;
+            if driver::device_uuid(d)? == *uuid {
+                return driver::can_access_peer(self.ctx.device, d);
+            }
+        }
+        Ok(false) // not visible in this process (CUDA_VISIBLE_DEVICES): no mapping possible
+    }
+
+    fn check_multi_process(&self) -> Result<()> {
+        // Without MPS, kernels of different processes on one GPU time-slice: a kernel that
+        // spins on another process's barrier never sees it arrive. The MPS control daemon
+        // keeps a `control` pipe in its pipe directory.
+        let dir = std::env::var("CUDA_MPS_PIPE_DIRECTORY").unwrap_or_else(|_| "/tmp/nvidia-mps".into());
+        if std::path::Path::new(&dir).join("control").exists() {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "several processes share GPU {} ({}), but no MPS control daemon was found (no {dir}/control):                  without MPS their kernels time-slice and a kernel waiting for another process's never sees it                  arrive. Start MPS (as root: `nvidia-cuda-mps-control -d`, with CUDA_MPS_PIPE_DIRECTORY set the                  same in every process), or run one process per GPU",
+                self.ordinal, self.name
+            )))
+        }
     }
 
     fn mem_info(&self) -> Result<(usize, usize)> {
@@ -244,6 +271,15 @@ impl DeviceBackend for CudaDevice {
     fn vmm_create(&self, size: usize) -> Result<Box<dyn PhysicalMemory>> {
         let _g = self.ctx.bind()?;
         let handle = context_wide(|| driver::vmm_create(self.ctx.device, size))?;
+        Ok(Box::new(CudaPhysical { ctx: self.ctx.clone(), handle, size }))
+    }
+
+    fn vmm_import(&self, fd: std::os::fd::OwnedFd, size: usize) -> Result<Box<dyn PhysicalMemory>> {
+        use std::os::fd::AsRawFd;
+        let _g = self.ctx.bind()?;
+        // SAFETY: `fd` is an open descriptor another process exported (the caller's word);
+        // the driver does not take it, and it is closed when `fd` drops below.
+        let handle = context_wide(|| unsafe { driver::vmm_import_fd(fd.as_raw_fd()) })?;
         Ok(Box::new(CudaPhysical { ctx: self.ctx.clone(), handle, size }))
     }
 
@@ -484,6 +520,14 @@ struct CudaPhysical {
 impl PhysicalMemory for CudaPhysical {
     fn size(&self) -> usize {
         self.size
+    }
+    fn export_fd(&self) -> Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        let _g = self.ctx.bind()?;
+        // SAFETY: the handle is live and was created with the POSIX_FD handle type.
+        let fd = unsafe { driver::vmm_export_fd(self.handle)? };
+        // SAFETY: the driver returned a fresh descriptor that the caller owns.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
     }
     fn as_any(&self) -> &dyn Any {
         self
