@@ -1,9 +1,7 @@
-//! 02_ring — see the `ring` module of this package (examples/lib.rs) for the code and the
-//! kernel it launches. `cargo run --release -p ferrolink-examples --example 02_ring`.
+//! 02_ring — every rank puts its buffer into the next rank's window slot (see the `ring`
+//! module of examples/lib.rs). Alone it runs 4 virtual ranks on device 0; as a job it is one
+//! rank: `ferrolink-run -n 4 target/release/examples/02_ring`.
 
 fn main() -> Result<(), ferrolink::Error> {
-    let dev = ferrolink::Device::open(0)?;
-    println!("device: {} ({} backend)", dev.name(), dev.backend());
-    println!("{}", ferrolink_examples::ring::run(&dev, 4, 16 << 20)?);
-    Ok(())
+    ferrolink_examples::report(ferrolink_examples::job(4, |c| ferrolink_examples::ring::rank(c, 16 << 20)))
 }

@@ -1,9 +1,7 @@
-//! 03_allreduce — see the `allreduce` module of this package (examples/lib.rs) for the code and the
-//! kernel it launches. `cargo run --release -p ferrolink-examples --example 03_allreduce`.
+//! 03_allreduce — one-shot all-reduce over LSA (see the `allreduce` module of
+//! examples/lib.rs). Alone it runs 8 virtual ranks on device 0; as a job it is one rank:
+//! `ferrolink-run -n 4 target/release/examples/03_allreduce`.
 
 fn main() -> Result<(), ferrolink::Error> {
-    let dev = ferrolink::Device::open(0)?;
-    println!("device: {} ({} backend)", dev.name(), dev.backend());
-    println!("{}", ferrolink_examples::allreduce::run(&dev, 8, 1 << 20)?);
-    Ok(())
+    ferrolink_examples::report(ferrolink_examples::job(8, |c| ferrolink_examples::allreduce::rank(c, 1 << 20)))
 }

@@ -1,9 +1,7 @@
-//! 05_fused — see the `fused` module of this package (examples/lib.rs) for the code and the
-//! kernel it launches. `cargo run --release -p ferrolink-examples --example 05_fused`.
+//! 05_fused — compute written straight into the next rank's window (see the `fused` module
+//! of examples/lib.rs). Alone it runs 4 virtual ranks on device 0; as a job it is one rank:
+//! `ferrolink-run -n 4 target/release/examples/05_fused`.
 
 fn main() -> Result<(), ferrolink::Error> {
-    let dev = ferrolink::Device::open(0)?;
-    println!("device: {} ({} backend)", dev.name(), dev.backend());
-    println!("{}", ferrolink_examples::fused::run(&dev, 4, 1 << 20)?);
-    Ok(())
+    ferrolink_examples::report(ferrolink_examples::job(4, |c| ferrolink_examples::fused::rank(c, 1 << 20)))
 }

@@ -1,14 +1,70 @@
 //! ferrolink's examples. Each `NN_name.rs` beside this file is a small program
-//! (`cargo run --release -p ferrolink-examples --example 02_ring`); the LSA ones call the
-//! `run` function of a module here, which does the work and checks its own result, so the
-//! test suite (tests/lsa.rs) runs exactly what the examples run, on every backend.
+//! (`cargo run --release -p ferrolink-examples --example 02_ring`); the communicating ones
+//! call a module here, whose `rank` function is one rank's whole program, written as for one
+//! process per rank, and which checks its own result. [`job`] runs it:
+//! * under a launcher (`ferrolink-run -n 4 target/release/examples/02_ring`, torchrun,
+//!   mpirun, srun) the process is one rank: `Communicator::from_env` on its device;
+//! * started alone, the process runs every rank: `Communicator::init_all` on virtual ranks of
+//!   device 0, each rank's program on a thread.
 //!
-//! All of them use several *virtual ranks* on one device: [`virtual_job`].
+//! The test suite (tests/lsa.rs, tests/multiprocess.rs) runs exactly these functions, on
+//! every backend, both ways.
 
 use ferrolink::{Communicator, DevCommHandle, DevCommRequirements, Device, Error, LaunchConfig, Result, Window};
 
+/// Runs `rank` as a job of `nranks` ranks (see the [crate docs](self)): one rank in this
+/// process under a launcher, else all of them on virtual ranks of device 0. Returns this
+/// process's ranks' results, in rank order.
+pub fn job<T: Send>(nranks: usize, rank: impl Fn(&Communicator) -> Result<T> + Sync) -> Result<Vec<T>> {
+    match ferrolink::comm::launch::LaunchEnv::detect()? {
+        Some(env) => {
+            let dev = open_device(env.device_ordinal())?;
+            let comm = Communicator::from_env(&dev)?;
+            Ok(vec![rank(&comm)?])
+        }
+        None => {
+            let dev = Device::open(0)?;
+            all_ranks(&dev, nranks, rank)
+        }
+    }
+}
+
+/// Every rank of an `nranks`-rank job as virtual ranks of `dev`, each rank's program on a thread.
+pub fn all_ranks<T: Send>(
+    dev: &Device,
+    nranks: usize,
+    rank: impl Fn(&Communicator) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let comms = Communicator::init_all(&vec![dev.clone(); nranks])?;
+    ferrolink::run_ranks(&comms, rank)
+}
+
+/// Opens the device a launched rank should use: GPU `ordinal` on CUDA; on the emulator any
+/// ordinal is a fresh emulated device.
+fn open_device(ordinal: usize) -> Result<Device> {
+    Device::open(ordinal)
+}
+
+/// Prints the device and the job's shape, then the results of this process's ranks (rank 0's
+/// line, or every line when this process runs all ranks), for the example programs.
+pub fn report(lines: Result<Vec<String>>) -> Result<()> {
+    for l in lines? {
+        println!("{l}");
+    }
+    Ok(())
+}
+
+/// This rank's window of `bytes` bytes and device communicator (default requirements): the
+/// set-up of most examples (collective).
+pub fn window_and_dev_comm(comm: &Communicator, bytes: usize) -> Result<(Window, DevCommHandle)> {
+    let window = comm.register_window(comm.mem_alloc(bytes)?)?;
+    let handle = comm.create_dev_comm(&DevCommRequirements::default())?;
+    Ok((window, handle))
+}
+
 /// `nranks` ranks on `dev`, each with a `window_bytes` window and a device communicator
-/// (default requirements).
+/// (default requirements), all handles at once: for tests and benches that drive every rank
+/// from one thread.
 pub fn virtual_job(
     dev: &Device,
     nranks: usize,
@@ -32,10 +88,6 @@ fn check(cond: bool, what: impl FnOnce() -> String) -> Result<()> {
     if cond { Ok(()) } else { Err(Error::InvalidArgument(format!("example check failed: {}", what()))) }
 }
 
-fn sync_all(comms: &[Communicator]) -> Result<()> {
-    comms.iter().try_for_each(Communicator::synchronize)
-}
-
 /// Deterministic bytes for rank `r`.
 fn rank_bytes(r: usize, n: usize) -> Vec<u8> {
     (0..n).map(|i| ((i * 131 + r * 17 + (i >> 9)) % 251) as u8).collect()
@@ -47,33 +99,38 @@ pub mod ring {
     use super::*;
     use ferrolink_device::kernels::lsa::lsa_ring_exchange;
 
+    /// One rank's program: puts `bytes` bytes into the next LSA rank's slot and checks that
+    /// its own slot holds the previous rank's. Returns a one-line summary.
+    pub fn rank(comm: &Communicator, bytes: usize) -> Result<String> {
+        let dev = comm.device();
+        let (window, handle) = window_and_dev_comm(comm, bytes)?;
+        let (r, n) = (comm.lsa_rank(), comm.lsa_size());
+        let src = dev.alloc_from(&rank_bytes(comm.rank(), bytes))?;
+        // SAFETY: the kernel's contract: the source and the window slots hold `bytes` bytes;
+        // at most 8 CTAs use 8 of the 32 barriers; every rank launches the same grid. The
+        // handles are tracked: they outlive the kernel whatever is dropped.
+        unsafe {
+            comm.stream().launch(
+                dev.builtin_module()?,
+                &lsa_ring_exchange,
+                LaunchConfig::linear(grid_ctas(dev, 8), block_threads(dev)),
+                (&handle, &window, &src, bytes),
+            )?;
+        }
+        comm.synchronize()?;
+        let from = comm.rank() - r + (r + n - 1) % n;
+        let got: Vec<u8> = window.read(0, bytes)?;
+        check(got == rank_bytes(from, bytes), || format!("rank {} does not hold rank {from}'s buffer", comm.rank()))?;
+        // No rank may free its window while a peer's kernel could still write into it: the
+        // kernels have ended, but peers in other processes are ordered only by this barrier.
+        comm.barrier()?;
+        Ok(format!("ring: rank {} of {} received {bytes} bytes from rank {from}, verified", comm.rank(), comm.nranks()))
+    }
+
     /// Runs the ring on `nranks` virtual ranks of `dev` with `bytes` per rank and checks every
     /// rank's window. Returns a one-line summary.
     pub fn run(dev: &Device, nranks: usize, bytes: usize) -> Result<String> {
-        let (comms, windows, handles) = virtual_job(dev, nranks, bytes)?;
-        let srcs: Vec<Vec<u8>> = (0..nranks).map(|r| rank_bytes(r, bytes)).collect();
-        let bufs = comms.iter().zip(&srcs).map(|(c, s)| c.device().alloc_from(s)).collect::<Result<Vec<_>>>()?;
-        ferrolink::launch_all(&comms, |c| {
-            let r = c.rank();
-            // SAFETY: the kernel's contract: the source and the window slots hold `bytes` bytes;
-            // at most 8 CTAs use 8 of the 32 barriers; every rank launches the same grid. The
-            // handles are tracked: they outlive the kernels whatever is dropped.
-            unsafe {
-                c.stream().launch(
-                    c.device().builtin_module()?,
-                    &lsa_ring_exchange,
-                    LaunchConfig::linear(grid_ctas(dev, 8), block_threads(dev)),
-                    (&handles[r], &windows[r], &bufs[r], bytes),
-                )?;
-            }
-            Ok(())
-        })?;
-        sync_all(&comms)?;
-        for r in 0..nranks {
-            let got: Vec<u8> = windows[r].read(0, bytes)?;
-            let from = (r + nranks - 1) % nranks;
-            check(got == srcs[from], || format!("rank {r} does not hold rank {from}'s buffer"))?;
-        }
+        all_ranks(dev, nranks, |c| rank(c, bytes))?;
         Ok(format!("ring: {nranks} ranks each received {bytes} bytes from the previous rank, verified"))
     }
 }
@@ -84,39 +141,43 @@ pub mod allreduce {
     use super::*;
     use ferrolink_device::kernels::lsa::lsa_allreduce_sum_f32;
 
-    /// Sums `count` floats over `nranks` virtual ranks and checks every rank's result against
-    /// the host (inputs are small integers, so the sums are exact).
-    pub fn run(dev: &Device, nranks: usize, count: usize) -> Result<String> {
-        let (comms, windows, handles) = virtual_job(dev, nranks, count * 4)?;
-        let inputs: Vec<Vec<f32>> =
-            (0..nranks).map(|r| rank_bytes(r, count).into_iter().map(|b| f32::from(b) - 125.0).collect()).collect();
+    fn input(r: usize, count: usize) -> Vec<f32> {
+        rank_bytes(r, count).into_iter().map(|b| f32::from(b) - 125.0).collect()
+    }
+
+    /// One rank's program: sums `count` floats over the LSA domain and checks the result
+    /// against the host's sum of every rank's input (small integers: exact).
+    pub fn rank(comm: &Communicator, count: usize) -> Result<String> {
+        let dev = comm.device();
+        let (window, handle) = window_and_dev_comm(comm, count * 4)?;
+        window.copy_from_host(0, &input(comm.rank(), count))?;
+        // Every rank's input is in place before any kernel reads it (the kernel's first
+        // barrier orders device work; the host copies of other processes need this one).
+        comm.barrier()?;
+        let mut out = dev.alloc::<f32>(count)?;
+        // SAFETY: the kernel's contract: every slot holds `count` floats, `out` too; at most
+        // 16 CTAs <= 32 barriers. All arguments are tracked handles.
+        unsafe {
+            comm.stream().launch(
+                dev.builtin_module()?,
+                &lsa_allreduce_sum_f32,
+                LaunchConfig::linear(grid_ctas(dev, 16), block_threads(dev)),
+                (&handle, &window, &mut out, count),
+            )?;
+        }
+        comm.synchronize()?;
+        let inputs: Vec<Vec<f32>> = comm.lsa_peers().map(|p| input(p, count)).collect();
         let want: Vec<f32> = (0..count).map(|i| inputs.iter().map(|v| v[i]).sum()).collect();
-        let mut outs = Vec::new();
-        for r in 0..nranks {
-            windows[r].copy_from_host(0, &inputs[r])?;
-            outs.push(comms[r].device().alloc::<f32>(count)?);
-        }
-        let mut out_refs: Vec<Option<&mut ferrolink::DeviceBuffer<f32>>> = outs.iter_mut().map(Some).collect();
-        ferrolink::launch_all(&comms, |c| {
-            let r = c.rank();
-            let out = out_refs[r].take().expect("one launch per rank");
-            // SAFETY: the kernel's contract: every slot holds `count` floats, `out` too; at most
-            // 16 CTAs <= 32 barriers. All arguments are tracked handles.
-            unsafe {
-                c.stream().launch(
-                    c.device().builtin_module()?,
-                    &lsa_allreduce_sum_f32,
-                    LaunchConfig::linear(grid_ctas(dev, 16), block_threads(dev)),
-                    (&handles[r], &windows[r], out, count),
-                )
-            }
-        })?;
-        sync_all(&comms)?;
-        for (r, out) in outs.iter().enumerate() {
-            let got = out.to_vec()?;
-            let bad = got.iter().zip(&want).position(|(a, b)| a != b);
-            check(bad.is_none(), || format!("rank {r}: wrong sum at element {bad:?}"))?;
-        }
+        let got = out.to_vec()?;
+        let bad = got.iter().zip(&want).position(|(a, b)| a != b);
+        check(bad.is_none(), || format!("rank {}: wrong sum at element {bad:?}", comm.rank()))?;
+        comm.barrier()?;
+        Ok(format!("allreduce: rank {} of {} summed {count} floats, matches the host sum", comm.rank(), comm.nranks()))
+    }
+
+    /// Sums `count` floats over `nranks` virtual ranks and checks every rank's result.
+    pub fn run(dev: &Device, nranks: usize, count: usize) -> Result<String> {
+        all_ranks(dev, nranks, |c| rank(c, count))?;
         Ok(format!("allreduce: {nranks} ranks summed {count} floats, every rank matches the host sum"))
     }
 }
@@ -127,34 +188,80 @@ pub mod fused {
     use super::*;
     use ferrolink_device::kernels::lsa::{fused_value, lsa_fused_scale_put};
 
+    fn input(r: usize, count: usize) -> Vec<f32> {
+        (0..count).map(|i| (i % 1000) as f32 + r as f32).collect()
+    }
+
+    /// One rank's program: computes its tiles into the next LSA rank's slot and checks its
+    /// own slot holds the previous rank's results.
+    pub fn rank(comm: &Communicator, count: usize) -> Result<String> {
+        let scale = 0.5f32;
+        let dev = comm.device();
+        let (window, handle) = window_and_dev_comm(comm, count * 4)?;
+        let buf = dev.alloc_from(&input(comm.rank(), count))?;
+        // SAFETY: the kernel's contract: input and window slots hold `count` floats; at most
+        // 8 CTAs <= 32 barriers. All arguments are tracked handles.
+        unsafe {
+            comm.stream().launch(
+                dev.builtin_module()?,
+                &lsa_fused_scale_put,
+                LaunchConfig::linear(grid_ctas(dev, 8), block_threads(dev)),
+                (&handle, &window, &buf, count, scale),
+            )?;
+        }
+        comm.synchronize()?;
+        let (r, n) = (comm.lsa_rank(), comm.lsa_size());
+        let prev = comm.rank() - r + (r + n - 1) % n;
+        let want: Vec<f32> = input(prev, count).iter().map(|&x| fused_value(x, scale, prev as u32)).collect();
+        check(window.read::<f32>(0, count)? == want, || format!("rank {} holds wrong tiles", comm.rank()))?;
+        comm.barrier()?;
+        Ok(format!(
+            "fused: rank {} computed {count} values straight into the next rank's window, verified",
+            comm.rank()
+        ))
+    }
+
     /// Runs the fused kernel on `nranks` virtual ranks and checks each rank's window.
     pub fn run(dev: &Device, nranks: usize, count: usize) -> Result<String> {
-        let scale = 0.5f32;
-        let (comms, windows, handles) = virtual_job(dev, nranks, count * 4)?;
-        let inputs: Vec<Vec<f32>> =
-            (0..nranks).map(|r| (0..count).map(|i| (i % 1000) as f32 + r as f32).collect()).collect();
-        let bufs = comms.iter().zip(&inputs).map(|(c, v)| c.device().alloc_from(v)).collect::<Result<Vec<_>>>()?;
-        ferrolink::launch_all(&comms, |c| {
-            let r = c.rank();
-            // SAFETY: the kernel's contract: input and window slots hold `count` floats; at most
-            // 8 CTAs <= 32 barriers. All arguments are tracked handles.
-            unsafe {
-                c.stream().launch(
-                    c.device().builtin_module()?,
-                    &lsa_fused_scale_put,
-                    LaunchConfig::linear(grid_ctas(dev, 8), block_threads(dev)),
-                    (&handles[r], &windows[r], &bufs[r], count, scale),
-                )?;
-            }
-            Ok(())
-        })?;
-        sync_all(&comms)?;
-        for r in 0..nranks {
-            let prev = (r + nranks - 1) % nranks;
-            let want: Vec<f32> = inputs[prev].iter().map(|&x| fused_value(x, scale, prev as u32)).collect();
-            check(windows[r].read::<f32>(0, count)? == want, || format!("rank {r} holds wrong tiles"))?;
-        }
+        all_ranks(dev, nranks, |c| rank(c, count))?;
         Ok(format!("fused: {nranks} ranks computed {count} values each straight into the next rank's window, verified"))
+    }
+}
+
+pub mod barrier {
+    //! LSA barriers under stress: every CTA of every rank writes a value for this round into
+    //! each peer's slot with plain stores, meets the others at its barrier, checks what the
+    //! peers wrote, and meets them again before the next round overwrites, with random delays.
+    use super::*;
+    use ferrolink_device::kernels::lsa::lsa_barrier_stress;
+
+    /// One rank's program: `rounds` stressed barrier rounds on `ctas` CTAs; checks that no
+    /// CTA ever saw a stale value.
+    pub fn rank(comm: &Communicator, ctas: u32, rounds: u32) -> Result<String> {
+        let dev = comm.device();
+        let n = comm.lsa_size();
+        let (window, handle) = window_and_dev_comm(comm, ctas as usize * n * 4)?;
+        let mut errors = dev.alloc::<u32>(1)?;
+        let delay = if dev.backend() == ferrolink::Backend::Cuda { 2000u32 } else { 20_000 };
+        // SAFETY: the kernel's contract: the window holds `ctas * lsa_size` words; `ctas` <= 32
+        // barriers (checked on the device anyway); coop 0 (the CTA); `errors` one word.
+        unsafe {
+            comm.stream().launch(
+                dev.builtin_module()?,
+                &lsa_barrier_stress,
+                LaunchConfig::linear(ctas, block_threads(dev)),
+                (&handle, &window, rounds, delay, 0u32, &mut errors),
+            )?;
+        }
+        comm.synchronize()?;
+        let bad = errors.to_vec()?[0];
+        check(bad == 0, || format!("rank {} saw {bad} stale words", comm.rank()))?;
+        comm.barrier()?;
+        Ok(format!(
+            "barrier: rank {} of {} passed {rounds} stressed rounds on {ctas} CTAs, no stale data",
+            comm.rank(),
+            comm.nranks()
+        ))
     }
 }
 

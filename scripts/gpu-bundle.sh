@@ -27,7 +27,7 @@ for line in sys.stdin:
 ' | while read -r name exe; do cp "$exe" "$bundle/bin/test-$name"; done
 
 cargo build --release --workspace --bins --examples --quiet
-cp target/release/ferrolink-perf "$bundle/bin/"
+cp target/release/ferrolink-perf target/release/ferrolink-run "$bundle/bin/"
 for ex in target/release/examples/*; do
   case "$ex" in *.d|*-*) continue ;; esac
   [ -x "$ex" ] && [ -f "$ex" ] && cp "$ex" "$bundle/bin/example-$(basename "$ex")"

@@ -47,7 +47,8 @@ pub mod ops;
 pub mod runtime;
 pub mod testing;
 
-pub use comm::{CommConfig, Communicator, launch_all, recover};
+pub use comm::bootstrap::UniqueId;
+pub use comm::{CommConfig, Communicator, launch_all, recover, run_ranks};
 pub use devcomm::{
     DevCommHandle, DevCommRequirements, DevResource, ResourceId, ResourceRequest, create_dev_comms, reset_barriers,
 };

@@ -76,7 +76,14 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "100,300,1000")]
         ranks: Vec<usize>,
     },
-    /// Everything above with default settings (scale only with `scale`).
+    /// Bootstrap over TCP loopback: N ranks (threads of this process) find each other,
+    /// then one all-gather and one barrier; wall time of the whole.
+    Bootstrap {
+        /// Comma-separated rank counts.
+        #[arg(long, value_delimiter = ',', default_value = "8,64")]
+        ranks: Vec<usize>,
+    },
+    /// Everything above with default settings (scale and bootstrap only by name).
     All,
 }
 
@@ -110,6 +117,15 @@ fn run(cli: Cli) -> ferrolink::Result<()> {
         Command::Ring { bytes } => ring(&dev, bytes),
         Command::Latency => latency(&dev),
         Command::Scale { ranks } => scale(&dev, &ranks),
+        Command::Bootstrap { ranks } => {
+            println!("\n== TCP bootstrap over loopback: init of N ranks (threads), one all-gather, one barrier");
+            for n in ranks {
+                let t = ferrolink::comm::bootstrap::tcp::bootstrap_bench(n)?;
+                println!("{n:>5} ranks: {:.3} s", t.as_secs_f64());
+            }
+            println!("(target: 64 ranks in <= 1 s)");
+            Ok(())
+        }
         Command::All => {
             copy(&dev, Vec::new(), 20, 5, false)?;
             put(&dev, Vec::new())?;

@@ -502,6 +502,14 @@ pub fn launch_all(comms: &[Communicator], mut launch: impl FnMut(&Communicator) 
     crate::runtime::group::group_launch(|| comms.iter().try_for_each(&mut launch))
 }
 
+/// Runs `f` for each rank of `comms` (ranks of one process, from [`Communicator::init_all`]) on
+/// a thread of its own, and returns the results in rank order (the first error if any): the
+/// way to run per-rank code, written for one process per rank, with every rank in this
+/// process. Per-rank collective calls inside `f` meet through the in-process bootstrap.
+pub fn run_ranks<T: Send>(comms: &[Communicator], f: impl Fn(&Communicator) -> Result<T> + Sync) -> Result<Vec<T>> {
+    on_rank_threads(comms.len(), |r| f(&comms[r]))
+}
+
 /// How long [`Communicator::recover`] waits for kernels to stop after it aborted them.
 const RECOVER_DRAIN: Duration = Duration::from_secs(10);
 
