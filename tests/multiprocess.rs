@@ -31,6 +31,7 @@ fn spawn_job(
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let id = UniqueId::new(format!("127.0.0.1:{port}").parse().unwrap()).unwrap();
     let exe = std::env::current_exe().unwrap();
+    let devices = ferrolink::runtime::device_count(backend()).unwrap().max(1);
     let children: Vec<_> = ranks
         .iter()
         .map(|&r| {
@@ -42,7 +43,10 @@ fn spawn_job(
                 .env("FERROLINK_LOCAL_RANK", r.to_string())
                 .env("FERROLINK_UNIQUE_ID", id.to_string())
                 .env("FERROLINK_BACKEND", backend().to_string())
-                .env("FERROLINK_DEVICE", if backend() == Backend::Cuda { r.to_string() } else { "0".into() })
+                .env(
+                    "FERROLINK_DEVICE",
+                    if backend() == Backend::Cuda { (r % devices).to_string() } else { "0".into() },
+                )
                 .env("FERROLINK_LOG", "warn")
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped());

@@ -452,3 +452,81 @@ pub fn scale_bench(dev: &Device, nranks: usize) -> Result<ScaleFigure> {
     }
     Ok(ScaleFigure { init_all, window, dev_comms, drop: t.elapsed().as_secs_f64() })
 }
+
+/// What [`pair_rank`] measures between LSA ranks 0 and 1 of a job (rank 0 reports it).
+#[derive(Clone, Copy, Debug)]
+pub struct PairFigure {
+    /// Microseconds per LSA barrier round, 1 CTA of 32 threads per rank (CTA coop,
+    /// acquire-release, the scope the communicator chose): median of the trials.
+    pub barrier_us: f64,
+    /// `lsa_put` from rank 0 into rank 1's window slot, GB/s (median).
+    pub put_gbps: f64,
+    /// The driver's device-to-device copy from rank 0 to the same address, GB/s (median).
+    pub copy_gbps: f64,
+    /// Bytes per put.
+    pub bytes: usize,
+}
+
+/// One rank's part of the two-rank figures: LSA barrier latency and put bandwidth between
+/// ranks 0 and 1, the same code whether the ranks are threads of one process
+/// (`Communicator::init_all` over two GPUs) or processes (`from_env`), so that the two can be
+/// compared in one run. Every rank of the communicator calls it; rank 0 returns the figures.
+pub fn pair_rank(
+    comm: &ferrolink::Communicator,
+    rounds: u32,
+    bytes: usize,
+    trials: usize,
+) -> Result<Option<PairFigure>> {
+    use ferrolink_device::kernels::lsa::{lsa_barrier_bench, lsa_put};
+    if comm.lsa_size() < 2 {
+        return Err(ferrolink::Error::InvalidArgument("pair figures need an LSA domain of 2 ranks or more".into()));
+    }
+    let dev = comm.device().clone();
+    let window = comm.register_window(comm.mem_alloc(bytes)?)?;
+    let handle =
+        comm.create_dev_comm(&ferrolink::DevCommRequirements { lsa_barrier_count: 1, ..Default::default() })?;
+    let module = dev.builtin_module()?;
+    let mut out = dev.alloc::<u64>(1)?;
+    let mut barrier = Vec::new();
+    for _ in 0..trials.max(1) {
+        comm.barrier()?;
+        // SAFETY: the bench kernel's contract: one CTA, one barrier; `out` holds one word.
+        unsafe {
+            comm.stream().launch(
+                module,
+                &lsa_barrier_bench,
+                LaunchConfig::linear(1, 32),
+                (&handle, rounds / 10, rounds, 0u32, ferrolink_device::BarrierOrder::AcqRel.code(), &mut out),
+            )?;
+        }
+        comm.synchronize()?;
+        barrier.push(out.to_vec()?[0] as f64 / f64::from(rounds) / 1e3);
+    }
+    let mut figure = None;
+    if comm.rank() == comm.lsa_peers().start {
+        let src: DeviceBuffer<u8> = dev.alloc_from(&(0..bytes).map(|i| (i * 31 % 253) as u8).collect::<Vec<u8>>())?;
+        let win = window.dev_window();
+        let peer_addr = win.lsa_ptr::<u8>(0, 1) as u64;
+        let cfg = ops::copy_launch_config(&dev, bytes);
+        let iters = if dev.backend() == Backend::Cuda { 20 } else { 2 };
+        let (mut put, mut copy) = (Vec::new(), Vec::new());
+        for _ in 0..trials.max(1) {
+            // SAFETY: `src` and rank 1's slot hold `bytes` bytes and live until the end of this
+            // function, after `time_gbps` has waited for its copies; rank 1 touches its slot
+            // only after the barrier below.
+            copy.push(time_gbps(&dev, bytes, iters, |s| unsafe { s.copy_raw(peer_addr, src.addr(), bytes) })?);
+            // SAFETY: as above; the put kernel's contract (the range lies in rank 1's slot).
+            put.push(time_gbps(&dev, bytes, iters, |s| unsafe {
+                s.launch(module, &lsa_put, cfg, (&window, 1u32, 0usize, &src, bytes))
+            })?);
+        }
+        figure = Some(PairFigure {
+            barrier_us: median(&mut barrier),
+            put_gbps: median(&mut put),
+            copy_gbps: median(&mut copy),
+            bytes,
+        });
+    }
+    comm.barrier()?;
+    Ok(figure)
+}

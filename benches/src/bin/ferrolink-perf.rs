@@ -83,7 +83,21 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "8,64")]
         ranks: Vec<usize>,
     },
-    /// Everything above with default settings (scale and bootstrap only by name).
+    /// Two ranks on two devices: LSA barrier latency and put bandwidth between them. Alone it
+    /// runs both ranks in this process (init_all over devices 0 and 1); under a launcher
+    /// (`ferrolink-run -n 2 --devices 0,1 ferrolink-perf pair`) each process is one rank.
+    Pair {
+        /// Timed barrier rounds per trial.
+        #[arg(long, default_value_t = 20_000)]
+        rounds: u32,
+        /// Bytes per put. Default: 256M on a GPU, 16M on the CPU.
+        #[arg(long, value_parser = perf::parse_size)]
+        bytes: Option<usize>,
+        /// Trials (medians reported).
+        #[arg(long, default_value_t = 5)]
+        trials: usize,
+    },
+    /// Everything above with default settings (scale, bootstrap and pair only by name).
     All,
 }
 
@@ -117,6 +131,7 @@ fn run(cli: Cli) -> ferrolink::Result<()> {
         Command::Ring { bytes } => ring(&dev, bytes),
         Command::Latency => latency(&dev),
         Command::Scale { ranks } => scale(&dev, &ranks),
+        Command::Pair { rounds, bytes, trials } => pair(&dev, rounds, bytes, trials),
         Command::Bootstrap { ranks } => {
             println!("\n== TCP bootstrap over loopback: init of N ranks (threads), one all-gather, one barrier");
             for n in ranks {
@@ -134,6 +149,43 @@ fn run(cli: Cli) -> ferrolink::Result<()> {
             ring(&dev, None)
         }
     }
+}
+
+fn pair(dev: &Device, rounds: u32, bytes: Option<usize>, trials: usize) -> ferrolink::Result<()> {
+    let bytes = bytes.unwrap_or(if gpu(dev) { 256 << 20 } else { 16 << 20 });
+    let rounds = if gpu(dev) { rounds } else { rounds.min(200) };
+    let figures = match ferrolink::comm::launch::LaunchEnv::detect()? {
+        Some(_) => {
+            let comm = ferrolink::Communicator::from_env(dev)?;
+            vec![perf::pair_rank(&comm, rounds, bytes, trials)?]
+        }
+        None => {
+            let other = Device::open_with(dev.backend(), dev.ordinal() + 1)?;
+            let comms = ferrolink::Communicator::init_all(&[dev.clone(), other])?;
+            ferrolink::run_ranks(&comms, |c| perf::pair_rank(c, rounds, bytes, trials))?
+        }
+    };
+    let mode = if ferrolink::comm::launch::LaunchEnv::detect()?.is_some() {
+        "one process per rank"
+    } else {
+        "one process, two devices"
+    };
+    for f in figures.into_iter().flatten() {
+        println!("\n== pair ({mode}): ranks 0 and 1");
+        println!(
+            "LSA barrier, 1 CTA x 32 threads, acq_rel: {:.3} us per round (median of {trials} x {rounds} rounds)",
+            f.barrier_us
+        );
+        println!(
+            "put {} bytes into rank 1's slot: lsa_put {:.1} GB/s | {} to the same address {:.1} GB/s | ratio {:.3}",
+            f.bytes,
+            f.put_gbps,
+            perf::driver_copy_name(dev),
+            f.copy_gbps,
+            f.put_gbps / f.copy_gbps
+        );
+    }
+    Ok(())
 }
 
 fn scale(dev: &Device, ranks: &[usize]) -> ferrolink::Result<()> {

@@ -3,11 +3,11 @@
 //!
 //! A [`Communicator`] is one rank's handle. Every rank of a job calls the collective methods
 //! (`register_window`, `create_dev_comm`, `split`, `recover`, …) in the same order; the ranks
-//! meet through a [`Bootstrap`](bootstrap::Bootstrap). Three ways to create one:
+//! meet through a bootstrap ([`bootstrap::Bootstrap`]). Three ways to create one:
 //! * [`Communicator::init_all`]: every rank of a job in this process (like `ncclCommInitAll`),
 //!   one rank per entry of a device list (a device may appear several times: *virtual
 //!   ranks*), each rank's collectives run on a thread over an in-process bootstrap;
-//! * [`Communicator::init_rank`]: one rank, from a [`UniqueId`](bootstrap::UniqueId) shared by
+//! * [`Communicator::init_rank`]: one rank, from a unique id ([`bootstrap::UniqueId`]) shared by
 //!   the program (like `ncclCommInitRank`), over TCP;
 //! * [`Communicator::from_env`]: one rank, from a launcher's environment (torchrun, mpirun,
 //!   srun, `ferrolink-run`; [`launch`]).

@@ -15,7 +15,8 @@ pub struct PeerInfo {
     pub pid: u32,
     /// The backend of its device.
     pub backend: Backend,
-    /// Its device's identity ([`Device::uuid`]).
+    /// Its device's identity: the GPU's UUID on CUDA; on the emulator, the process and the
+    /// device's number.
     pub uuid: [u8; 16],
     /// Its device's ordinal in its process.
     pub ordinal: u32,

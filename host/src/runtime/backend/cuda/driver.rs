@@ -31,6 +31,11 @@ pub(crate) fn availability() -> Result<()> {
         .map_err(Error::CudaUnavailable)
 }
 
+/// GPUs the driver sees (for the runtime's `device_count`).
+pub(crate) fn device_count_public() -> Result<usize> {
+    device_count()
+}
+
 /// GPUs the driver sees.
 pub(super) fn device_count() -> Result<usize> {
     Ok(result::device::get_count().map_err(cuda_err("cuDeviceGetCount"))? as usize)
