@@ -55,7 +55,9 @@ pub fn report(lines: Result<Vec<String>>) -> Result<()> {
 }
 
 /// This rank's window of `bytes` bytes and device communicator (default requirements): the
-/// set-up of most examples (collective).
+/// set-up of most examples (collective). Do host work (allocations, module loads) before it:
+/// when it returns, other ranks may already run kernels that wait for this one, and some
+/// driver calls wait for the device's running kernels.
 pub fn window_and_dev_comm(comm: &Communicator, bytes: usize) -> Result<(Window, DevCommHandle)> {
     let window = comm.register_window(comm.mem_alloc(bytes)?)?;
     let handle = comm.create_dev_comm(&DevCommRequirements::default())?;
@@ -103,15 +105,18 @@ pub mod ring {
     /// its own slot holds the previous rank's. Returns a one-line summary.
     pub fn rank(comm: &Communicator, bytes: usize) -> Result<String> {
         let dev = comm.device();
+        // Host work first: once the collective below returns, peers may already run kernels
+        // that wait for this rank's.
+        let src = dev.alloc_from(&rank_bytes(comm.rank(), bytes))?;
+        let module = dev.builtin_module()?;
         let (window, handle) = window_and_dev_comm(comm, bytes)?;
         let (r, n) = (comm.lsa_rank(), comm.lsa_size());
-        let src = dev.alloc_from(&rank_bytes(comm.rank(), bytes))?;
         // SAFETY: the kernel's contract: the source and the window slots hold `bytes` bytes;
         // at most 8 CTAs use 8 of the 32 barriers; every rank launches the same grid. The
         // handles are tracked: they outlive the kernel whatever is dropped.
         unsafe {
             comm.stream().launch(
-                dev.builtin_module()?,
+                module,
                 &lsa_ring_exchange,
                 LaunchConfig::linear(grid_ctas(dev, 8), block_threads(dev)),
                 (&handle, &window, &src, bytes),
@@ -149,17 +154,18 @@ pub mod allreduce {
     /// against the host's sum of every rank's input (small integers: exact).
     pub fn rank(comm: &Communicator, count: usize) -> Result<String> {
         let dev = comm.device();
+        let mut out = dev.alloc::<f32>(count)?;
+        let module = dev.builtin_module()?;
         let (window, handle) = window_and_dev_comm(comm, count * 4)?;
         window.copy_from_host(0, &input(comm.rank(), count))?;
         // Every rank's input is in place before any kernel reads it (the kernel's first
         // barrier orders device work; the host copies of other processes need this one).
         comm.barrier()?;
-        let mut out = dev.alloc::<f32>(count)?;
         // SAFETY: the kernel's contract: every slot holds `count` floats, `out` too; at most
         // 16 CTAs <= 32 barriers. All arguments are tracked handles.
         unsafe {
             comm.stream().launch(
-                dev.builtin_module()?,
+                module,
                 &lsa_allreduce_sum_f32,
                 LaunchConfig::linear(grid_ctas(dev, 16), block_threads(dev)),
                 (&handle, &window, &mut out, count),
@@ -197,13 +203,14 @@ pub mod fused {
     pub fn rank(comm: &Communicator, count: usize) -> Result<String> {
         let scale = 0.5f32;
         let dev = comm.device();
-        let (window, handle) = window_and_dev_comm(comm, count * 4)?;
         let buf = dev.alloc_from(&input(comm.rank(), count))?;
+        let module = dev.builtin_module()?;
+        let (window, handle) = window_and_dev_comm(comm, count * 4)?;
         // SAFETY: the kernel's contract: input and window slots hold `count` floats; at most
         // 8 CTAs <= 32 barriers. All arguments are tracked handles.
         unsafe {
             comm.stream().launch(
-                dev.builtin_module()?,
+                module,
                 &lsa_fused_scale_put,
                 LaunchConfig::linear(grid_ctas(dev, 8), block_threads(dev)),
                 (&handle, &window, &buf, count, scale),
@@ -240,14 +247,15 @@ pub mod barrier {
     pub fn rank(comm: &Communicator, ctas: u32, rounds: u32) -> Result<String> {
         let dev = comm.device();
         let n = comm.lsa_size();
-        let (window, handle) = window_and_dev_comm(comm, ctas as usize * n * 4)?;
         let mut errors = dev.alloc::<u32>(1)?;
+        let module = dev.builtin_module()?;
+        let (window, handle) = window_and_dev_comm(comm, ctas as usize * n * 4)?;
         let delay = if dev.backend() == ferrolink::Backend::Cuda { 2000u32 } else { 20_000 };
         // SAFETY: the kernel's contract: the window holds `ctas * lsa_size` words; `ctas` <= 32
         // barriers (checked on the device anyway); coop 0 (the CTA); `errors` one word.
         unsafe {
             comm.stream().launch(
-                dev.builtin_module()?,
+                module,
                 &lsa_barrier_stress,
                 LaunchConfig::linear(ctas, block_threads(dev)),
                 (&handle, &window, rounds, delay, 0u32, &mut errors),

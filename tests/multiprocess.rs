@@ -59,6 +59,26 @@ fn spawn_job(
     children.into_iter().map(|(r, c)| (r, c.wait_with_output().expect("a rank process"))).collect()
 }
 
+/// Whether `n` processes can run here: always on the emulator; on CUDA with a GPU each, or
+/// with MPS running (several processes per GPU). Says why when not.
+fn fits(n: usize) -> bool {
+    if backend() == Backend::Cpu {
+        return true;
+    }
+    let gpus = ferrolink::runtime::device_count(Backend::Cuda).unwrap_or(0);
+    if gpus >= n {
+        return true;
+    }
+    let dev = Device::open_with(Backend::Cuda, 0).expect("a GPU");
+    match dev.check_multi_process() {
+        Ok(()) => true,
+        Err(e) => {
+            println!("skipped: {n} processes on {gpus} GPU(s) need MPS: {e}");
+            false
+        }
+    }
+}
+
 fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
@@ -109,6 +129,9 @@ fn examples_run_as_jobs_of_2_and_4_processes() {
         return;
     }
     for n in [2, 4] {
+        if !fits(n) {
+            continue;
+        }
         for s in ["ring", "allreduce", "fused", "barrier"] {
             job_passes("examples_run_as_jobs_of_2_and_4_processes", s, n);
         }
@@ -138,6 +161,9 @@ fn split_halves_and_odd_even_ranks_each_run_their_own_barrier_and_ring() {
         }
         Ok(())
     }) {
+        return;
+    }
+    if !fits(4) {
         return;
     }
     for s in ["halves", "parity"] {

@@ -482,11 +482,13 @@ pub fn pair_rank(
         return Err(ferrolink::Error::InvalidArgument("pair figures need an LSA domain of 2 ranks or more".into()));
     }
     let dev = comm.device().clone();
+    // Host work first: once the collectives below return, the peer may already run kernels.
+    let module = dev.builtin_module()?;
+    let mut out = dev.alloc::<u64>(1)?;
+    let src: DeviceBuffer<u8> = dev.alloc_from(&(0..bytes).map(|i| (i * 31 % 253) as u8).collect::<Vec<u8>>())?;
     let window = comm.register_window(comm.mem_alloc(bytes)?)?;
     let handle =
         comm.create_dev_comm(&ferrolink::DevCommRequirements { lsa_barrier_count: 1, ..Default::default() })?;
-    let module = dev.builtin_module()?;
-    let mut out = dev.alloc::<u64>(1)?;
     let mut barrier = Vec::new();
     for _ in 0..trials.max(1) {
         comm.barrier()?;
@@ -504,7 +506,6 @@ pub fn pair_rank(
     }
     let mut figure = None;
     if comm.rank() == comm.lsa_peers().start {
-        let src: DeviceBuffer<u8> = dev.alloc_from(&(0..bytes).map(|i| (i * 31 % 253) as u8).collect::<Vec<u8>>())?;
         let win = window.dev_window();
         let peer_addr = win.lsa_ptr::<u8>(0, 1) as u64;
         let cfg = ops::copy_launch_config(&dev, bytes);

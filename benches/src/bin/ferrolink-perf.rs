@@ -113,7 +113,12 @@ fn open(cli: &Cli) -> ferrolink::Result<Device> {
         Some(b) => b,
         None => Backend::from_env()?,
     };
-    let dev = Device::open_with(backend, cli.device)?;
+    // Under a launcher the rank's device is the launcher's (FERROLINK_DEVICE, else the local rank).
+    let ordinal = match ferrolink::comm::launch::LaunchEnv::detect()? {
+        Some(env) => env.device_ordinal(),
+        None => cli.device,
+    };
+    let dev = Device::open_with(backend, ordinal)?;
     println!("device: {} (backend {}, {} SMs)", dev.name(), dev.backend(), dev.sm_count());
     if dev.backend() == Backend::Cpu {
         println!("note: running on the CPU emulator; figures measure host threads, not a GPU");

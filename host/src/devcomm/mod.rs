@@ -254,6 +254,9 @@ impl Communicator {
         });
         let source: Weak<dyn ControlSource> = Arc::downgrade(&(res.clone() as Arc<dyn ControlSource>));
         self.control().add_source(source);
+        // Every rank is done with its allocations (some driver calls among them may wait for
+        // the device) before any rank can launch a kernel that waits for the others.
+        self.barrier()?;
         if self.rank() == 0 {
             tracing::debug!(target: "ferrolink::devcomm", nranks = self.nranks(), barriers = total, "device communicators created");
         }

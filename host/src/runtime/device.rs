@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 pub(crate) struct DeviceInner {
     // Declared first so that it is dropped first, while the device is otherwise whole.
     builtin: OnceLock<Module>,
+    builtin_loading: Mutex<()>,
     pub(crate) backend: Arc<dyn DeviceBackend>,
     ordinal: usize,
     /// Completions of launches whose memory use is not tracked (raw addresses).
@@ -46,6 +47,7 @@ impl Device {
         tracing::debug!(target: "ferrolink::runtime", %backend, ordinal, name = %imp.name(), "opened device");
         Ok(Device(Arc::new(DeviceInner {
             builtin: OnceLock::new(),
+            builtin_loading: Mutex::new(()),
             backend: imp,
             ordinal,
             untracked: Arc::default(),
@@ -112,6 +114,13 @@ impl Device {
         if let Some(m) = self.0.builtin.get() {
             return Ok(m);
         }
+        // One loader: ranks on threads ask at once, and a second copy loaded and unloaded
+        // while the first rank's kernel already waits for the others would unload under the
+        // driver's context lock, which waits for that kernel (a deadlock, seen on the H200).
+        let _one = lock(&self.0.builtin_loading);
+        if let Some(m) = self.0.builtin.get() {
+            return Ok(m);
+        }
         let m = Module::load_builtin(self, crate::DEVICE_PTX)?;
         Ok(self.0.builtin.get_or_init(|| m))
     }
@@ -136,6 +145,12 @@ impl Device {
         }
         lifetime::collect();
         first
+    }
+
+    /// Whether kernels of several processes can run on this device at the same time; the
+    /// error says why not and what to do (on CUDA: MPS must be running).
+    pub fn check_multi_process(&self) -> Result<()> {
+        self.0.backend.check_multi_process()
     }
 
     /// Whether both handles name the same device: the same GPU on CUDA (two `Device`s opened
