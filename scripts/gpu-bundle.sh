@@ -24,7 +24,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"] \
        and m["profile"]["test"]:
         print(m["target"]["name"], m["executable"])
-'' | while read -r name exe; do
+' | while read -r name exe; do
   # The launcher's tests start the binary at its build path: they run in CI, not on the GPU.
   [ "$name" = launcher ] && continue
   cp "$exe" "$bundle/bin/test-$name"
