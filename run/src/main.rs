@@ -211,14 +211,38 @@ impl JobEnv {
         // Both ports are taken at once, so they differ; they are free again (for the ranks)
         // when the listeners close here. Another process could take one in between: the rank
         // that binds it then reports the address in use.
-        let master = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("no free port: {e}"))?;
-        let root = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("no free port: {e}"))?;
+        let master = bind_outside_ephemeral_range()?;
+        let root = bind_outside_ephemeral_range()?;
         let master_port = master.local_addr().map_err(|e| e.to_string())?.port();
         let root_port = root.local_addr().map_err(|e| e.to_string())?.port();
         let id = UniqueId::new(SocketAddr::from((Ipv4Addr::LOCALHOST, root_port)))
             .map_err(|e| format!("cannot make a unique id: {e}"))?;
         Ok(JobEnv { master_port, unique_id: id.to_string() })
     }
+}
+
+/// A listener on a free port below the kernel's ephemeral range when one is found there: a
+/// port the launcher picks and releases must not be handed out again to an ephemeral bind
+/// (a rank's own listener) before rank 0 binds it for the bootstrap's root.
+fn bind_outside_ephemeral_range() -> Result<TcpListener, String> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    if low > 11_000 {
+        // A pseudo-random start (the process id and the clock) so that launchers started
+        // together do not all try the same ports.
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let span = u32::from(low - 10_000);
+        let mut port = 10_000 + ((std::process::id() ^ nanos) % span) as u16;
+        for _ in 0..200 {
+            if let Ok(l) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+                return Ok(l);
+            }
+            port = if port + 1 >= low { 10_000 } else { port + 1 };
+        }
+    }
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("no free port: {e}"))
 }
 
 /// The device ordinal of `rank`: its entry of `--devices` (cyclically), else the rank.

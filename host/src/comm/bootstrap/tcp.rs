@@ -152,8 +152,7 @@ impl TcpBootstrap {
         crate::log::init();
         let deadline = Instant::now() + timeout;
         let ip = local_ip_towards(id.root());
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
-            .map_err(|e| Error::Bootstrap(format!("rank {rank}: cannot listen on {ip} for its peers: {e}")))?;
+        let listener = listen_for_peers(ip, id.root(), rank)?;
         let listen = listener
             .local_addr()
             .map_err(|e| Error::Bootstrap(format!("rank {rank}: its listener has no address: {e}")))?;
@@ -303,6 +302,25 @@ fn ms(n: u64) -> Duration {
 }
 
 /// The local address that reaches `root` (the one the kernel would route from), or loopback.
+/// A listener on an ephemeral port of `ip` that is not the root's port: a launcher picks the
+/// root's port free and releases it, and the operating system may hand that very port to a
+/// rank's ephemeral bind before rank 0 binds the root there (seen on the H200 machine: the
+/// ranks' Hellos then reached a rank's listener). Such a port is kept while another is bound,
+/// then released.
+fn listen_for_peers(ip: IpAddr, root: SocketAddr, rank: usize) -> Result<TcpListener> {
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        let l = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| Error::Bootstrap(format!("rank {rank}: cannot listen on {ip} for its peers: {e}")))?;
+        let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
+        if port != root.port() {
+            return Ok(l);
+        }
+        held.push(l);
+    }
+    Err(Error::Bootstrap(format!("rank {rank}: every port it was given on {ip} was the root's")))
+}
+
 fn local_ip_towards(root: SocketAddr) -> IpAddr {
     let (any, loopback): (SocketAddr, IpAddr) = match root {
         SocketAddr::V4(_) => ((Ipv4Addr::UNSPECIFIED, 0).into(), Ipv4Addr::LOCALHOST.into()),
