@@ -26,7 +26,7 @@ pub const DEV_COMM_MAGIC: u32 = u32::from_le_bytes(*b"FLDC");
 /// The layout version of [`DevComm`] and the structures it points to ([`DevControl`],
 /// [`WaitRecord`]). Raised whenever any of them changes, so that a kernel built against one
 /// version rejects a `DevComm` made by a host built against another.
-pub const DEV_COMM_ABI_VERSION: u32 = 2;
+pub const DEV_COMM_ABI_VERSION: u32 = 3;
 
 /// The first 16 bytes of a [`DevComm`]: what it is, its layout version and its size. Kernels
 /// check it when they open a barrier session ([`DevComm::check_header`]); the host checks it
@@ -114,6 +114,8 @@ pub struct DevComm {
     /// swap at `.gpu` scope) before it fills [`DevControl::error`], so that several threads
     /// faulting at once leave one whole record, not a mix. Zero: none.
     pub fault_claim: u64,
+    /// GPU-initiated networking resources ([`crate::gin`]); `gin.flags == 0`: none.
+    pub gin: crate::gin::DevGin,
 }
 
 /// The control block of one rank's device communicator, in host memory mapped for the
@@ -162,6 +164,19 @@ pub mod error_code {
     /// A barrier set outside the communicator's barriers: `a` = `first << 32 | count`,
     /// `b` = the communicator's total.
     pub const LSA_BARRIER_SET: u32 = 2;
+    /// GIN used on a device communicator created without GIN resources.
+    pub const GIN_ABSENT: u32 = 3;
+    /// A GIN signal id out of range: `a` = id, `b` = signal count.
+    pub const GIN_SIGNAL_ID: u32 = 4;
+    /// A GIN counter id out of range: `a` = id, `b` = counter count.
+    pub const GIN_COUNTER_ID: u32 = 5;
+    /// A GIN peer outside its team: `a` = team rank, `b` = team size.
+    pub const GIN_PEER: u32 = 6;
+    /// A GIN put or value outside its window, or a value of a bad size: `a` = offset, `b` =
+    /// `window id << 48 | window size` (or the value's size).
+    pub const GIN_RANGE: u32 = 7;
+    /// A GIN barrier index out of range: `a` = index, `b` = GIN barrier count.
+    pub const GIN_BARRIER_INDEX: u32 = 8;
 }
 
 /// What one slow barrier wait is waiting for (one record per barrier of the communicator,
@@ -343,7 +358,11 @@ mod tests {
     #[test]
     fn dev_comm_layout_is_stable() {
         // Host and device share this layout; a change must be deliberate.
-        assert_eq!(core::mem::size_of::<DevComm>(), 16 + 32 + core::mem::size_of::<DevWindow>() + 48);
+        assert_eq!(
+            core::mem::size_of::<DevComm>(),
+            16 + 32 + core::mem::size_of::<DevWindow>() + 48 + core::mem::size_of::<crate::gin::DevGin>()
+        );
+        assert_eq!(core::mem::size_of::<DevWindow>(), 40);
         assert_eq!(core::mem::align_of::<DevComm>(), 8);
         assert_eq!(core::mem::size_of::<DevControl>(), 40);
         assert_eq!(core::mem::size_of::<WaitRecord>(), 16);

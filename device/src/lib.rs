@@ -33,6 +33,7 @@ pub mod comm;
 pub mod coop;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emulator;
+pub mod gin;
 pub mod kernel;
 pub mod kernels;
 pub mod lsa;
@@ -41,4 +42,5 @@ pub mod window;
 pub use barrier::{BarrierError, BarrierOrder, LsaBarrierSession};
 pub use comm::{DevComm, DevControl, DevErrorRecord, LsaBarrierHandle, Team, WaitRecord};
 pub use coop::{Coop, CoopCta, CoopThread, CoopWarp};
+pub use gin::{DevGin, Gin, GinBarrierSession, GinDescriptor, LocalAction, RemoteAction};
 pub use window::{DevWindow, SymPtr};

@@ -24,6 +24,11 @@ pub struct DevWindow {
     pub lsa_rank: u32,
     /// Ranks mapped.
     pub lsa_size: u32,
+    /// The window's number in its communicator, the same on every rank: how GIN names a
+    /// window on the wire (never by address).
+    pub id: u32,
+    /// Padding.
+    pub _reserved: u32,
 }
 
 impl DevWindow {
@@ -91,7 +96,14 @@ mod tests {
 
     #[test]
     fn lsa_pointers_follow_the_flat_layout() {
-        let w = DevWindow { flat_base: 0x1000_0000, stride: 0x20_0000, size: 1000, lsa_rank: 2, lsa_size: 4 };
+        let w = DevWindow {
+            flat_base: 0x1000_0000,
+            stride: 0x20_0000,
+            size: 1000,
+            lsa_rank: 2,
+            lsa_size: 4,
+            ..Default::default()
+        };
         assert_eq!(w.lsa_ptr::<u8>(8, 3) as u64, 0x1000_0000 + 3 * 0x20_0000 + 8);
         assert_eq!(w.local_ptr::<u8>(0) as u64, 0x1000_0000 + 2 * 0x20_0000);
         assert_eq!(w.lsa_ptr_checked::<u32>(996, 1).map(|p| p as u64), Some(0x1000_0000 + 0x20_0000 + 996));

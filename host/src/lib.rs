@@ -41,6 +41,7 @@
 pub mod comm;
 pub mod devcomm;
 pub mod error;
+pub mod gin;
 pub mod log;
 pub mod mem;
 pub mod ops;

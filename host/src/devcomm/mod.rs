@@ -43,6 +43,9 @@ struct DevCommResources {
     uses: Arc<Uses>,
     /// Per barrier, the last epoch the watchdog found complete (no need to look again).
     known_done: Mutex<HashMap<u32, u32>>,
+    /// The GIN resources and proxy, if asked for (stopped when this is dropped, after the
+    /// kernels that used it).
+    gin: Option<crate::gin::GinOwner>,
 }
 
 impl DevCommResources {
@@ -220,6 +223,19 @@ impl Communicator {
         let epochs = dev.alloc::<u32>(total as usize + 1)?;
         let table = dev.alloc::<DevWindow>(reqs.window_capacity.max(1) as usize)?;
         let control = HostMapped::alloc(dev, control_bytes)?;
+        let (dev_gin, gin) = if reqs.wants_gin() {
+            let shape = crate::gin::GinShape {
+                contexts: reqs.gin_context_count.max(1),
+                signals: reqs.gin_signal_count,
+                counters: reqs.gin_counter_count,
+                depth: if reqs.gin_queue_depth == 0 { 64 } else { reqs.gin_queue_depth },
+                barriers: reqs.gin_barrier_count,
+            };
+            let (d, g) = crate::gin::create(self, shape)?;
+            (d, Some(g))
+        } else {
+            (ferrolink_device::gin::DevGin::default(), None)
+        };
         let dev_comm = DevComm {
             header: DevCommHeader::CURRENT,
             rank: self.rank() as u32,
@@ -237,6 +253,7 @@ impl Communicator {
             control: control.device_addr(),
             wait_records: control.device_addr() + WAIT_RECORDS_OFFSET as u64,
             fault_claim: epochs.addr() + u64::from(total) * 4,
+            gin: dev_gin,
         };
         let res = Arc::new(DevCommResources {
             dev: dev.clone(),
@@ -251,6 +268,7 @@ impl Communicator {
             windows: Mutex::new(Vec::new()),
             uses: Arc::default(),
             known_done: Mutex::new(HashMap::new()),
+            gin,
         });
         let source: Weak<dyn ControlSource> = Arc::downgrade(&(res.clone() as Arc<dyn ControlSource>));
         self.control().add_source(source);

@@ -48,12 +48,35 @@ pub struct DevCommRequirements {
     pub window_capacity: u32,
     /// Further resources, in request order ([`DevCommRequirements::request`]).
     pub resources: Vec<ResourceRequest>,
+    /// GIN contexts (NCCL's `ginContextCount`): independent queues to every peer; order holds
+    /// only within one. GIN resources exist when any `gin_*` count is set; 0 then means 1.
+    pub gin_context_count: u32,
+    /// GIN signals (`ginSignalCount`): ids `0..gin_signal_count` for
+    /// `RemoteAction::SignalInc`/`SignalAdd` and `Gin::wait_signal`.
+    pub gin_signal_count: u32,
+    /// GIN counters (`ginCounterCount`): ids for `LocalAction::CounterInc`.
+    pub gin_counter_count: u32,
+    /// Descriptors per proxy queue (one queue per context and peer); rounded up to a power of
+    /// two; 0: 64. A full queue makes the posting thread wait for the proxy (back-pressure).
+    pub gin_queue_depth: u32,
+    /// GIN barriers (`GinBarrierSession` and the hybrid barrier's GIN part): one per CTA that
+    /// synchronizes across LSA domains at a time.
+    pub gin_barrier_count: u32,
 }
 
 impl Default for DevCommRequirements {
-    /// 32 barriers (up to 32 synchronizing CTAs per rank), 16 windows, nothing else.
+    /// 32 barriers (up to 32 synchronizing CTAs per rank), 16 windows, no GIN, nothing else.
     fn default() -> Self {
-        DevCommRequirements { lsa_barrier_count: 32, window_capacity: 16, resources: Vec::new() }
+        DevCommRequirements {
+            lsa_barrier_count: 32,
+            window_capacity: 16,
+            resources: Vec::new(),
+            gin_context_count: 0,
+            gin_signal_count: 0,
+            gin_counter_count: 0,
+            gin_queue_depth: 0,
+            gin_barrier_count: 0,
+        }
     }
 }
 
@@ -62,5 +85,14 @@ impl DevCommRequirements {
     pub fn request(&mut self, r: ResourceRequest) -> ResourceId {
         self.resources.push(r);
         ResourceId(self.resources.len() - 1)
+    }
+
+    /// Whether GIN resources are asked for (any `gin_*` count set).
+    pub fn wants_gin(&self) -> bool {
+        self.gin_context_count > 0
+            || self.gin_signal_count > 0
+            || self.gin_counter_count > 0
+            || self.gin_barrier_count > 0
+            || self.gin_queue_depth > 0
     }
 }

@@ -72,6 +72,22 @@ fn registering() -> &'static Registering {
 /// A rank's part of a window: its GPU's flat mapping, its buffer, and the memory it imported.
 type RankMemory = (Option<Arc<FlatMapping>>, SymBuffer, Vec<Arc<dyn PhysicalMemory>>);
 
+/// Every live window of this process, by (communicator, rank, window id): how GIN's proxy
+/// finds the memory a descriptor names.
+type LiveWindows = Mutex<HashMap<(u64, usize, u32), (std::sync::Weak<WindowRank>, DevWindow)>>;
+
+fn live_windows() -> &'static LiveWindows {
+    static L: OnceLock<LiveWindows> = OnceLock::new();
+    L.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Rank `rank`'s handle of window `id` of communicator `comm_id`, if it lives in this process.
+pub(crate) fn lookup(comm_id: u64, rank: usize, id: u32) -> Option<Window> {
+    let live = lock(live_windows());
+    let (w, dev_window) = live.get(&(comm_id, rank, id))?;
+    Some(Window { shared: w.upgrade()?, dev_window: *dev_window })
+}
+
 /// One rank's part of a window; retired as one piece when its last handle is dropped.
 struct WindowRank {
     comm_id: u64,
@@ -249,9 +265,12 @@ impl Communicator {
             size: buf.len() as u64,
             lsa_rank: self.lsa_rank() as u32,
             lsa_size: self.lsa_size() as u32,
+            id: u32::try_from(seq)
+                .map_err(|_| Error::InvalidArgument("too many windows in one communicator".into()))?,
+            _reserved: 0,
         };
         let addr = buf.addr();
-        Ok(Window {
+        let window = Window {
             shared: Arc::new(WindowRank {
                 comm_id: self.shared.id,
                 rank,
@@ -261,7 +280,11 @@ impl Communicator {
                 addr,
             }),
             dev_window,
-        })
+        };
+        let mut live = lock(live_windows());
+        live.retain(|_, w| w.0.strong_count() > 0);
+        live.insert((self.shared.id, rank, dev_window.id), (Arc::downgrade(&window.shared), dev_window));
+        Ok(window)
     }
 }
 
@@ -342,6 +365,12 @@ impl Window {
         let mut v = vec![T::zeroed(); len];
         self.copy_to_host(offset, &mut v)?;
         Ok(v)
+    }
+
+    /// The device address of byte `offset` of this rank's own buffer (bounds-checked with
+    /// `bytes`).
+    pub(crate) fn local_addr(&self, offset: usize, bytes: usize) -> Result<u64> {
+        self.check_range::<u8>(offset, bytes)
     }
 
     /// Reads words of this rank's buffer that kernels may be updating atomically right now

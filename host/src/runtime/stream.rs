@@ -307,6 +307,20 @@ impl Stream {
         Ok(())
     }
 
+    /// Queues a write of the low `bytes` (1, 2, 4 or 8) bytes of `value` to `addr` after the
+    /// stream's earlier work (how the GIN proxy raises a signal after its data). Untracked.
+    ///
+    /// # Safety
+    /// `addr` is device memory this stream's device can write, aligned to `bytes`, valid
+    /// until the write has run, and only written atomically by others meanwhile.
+    pub unsafe fn write_value_raw(&self, addr: u64, value: u64, bytes: u32) -> Result<()> {
+        let mut t = LaunchTracking::new(&self.dev);
+        t.untracked = true;
+        // SAFETY: the caller's contract.
+        self.enqueue_tracked(t, |b| unsafe { b.write_value(addr, value, bytes) })?;
+        Ok(())
+    }
+
     /// Records an event: a point in the stream, with the time the stream reached it.
     pub fn record_event(&self) -> Result<Event> {
         Ok(Event { dev: self.dev.clone(), event: self.core.backend().record(true)? })
@@ -326,6 +340,11 @@ impl std::fmt::Debug for Event {
 }
 
 impl Event {
+    /// Whether the stream has reached this event (or failed before it); does not wait.
+    pub fn is_reached(&self) -> bool {
+        !matches!(self.event.query(), crate::runtime::backend::EventState::Pending)
+    }
+
     /// Milliseconds between `start` and this event (waits for both).
     pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
         if !self.dev.same_as(&start.dev) {

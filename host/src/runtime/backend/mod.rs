@@ -157,6 +157,13 @@ pub(crate) trait StreamBackend: Send + Sync {
     /// Both ranges are device memory of this device, valid until the copy has run, and do
     /// not overlap.
     unsafe fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
+    /// Queues a write of the low `bytes` (1, 2, 4 or 8) bytes of `value` to `addr`, after the
+    /// stream's earlier work (a signal written after the data it announces).
+    ///
+    /// # Safety
+    /// `addr` is device memory this device can write, aligned to `bytes`, valid until the
+    /// write has run.
+    unsafe fn write_value(&self, addr: u64, value: u64, bytes: u32) -> Result<()>;
     /// Records the current end of the stream; `timing` events can be compared with
     /// [`EventBackend::elapsed_ms_since`].
     fn record(&self, timing: bool) -> Result<Arc<dyn EventBackend>>;

@@ -109,6 +109,23 @@ impl StreamBackend for CpuStream {
         }))
     }
 
+    unsafe fn write_value(&self, addr: u64, value: u64, bytes: u32) -> Result<()> {
+        self.enqueue(Box::new(move || {
+            use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering::Release};
+            // SAFETY: the caller's contract (valid, aligned device memory); kernels access
+            // these words only atomically, so the write is atomic too.
+            unsafe {
+                match bytes {
+                    1 => AtomicU8::from_ptr(addr as *mut u8).store(value as u8, Release),
+                    2 => AtomicU16::from_ptr(addr as *mut u16).store(value as u16, Release),
+                    4 => AtomicU32::from_ptr(addr as *mut u32).store(value as u32, Release),
+                    _ => AtomicU64::from_ptr(addr as *mut u64).store(value, Release),
+                }
+            }
+            Ok(())
+        }))
+    }
+
     fn record(&self, _timing: bool) -> Result<Arc<dyn EventBackend>> {
         let event = Arc::new(CpuEvent::default());
         if let Some(e) = lock(&self.error).clone() {

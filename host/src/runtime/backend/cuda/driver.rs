@@ -232,6 +232,30 @@ pub(super) unsafe fn memcpy_dtoh_async(dst: &mut [u8], src: sys::CUdeviceptr, st
         .map_err(cuda_err("cuMemcpyDtoHAsync"))
 }
 
+/// Queues a write of `bytes` (1, 2, 4, 8) bytes of `value` to `dst` after the stream's work:
+/// `cuMemsetD8Async`/`cuMemsetD16Async` for 1 and 2 bytes, `cuStreamWriteValue32/64` for 4 and 8.
+///
+/// # Safety
+/// `dst` is device memory writable by the stream's device, aligned to `bytes`.
+pub(super) unsafe fn write_value_async(
+    dst: sys::CUdeviceptr,
+    value: u64,
+    bytes: u32,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match bytes {
+            1 => sys::cuMemsetD8Async(dst, value as u8, 1, stream).result().map_err(cuda_err("cuMemsetD8Async")),
+            2 => sys::cuMemsetD16Async(dst, value as u16, 1, stream).result().map_err(cuda_err("cuMemsetD16Async")),
+            4 => sys::cuStreamWriteValue32_v2(stream, dst, value as u32, 0)
+                .result()
+                .map_err(cuda_err("cuStreamWriteValue32")),
+            _ => sys::cuStreamWriteValue64_v2(stream, dst, value, 0).result().map_err(cuda_err("cuStreamWriteValue64")),
+        }
+    }
+}
+
 /// Queues a device-to-device copy.
 ///
 /// # Safety

@@ -386,6 +386,12 @@ impl StreamBackend for CudaStream {
         unsafe { driver::memcpy_dtod_async(dst, src, bytes, self.stream) }
     }
 
+    unsafe fn write_value(&self, addr: u64, value: u64, bytes: u32) -> Result<()> {
+        let _g = self.ctx.bind()?;
+        // SAFETY: the caller's contract.
+        unsafe { driver::write_value_async(addr, value, bytes, self.stream) }
+    }
+
     fn record(&self, timing: bool) -> Result<Arc<dyn EventBackend>> {
         let _g = self.ctx.bind()?;
         let event = CudaEvent { ctx: self.ctx.clone(), event: driver::event_create(timing)? };

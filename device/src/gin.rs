@@ -1,0 +1,838 @@
+//! GIN: GPU-initiated networking (NCCL's `ncclGin`): kernels put data into peers' windows,
+//! raise signals on them and wait for signals, for peers they may not be able to map.
+//!
+//! # Backends, chosen per peer
+//! * **direct**: a peer in this rank's LSA domain. A put is a copy by the coop's threads
+//!   through the peer's flat window mapping; a signal is one `red.release.sys.add` on the
+//!   peer's signal slot. No CPU involved.
+//! * **proxy**: any other peer (or every peer when the host forces it, `FERROLINK_GIN=proxy`).
+//!   One thread of the coop writes a 64-byte [`GinDescriptor`] into a ring in host memory
+//!   mapped for the device, one ring per (context, peer); the host's proxy thread executes it
+//!   through a transport (copy engine, TCP, RDMA) and reports local completion.
+//!
+//! # Signals and counters
+//! Signal `id` is a set of 64-bit slots on the receiving rank, one per sending rank
+//! (`slot[id][src]`, in a symmetric window so that direct peers can add to it): only rank
+//! `src` (or the proxy delivering for it) ever changes `slot[id][src]`, so no remote
+//! read-modify-write is needed on any path. [`Gin::read_signal`] sums the slots and subtracts
+//! the value [`Gin::reset_signal`] recorded (a reset is local: it never races with senders).
+//! Counters count local completions (the source of a put may be reused): the direct path
+//! adds to a device word, the proxy to a host word, and a read sums the two.
+//!
+//! # Ordering (strong signals, as NCCL's)
+//! A signal raised with a put (or after puts) on one context to one peer becomes visible to
+//! the peer only after that put and every earlier put of the same coop on the same context
+//! to the same peer has landed:
+//! * direct: the coop meets (`coop.sync()`, CTA scope) after its copy, then one thread adds to
+//!   the signal slot with a **release at system scope**, which is cumulative and so publishes
+//!   every thread's earlier stores; the waiter polls with relaxed loads and issues
+//!   `fence.acquire.sys` once the sum is reached.
+//! * proxy: the coop meets, then the thread that posts the descriptor writes its fields with
+//!   relaxed system-scope stores and its sequence word last with a **release at system
+//!   scope** (publishing the descriptor and, cumulatively, the source data the coop wrote);
+//!   the proxy reads the sequence word with an acquire load before the fields. The proxy runs
+//!   one ring in order, and each transport keeps that order to the peer: the copy engine on
+//!   one stream per (context, peer), TCP on one connection per (context, peer), where the
+//!   receiver writes the data before the signal. The signal slot is written after the data
+//!   in both.
+//!
+//! Contexts are independent queues; order holds only within one.
+
+use crate::arch::{self, FenceOrder, LoadOrder, RmwOrder, Scope, StoreOrder, atomic};
+use crate::barrier::BarrierError;
+use crate::comm::{DevComm, Team, error_code};
+use crate::coop::Coop;
+use crate::window::DevWindow;
+use bytemuck::{Pod, Zeroable};
+
+/// Bits of [`DevGin::flags`].
+pub mod flags {
+    /// The communicator has GIN resources.
+    pub const PRESENT: u32 = 1;
+    /// Every peer goes through the proxy, LSA peers too (`FERROLINK_GIN=proxy`).
+    pub const FORCE_PROXY: u32 = 2;
+}
+
+/// A communicator's GIN resources, inside its [`DevComm`] (NCCL's GIN part of
+/// `ncclDevComm`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct DevGin {
+    /// [`flags`].
+    pub flags: u32,
+    /// Contexts (independent queues); a context index is taken modulo this.
+    pub context_count: u32,
+    /// Signals, the GIN barriers' included (they are the last `barrier_count`).
+    pub signal_count: u32,
+    /// Counters.
+    pub counter_count: u32,
+    /// Descriptors per ring (a power of two).
+    pub queue_depth: u32,
+    /// The first signal the GIN barriers use (signal `barrier_signal_first + index`).
+    pub barrier_signal_first: u32,
+    /// GIN barriers.
+    pub barrier_count: u32,
+    /// Padding.
+    pub _reserved: u32,
+    /// The signal slots: a symmetric window holding `u64 slot[signal_count][nranks]` per rank.
+    pub signals: DevWindow,
+    /// Device address of `u64[signal_count]`: what [`Gin::reset_signal`] recorded.
+    pub signal_base: u64,
+    /// Device address of `u64[counter_count]`: completions of direct puts.
+    pub counters: u64,
+    /// Host-mapped address of `u64[counter_count]`: completions the proxy reports.
+    pub counters_host: u64,
+    /// Device address of `u64[counter_count]`: what [`Gin::reset_counter`] recorded.
+    pub counter_base: u64,
+    /// Host-mapped address of the rings: `GinDescriptor[context][nranks][queue_depth]`.
+    pub queues: u64,
+    /// Device address of `u64[context][nranks]`: descriptors claimed per ring.
+    pub produced: u64,
+    /// Host-mapped address of `u64[context][nranks]`: descriptors the proxy has completed
+    /// locally (their sources may be reused) per ring.
+    pub consumed: u64,
+    /// Device address of `u32[barrier_count]`: the GIN barriers' epochs.
+    pub barrier_epochs: u64,
+}
+
+/// Operations of a [`GinDescriptor`].
+pub mod op {
+    /// Copy `bytes` from the source window to the destination window.
+    pub const PUT: u32 = 1;
+    /// Store `bytes` (1, 2, 4 or 8) bytes of `value` into the destination window.
+    pub const PUT_VALUE: u32 = 2;
+    /// Only the remote action.
+    pub const SIGNAL: u32 = 3;
+}
+
+/// Bits of [`GinDescriptor::flags`].
+pub mod desc_flags {
+    /// Remote action: none.
+    pub const REMOTE_NONE: u32 = 0;
+    /// Remote action: add 1 to signal `signal_id`.
+    pub const REMOTE_SIGNAL_INC: u32 = 1;
+    /// Remote action: add `signal_value` to signal `signal_id`.
+    pub const REMOTE_SIGNAL_ADD: u32 = 2;
+    /// Mask of the remote action.
+    pub const REMOTE_MASK: u32 = 3;
+    /// Local action: add 1 to counter `counter_id` once the source may be reused.
+    pub const LOCAL_COUNTER_INC: u32 = 4;
+}
+
+/// One proxy request, 64 bytes, in a ring in host memory (written by one GPU thread, read by
+/// the proxy). `seq` is written last with a release: the ticket of the slot plus one (0 =
+/// empty); the proxy accepts the slot when `seq` equals the ticket it expects.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GinDescriptor {
+    /// Ticket + 1.
+    pub seq: u64,
+    /// The operation ([`op`], bits 0–7), its [`desc_flags`] (bits 8–15) and, for `PUT_VALUE`,
+    /// the bytes of the value to store (1, 2, 4, 8; bits 16–23): see [`GinDescriptor::kind`].
+    pub kind: u32,
+    /// Destination world rank.
+    pub peer: u32,
+    /// Destination window ([`DevWindow::id`]).
+    pub dst_window: u32,
+    /// Source window (`PUT`).
+    pub src_window: u32,
+    /// Signal of the remote action.
+    pub signal_id: u32,
+    /// Counter of the local action.
+    pub counter_id: u32,
+    /// Destination offset.
+    pub dst_offset: u64,
+    /// Source offset (`PUT`).
+    pub src_offset: u64,
+    /// `PUT`: bytes; `PUT_VALUE`: the value.
+    pub bytes_or_value: u64,
+    /// `REMOTE_SIGNAL_ADD`: the amount.
+    pub signal_value: u64,
+}
+
+impl GinDescriptor {
+    /// Packs an operation, its flags and a value size into [`GinDescriptor::kind`].
+    pub const fn kind(op: u32, flags: u32, value_bytes: u32) -> u32 {
+        (op & 0xFF) | ((flags & 0xFF) << 8) | ((value_bytes & 0xFF) << 16)
+    }
+    /// The operation ([`op`]).
+    pub const fn op(&self) -> u32 {
+        self.kind & 0xFF
+    }
+    /// The [`desc_flags`].
+    pub const fn flags(&self) -> u32 {
+        (self.kind >> 8) & 0xFF
+    }
+    /// `PUT_VALUE`: the bytes of the value to store.
+    pub const fn value_bytes(&self) -> u32 {
+        (self.kind >> 16) & 0xFF
+    }
+}
+
+/// What a put or signal does on the receiving rank once its data has landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteAction {
+    /// Nothing.
+    None,
+    /// Add 1 to signal `id` (NCCL's `ncclGin_SignalInc`).
+    SignalInc(u32),
+    /// Add `value` to signal `id` (NCCL's `ncclGin_SignalAdd`).
+    SignalAdd(u32, u64),
+}
+
+/// What a put does on this rank once its source may be reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalAction {
+    /// Nothing.
+    None,
+    /// Add 1 to counter `id` (NCCL's `ncclGin_CounterInc`).
+    CounterInc(u32),
+}
+
+/// Polls before a wait starts looking at the clock, the abort flag, and backing off.
+const FAST_POLLS: u32 = if cfg!(target_arch = "nvptx64") { 2048 } else { 1 };
+
+/// One context of a communicator's GIN (NCCL's `ncclGin(devComm, context)`). Every method
+/// that takes a coop is called by every thread of the coop with the same arguments.
+#[derive(Clone, Copy)]
+pub struct Gin<'a> {
+    comm: &'a DevComm,
+    ctx: u32,
+}
+
+impl<'a> Gin<'a> {
+    /// Context `context` (taken modulo the communicator's context count) of `comm`'s GIN. A
+    /// `DevComm` without GIN resources is a fault: the kernel reports it and traps.
+    #[inline(always)]
+    pub fn new(comm: &'a DevComm, context: u32) -> Gin<'a> {
+        comm.check_header();
+        let g = &comm.gin;
+        if g.flags & flags::PRESENT == 0 || g.context_count == 0 {
+            comm.fail(error_code::GIN_ABSENT, 0, 0);
+        }
+        Gin { comm, ctx: context % g.context_count }
+    }
+
+    /// The communicator.
+    #[inline(always)]
+    pub fn comm(&self) -> &'a DevComm {
+        self.comm
+    }
+
+    #[inline(always)]
+    fn g(&self) -> &'a DevGin {
+        &self.comm.gin
+    }
+
+    /// World rank of team rank `peer` (checked).
+    #[inline(always)]
+    fn world(&self, team: Team, peer: u32) -> u32 {
+        if peer >= team.size {
+            self.comm.fail(error_code::GIN_PEER, u64::from(peer), u64::from(team.size));
+        }
+        self.comm.team_rank_to_world(team, peer)
+    }
+
+    /// Whether `world` is reached directly (in this rank's LSA domain, not forced through
+    /// the proxy).
+    #[inline(always)]
+    fn direct(&self, world: u32) -> bool {
+        let c = self.comm;
+        self.g().flags & flags::FORCE_PROXY == 0 && world / c.lsa_size == c.rank / c.lsa_size
+    }
+
+    #[inline(always)]
+    fn check_signal(&self, id: u32) {
+        if id >= self.g().signal_count {
+            self.comm.fail(error_code::GIN_SIGNAL_ID, u64::from(id), u64::from(self.g().signal_count));
+        }
+    }
+
+    #[inline(always)]
+    fn check_counter(&self, id: u32) {
+        if id >= self.g().counter_count {
+            self.comm.fail(error_code::GIN_COUNTER_ID, u64::from(id), u64::from(self.g().counter_count));
+        }
+    }
+
+    #[inline(always)]
+    fn check_range(&self, w: &DevWindow, offset: usize, bytes: usize) {
+        if offset.checked_add(bytes).is_none_or(|end| end as u64 > w.size) {
+            self.comm.fail(error_code::GIN_RANGE, offset as u64, (u64::from(w.id) << 48) | w.size);
+        }
+    }
+
+    /// Address of `slot[id][src]` in LSA rank `lsa_peer`'s signal window.
+    #[inline(always)]
+    fn signal_slot(&self, id: u32, src: u32, lsa_peer: u32) -> *mut u64 {
+        self.g().signals.lsa_ptr((id as usize * self.comm.nranks as usize + src as usize) * 8, lsa_peer)
+    }
+
+    /// Puts `bytes` bytes from this rank's `src` window at `src_offset` into team rank
+    /// `peer`'s `dst` window at `dst_offset` (NCCL's `ncclGin::put`), then does the actions:
+    /// `remote` on the peer once the data has landed (ordering: see the module docs), `local`
+    /// here once the source may be reused. Ranges outside the windows, a peer outside the
+    /// team and unknown signal or counter ids are faults (reported, then a trap).
+    ///
+    /// # Safety
+    /// `src` and `dst` are windows of this communicator (from live handles); nothing writes
+    /// the source range while the put reads it, and nothing else writes the destination range
+    /// until the peer has seen the put's signal.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn put<C: Coop>(
+        &self,
+        coop: C,
+        team: Team,
+        peer: u32,
+        dst: DevWindow,
+        dst_offset: usize,
+        src: DevWindow,
+        src_offset: usize,
+        bytes: usize,
+        remote: RemoteAction,
+        local: LocalAction,
+    ) {
+        let world = self.world(team, peer);
+        self.check_range(&dst, dst_offset, bytes);
+        self.check_range(&src, src_offset, bytes);
+        self.check_actions(remote, local);
+        if self.direct(world) {
+            let lsa_peer = world % self.comm.lsa_size;
+            // SAFETY: both ranges were checked against their windows; the caller vouches for
+            // the windows and for no racing writes.
+            unsafe {
+                crate::kernels::copy::copy_bytes(
+                    dst.lsa_ptr(dst_offset, lsa_peer),
+                    src.local_ptr(src_offset),
+                    bytes,
+                    coop.thread_rank(),
+                    coop.size(),
+                )
+            };
+            coop.sync();
+            if coop.thread_rank() == 0 {
+                self.remote_direct(lsa_peer, remote);
+                self.local_direct(local);
+            }
+        } else {
+            coop.sync();
+            if coop.thread_rank() == 0 {
+                let d = GinDescriptor {
+                    kind: GinDescriptor::kind(op::PUT, remote_flags(remote) | local_flags(local), 0),
+                    peer: world,
+                    dst_window: dst.id,
+                    src_window: src.id,
+                    signal_id: remote_id(remote),
+                    counter_id: local_id(local),
+                    dst_offset: dst_offset as u64,
+                    src_offset: src_offset as u64,
+                    bytes_or_value: bytes as u64,
+                    signal_value: remote_value(remote),
+                    ..GinDescriptor::default()
+                };
+                self.post(world, d);
+            }
+        }
+        coop.sync();
+    }
+
+    /// Stores the low `bytes` (1, 2, 4 or 8) bytes of `value` into team rank `peer`'s `dst`
+    /// window at `dst_offset` (NCCL's `putValue`), then does `remote` there.
+    ///
+    /// # Safety
+    /// As [`Gin::put`] for the destination.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn put_value<C: Coop>(
+        &self,
+        coop: C,
+        team: Team,
+        peer: u32,
+        dst: DevWindow,
+        dst_offset: usize,
+        value: u64,
+        bytes: u32,
+        remote: RemoteAction,
+    ) {
+        let world = self.world(team, peer);
+        if !matches!(bytes, 1 | 2 | 4 | 8) || !dst_offset.is_multiple_of(bytes as usize) {
+            self.comm.fail(error_code::GIN_RANGE, dst_offset as u64, u64::from(bytes));
+        }
+        self.check_range(&dst, dst_offset, bytes as usize);
+        self.check_actions(remote, LocalAction::None);
+        coop.sync();
+        if coop.thread_rank() == 0 {
+            if self.direct(world) {
+                let lsa_peer = world % self.comm.lsa_size;
+                let p: *mut u8 = dst.lsa_ptr(dst_offset, lsa_peer);
+                // SAFETY: the range was checked and is naturally aligned for its size; the
+                // caller vouches for the window.
+                unsafe {
+                    match bytes {
+                        1 => (p as *mut u8).write_volatile(value as u8),
+                        2 => (p as *mut u16).write_volatile(value as u16),
+                        4 => (p as *mut u32).write_volatile(value as u32),
+                        _ => (p as *mut u64).write_volatile(value),
+                    }
+                }
+                self.remote_direct(lsa_peer, remote);
+            } else {
+                let d = GinDescriptor {
+                    kind: GinDescriptor::kind(op::PUT_VALUE, remote_flags(remote), bytes),
+                    peer: world,
+                    dst_window: dst.id,
+                    signal_id: remote_id(remote),
+                    dst_offset: dst_offset as u64,
+                    bytes_or_value: value,
+                    signal_value: remote_value(remote),
+                    ..GinDescriptor::default()
+                };
+                self.post(world, d);
+            }
+        }
+        coop.sync();
+    }
+
+    /// Raises `remote` on team rank `peer` after every earlier put of this coop on this
+    /// context to that peer has landed (NCCL's `signal`).
+    #[inline(always)]
+    pub fn signal<C: Coop>(&self, coop: C, team: Team, peer: u32, remote: RemoteAction) {
+        let world = self.world(team, peer);
+        self.check_actions(remote, LocalAction::None);
+        coop.sync();
+        if coop.thread_rank() == 0 {
+            self.signal_from_thread(world, remote);
+        }
+        coop.sync();
+    }
+
+    /// [`Gin::signal`] by one thread on its own (no coop barrier): for loops where each thread
+    /// signals a different peer, after the caller's own synchronization.
+    #[inline(always)]
+    pub fn signal_from_thread(&self, world: u32, remote: RemoteAction) {
+        if self.direct(world) {
+            self.remote_direct(world % self.comm.lsa_size, remote);
+        } else {
+            let d = GinDescriptor {
+                kind: GinDescriptor::kind(op::SIGNAL, remote_flags(remote), 0),
+                peer: world,
+                signal_id: remote_id(remote),
+                signal_value: remote_value(remote),
+                ..GinDescriptor::default()
+            };
+            self.post(world, d);
+        }
+    }
+
+    /// Waits until every put of this context issued so far by this rank is complete locally:
+    /// their sources may be reused (NCCL's `flush`). Not remote completion: wait for a
+    /// signal for that.
+    #[inline(always)]
+    pub fn flush<C: Coop>(&self, coop: C) {
+        coop.sync();
+        if coop.thread_rank() == 0 {
+            for p in 0..self.comm.nranks {
+                if self.direct(p) {
+                    continue;
+                }
+                let ring = self.ring(p);
+                // SAFETY: `produced` and `consumed` hold a word per ring (host resources).
+                let produced = unsafe { atomic::load(self.produced(ring), LoadOrder::Relaxed, Scope::Gpu) };
+                let _ = self.poll(
+                    || {
+                        // SAFETY: as above.
+                        let c = unsafe { atomic::load(self.consumed(ring), LoadOrder::Relaxed, Scope::Sys) };
+                        c.wrapping_sub(produced) as i64 >= 0
+                    },
+                    None,
+                );
+            }
+            arch::atomic::fence(FenceOrder::Acquire, Scope::Sys);
+        }
+        coop.sync();
+    }
+
+    /// Signal `id`'s value: the sum of its slots, minus what the last reset recorded.
+    #[inline(always)]
+    pub fn read_signal(&self, id: u32) -> u64 {
+        self.check_signal(id);
+        // SAFETY: `signal_base` holds a word per signal.
+        let base = unsafe {
+            atomic::load((self.g().signal_base as *const u64).add(id as usize), LoadOrder::Relaxed, Scope::Gpu)
+        };
+        self.signal_sum(id).wrapping_sub(base)
+    }
+
+    #[inline(always)]
+    fn signal_sum(&self, id: u32) -> u64 {
+        let me = self.comm.lsa_rank;
+        let mut sum = 0u64;
+        for src in 0..self.comm.nranks {
+            // SAFETY: the slot lies in this rank's signal window (id checked by the callers);
+            // senders change it only atomically.
+            sum = sum
+                .wrapping_add(unsafe { atomic::load(self.signal_slot(id, src, me), LoadOrder::Relaxed, Scope::Sys) });
+        }
+        sum
+    }
+
+    /// Waits until signal `id` reaches `least` (a rolling compare: `value - least` as a signed
+    /// number is not negative), then acquires what the signals' senders released. Returns
+    /// early, with the same result on every thread of the coop, if the communicator is
+    /// aborted.
+    #[inline(always)]
+    pub fn wait_signal<C: Coop>(&self, coop: C, id: u32, least: u64) -> Result<(), BarrierError> {
+        self.wait_signal_until(coop, id, least, None)
+    }
+
+    /// [`Gin::wait_signal`] that gives up after `timeout_ns` of `%globaltimer`.
+    #[inline(always)]
+    pub fn wait_signal_timeout<C: Coop>(
+        &self,
+        coop: C,
+        id: u32,
+        least: u64,
+        timeout_ns: u64,
+    ) -> Result<(), BarrierError> {
+        let deadline = arch::global_timer_ns().saturating_add(timeout_ns);
+        self.wait_signal_until(coop, id, least, Some(deadline))
+    }
+
+    #[inline(always)]
+    fn wait_signal_until<C: Coop>(
+        &self,
+        coop: C,
+        id: u32,
+        least: u64,
+        deadline: Option<u64>,
+    ) -> Result<(), BarrierError> {
+        self.check_signal(id);
+        let mut end = Ok(());
+        if coop.thread_rank() == 0 {
+            end = self.poll(|| self.read_signal(id).wrapping_sub(least) as i64 >= 0, deadline);
+            arch::atomic::fence(FenceOrder::Acquire, Scope::Sys);
+        }
+        uniform(coop, end)
+    }
+
+    /// Makes signal `id` read 0 from now on (records its current sum; NCCL's `resetSignal`).
+    /// Local: no sender needs to stop, but a wait must not span it.
+    #[inline(always)]
+    pub fn reset_signal(&self, id: u32) {
+        self.check_signal(id);
+        let sum = self.signal_sum(id);
+        // SAFETY: `signal_base` holds a word per signal.
+        unsafe {
+            atomic::store((self.g().signal_base as *mut u64).add(id as usize), sum, StoreOrder::Relaxed, Scope::Gpu)
+        };
+    }
+
+    /// Counter `id`'s value: completions of puts that asked for it, minus the last reset.
+    #[inline(always)]
+    pub fn read_counter(&self, id: u32) -> u64 {
+        self.check_counter(id);
+        let g = self.g();
+        // SAFETY: the three arrays hold a word per counter.
+        unsafe {
+            let d = atomic::load((g.counters as *const u64).add(id as usize), LoadOrder::Relaxed, Scope::Gpu);
+            let h = atomic::load((g.counters_host as *const u64).add(id as usize), LoadOrder::Relaxed, Scope::Sys);
+            let b = atomic::load((g.counter_base as *const u64).add(id as usize), LoadOrder::Relaxed, Scope::Gpu);
+            d.wrapping_add(h).wrapping_sub(b)
+        }
+    }
+
+    /// Waits until counter `id` reaches `least` (rolling compare), or the communicator is aborted.
+    #[inline(always)]
+    pub fn wait_counter<C: Coop>(&self, coop: C, id: u32, least: u64) -> Result<(), BarrierError> {
+        self.check_counter(id);
+        let mut end = Ok(());
+        if coop.thread_rank() == 0 {
+            end = self.poll(|| self.read_counter(id).wrapping_sub(least) as i64 >= 0, None);
+            arch::atomic::fence(FenceOrder::Acquire, Scope::Sys);
+        }
+        uniform(coop, end)
+    }
+
+    /// Makes counter `id` read 0 from now on (NCCL's `resetCounter`).
+    #[inline(always)]
+    pub fn reset_counter(&self, id: u32) {
+        let v = self.read_counter(id);
+        let g = self.g();
+        // SAFETY: the arrays hold a word per counter.
+        unsafe {
+            let b = (g.counter_base as *mut u64).add(id as usize);
+            let old = atomic::load(b, LoadOrder::Relaxed, Scope::Gpu);
+            atomic::store(b, old.wrapping_add(v), StoreOrder::Relaxed, Scope::Gpu);
+        }
+    }
+
+    // ---- internals ------------------------------------------------------------------
+
+    #[inline(always)]
+    fn check_actions(&self, remote: RemoteAction, local: LocalAction) {
+        match remote {
+            RemoteAction::None => {}
+            RemoteAction::SignalInc(id) | RemoteAction::SignalAdd(id, _) => self.check_signal(id),
+        }
+        if let LocalAction::CounterInc(id) = local {
+            self.check_counter(id);
+        }
+    }
+
+    /// The remote action on a direct peer: one release add at system scope on the peer's slot
+    /// for this rank (publishing the coop's earlier stores; see the module docs).
+    #[inline(always)]
+    fn remote_direct(&self, lsa_peer: u32, remote: RemoteAction) {
+        let (id, v) = match remote {
+            RemoteAction::None => return,
+            RemoteAction::SignalInc(id) => (id, 1),
+            RemoteAction::SignalAdd(id, v) => (id, v),
+        };
+        // SAFETY: the slot lies in the peer's signal window (id checked); only this rank adds to it.
+        unsafe { atomic::red_add(self.signal_slot(id, self.comm.rank, lsa_peer), v, StoreOrder::Release, Scope::Sys) };
+    }
+
+    #[inline(always)]
+    fn local_direct(&self, local: LocalAction) {
+        if let LocalAction::CounterInc(id) = local {
+            // SAFETY: `counters` holds a word per counter (id checked).
+            unsafe {
+                atomic::red_add((self.g().counters as *mut u64).add(id as usize), 1, StoreOrder::Relaxed, Scope::Gpu)
+            };
+        }
+    }
+
+    #[inline(always)]
+    fn ring(&self, peer: u32) -> usize {
+        self.ctx as usize * self.comm.nranks as usize + peer as usize
+    }
+
+    #[inline(always)]
+    fn produced(&self, ring: usize) -> *mut u64 {
+        (self.g().produced as *mut u64).wrapping_add(ring)
+    }
+
+    #[inline(always)]
+    fn consumed(&self, ring: usize) -> *mut u64 {
+        (self.g().consumed as *mut u64).wrapping_add(ring)
+    }
+
+    /// Posts `d` on the ring to `peer`: claims a ticket, waits for credit (a free slot),
+    /// writes the fields, then the sequence word with a release at system scope.
+    #[inline(always)]
+    fn post(&self, peer: u32, mut d: GinDescriptor) {
+        let ring = self.ring(peer);
+        let depth = u64::from(self.g().queue_depth);
+        // SAFETY: `produced` holds a word per ring; only this rank's threads claim from it.
+        let ticket = unsafe { atomic::fetch_add(self.produced(ring), 1, RmwOrder::Relaxed, Scope::Gpu) };
+        // Credit: the slot is free once the proxy has completed the descriptor `depth` back.
+        let _ = self.poll(
+            || {
+                // SAFETY: `consumed` holds a word per ring, written by the proxy only.
+                let c = unsafe { atomic::load(self.consumed(ring), LoadOrder::Relaxed, Scope::Sys) };
+                ticket.wrapping_sub(c) < depth
+            },
+            None,
+        );
+        let slot =
+            (self.g().queues as *mut GinDescriptor).wrapping_add(ring * depth as usize + (ticket % depth) as usize);
+        d.seq = 0;
+        let words: [u64; 8] = bytemuck::cast(d);
+        let dst = slot as *mut u64;
+        // SAFETY: the slot is this ticket's (credit above): no one else writes it until the
+        // proxy has read it; the proxy reads the fields only after `seq` (written last).
+        unsafe {
+            for (i, w) in words.iter().enumerate().skip(1) {
+                atomic::store(dst.add(i), *w, StoreOrder::Relaxed, Scope::Sys);
+            }
+            atomic::store(dst, ticket + 1, StoreOrder::Release, Scope::Sys);
+        }
+    }
+
+    /// Spins until `done()`, then `Ok`; after the fast phase backs off and looks at the
+    /// deadline (`Err(Timeout)`) and the abort flag (`Err(Aborted)`).
+    #[inline(always)]
+    fn poll(&self, done: impl Fn() -> bool, deadline: Option<u64>) -> Result<(), BarrierError> {
+        let mut polls = 0u32;
+        loop {
+            if done() {
+                return Ok(());
+            }
+            polls = polls.saturating_add(1);
+            if polls >= FAST_POLLS {
+                if deadline.is_some_and(|d| arch::global_timer_ns() >= d) {
+                    return Err(BarrierError::Timeout);
+                }
+                if polls.is_multiple_of(32) && self.comm.abort_requested() {
+                    return Err(BarrierError::Aborted);
+                }
+                arch::spin_wait_hint(100);
+            }
+        }
+    }
+}
+
+/// Makes a result decided by one thread the coop's: every thread returns the same.
+#[inline(always)]
+fn uniform<C: Coop>(coop: C, end: Result<(), BarrierError>) -> Result<(), BarrierError> {
+    let failed = coop.sync_any(end.is_err());
+    if !failed {
+        return Ok(());
+    }
+    if coop.sync_any(end == Err(BarrierError::Aborted)) {
+        Err(BarrierError::Aborted)
+    } else {
+        Err(BarrierError::Timeout)
+    }
+}
+
+#[inline(always)]
+fn remote_flags(r: RemoteAction) -> u32 {
+    match r {
+        RemoteAction::None => desc_flags::REMOTE_NONE,
+        RemoteAction::SignalInc(_) => desc_flags::REMOTE_SIGNAL_INC,
+        RemoteAction::SignalAdd(..) => desc_flags::REMOTE_SIGNAL_ADD,
+    }
+}
+
+#[inline(always)]
+fn remote_id(r: RemoteAction) -> u32 {
+    match r {
+        RemoteAction::None => 0,
+        RemoteAction::SignalInc(id) | RemoteAction::SignalAdd(id, _) => id,
+    }
+}
+
+#[inline(always)]
+fn remote_value(r: RemoteAction) -> u64 {
+    match r {
+        RemoteAction::SignalAdd(_, v) => v,
+        RemoteAction::SignalInc(_) => 1,
+        RemoteAction::None => 0,
+    }
+}
+
+#[inline(always)]
+fn local_flags(l: LocalAction) -> u32 {
+    match l {
+        LocalAction::None => 0,
+        LocalAction::CounterInc(_) => desc_flags::LOCAL_COUNTER_INC,
+    }
+}
+
+#[inline(always)]
+fn local_id(l: LocalAction) -> u32 {
+    match l {
+        LocalAction::None => 0,
+        LocalAction::CounterInc(id) => id,
+    }
+}
+
+/// A GIN barrier (NCCL's `ncclGinBarrierSession`): every rank of `team` signals every other
+/// (SignalInc on the barrier's signal), then waits until its own signal has grown by
+/// `team.size - 1` for this round. Strong signals make it a release/acquire barrier: what a
+/// rank put (on the same context) before it is visible to every peer after it.
+pub struct GinBarrierSession<'a, C: Coop> {
+    gin: Gin<'a>,
+    coop: C,
+    team: Team,
+    index: u32,
+    signal: u32,
+    epoch: u32,
+}
+
+impl<'a, C: Coop> GinBarrierSession<'a, C> {
+    /// Opens GIN barrier `index` (< the communicator's GIN barrier count; checked) over `team`
+    /// on `gin`'s context. One coop per index at a time; every rank of the team uses the
+    /// same team and index.
+    #[inline(always)]
+    pub fn new(coop: C, gin: Gin<'a>, team: Team, index: u32) -> Self {
+        let g = gin.g();
+        if index >= g.barrier_count {
+            gin.comm.fail(error_code::GIN_BARRIER_INDEX, u64::from(index), u64::from(g.barrier_count));
+        }
+        // SAFETY: `barrier_epochs` holds a word per GIN barrier (index checked).
+        let epoch = unsafe {
+            atomic::load((g.barrier_epochs as *const u32).add(index as usize), LoadOrder::Relaxed, Scope::Gpu)
+        };
+        GinBarrierSession { gin, coop, team, index, signal: g.barrier_signal_first + index, epoch }
+    }
+
+    /// Signals every other member of the team, then waits for all of them (acquiring what
+    /// they released). `Err(Aborted)` if the communicator was aborted meanwhile.
+    #[inline(always)]
+    pub fn sync(&mut self) -> Result<(), BarrierError> {
+        self.coop.sync();
+        self.epoch = self.epoch.wrapping_add(1);
+        let me = self.team.rank;
+        let mut m = self.coop.thread_rank() as u32;
+        while m < self.team.size {
+            if m != me {
+                let world = self.gin.comm.team_rank_to_world(self.team, m);
+                self.gin.signal_from_thread(world, RemoteAction::SignalInc(self.signal));
+            }
+            m += self.coop.size() as u32;
+        }
+        let want = u64::from(self.epoch) * u64::from(self.team.size - 1);
+        let mut end = Ok(());
+        if self.coop.thread_rank() == 0 {
+            // Barrier signals are never reset: compare the raw sum.
+            end = self.gin.poll(|| seq_reached64(self.gin.signal_sum(self.signal), want), None);
+            arch::atomic::fence(FenceOrder::Acquire, Scope::Sys);
+        }
+        uniform(self.coop, end)
+    }
+}
+
+impl<C: Coop> Drop for GinBarrierSession<'_, C> {
+    fn drop(&mut self) {
+        if self.coop.thread_rank() == 0 {
+            // SAFETY: in range (checked in `new`); this coop owns the index.
+            unsafe {
+                atomic::store(
+                    (self.gin.g().barrier_epochs as *mut u32).add(self.index as usize),
+                    self.epoch,
+                    StoreOrder::Relaxed,
+                    Scope::Gpu,
+                )
+            };
+        }
+    }
+}
+
+#[inline(always)]
+fn seq_reached64(value: u64, target: u64) -> bool {
+    value.wrapping_sub(target) as i64 >= 0
+}
+
+/// A barrier over every rank of the communicator (NCCL's hybrid `ncclBarrierSession`): the
+/// LSA barrier `index` inside the domain, the GIN barrier `index` over the rail team across
+/// domains, and the LSA barrier again, so that every rank leaves after every rank arrived.
+///
+/// # Safety
+/// As [`crate::LsaBarrierSession::new`] for LSA barrier `index`.
+#[inline(always)]
+pub unsafe fn hybrid_sync<C: Coop>(coop: C, comm: &DevComm, context: u32, index: u32) -> Result<(), BarrierError> {
+    // SAFETY: forwarded contract.
+    let mut lsa = unsafe { crate::LsaBarrierSession::new(coop, comm, index) };
+    lsa.try_sync()?;
+    if comm.nranks > comm.lsa_size {
+        let gin = Gin::new(comm, context);
+        let mut rail = GinBarrierSession::new(coop, gin, comm.rail(), index);
+        rail.sync()?;
+    }
+    lsa.try_sync()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_are_64_bytes_and_gin_state_is_stable() {
+        assert_eq!(core::mem::size_of::<GinDescriptor>(), 64);
+        assert_eq!(core::mem::size_of::<DevGin>(), 32 + 40 + 64);
+        assert!(seq_reached64(5, 5) && seq_reached64(0, u64::MAX) && !seq_reached64(4, 5));
+    }
+}

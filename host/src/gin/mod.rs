@@ -1,0 +1,292 @@
+//! GIN on the host: the resources behind a device communicator's [`DevGin`] (signal slots,
+//! counters, the proxy's rings), the proxy thread that executes the rings' descriptors, and the
+//! transports it drives ([`transport`]). The device side and the ordering argument are in
+//! `ferrolink_device::gin`.
+//!
+//! Per peer, a rank uses the **direct** backend (an LSA peer: the kernel stores into the
+//! peer's mapped window; no CPU) or the **proxy**, with a transport: the **copy engine** where
+//! the peer's memory is mapped here (an LSA peer with `FERROLINK_GIN=proxy`), else **TCP**.
+//! `FERROLINK_GIN=direct|proxy` and `FERROLINK_GIN_TRANSPORT=ce|tcp` override the choice.
+
+pub(crate) mod proxy;
+pub mod transport;
+
+use crate::comm::Communicator;
+use crate::comm::control::CommControl;
+use crate::mem::window::Window;
+use crate::runtime::device::Device;
+use crate::runtime::host_mapped::HostMapped;
+use crate::runtime::lifetime::lock;
+use crate::runtime::memory::DeviceBuffer;
+use crate::{Error, Result};
+use ferrolink_device::gin::{DevGin, GinDescriptor, flags};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use transport::{Deliver, RemoteLocation, TransportKind};
+
+/// How peers are reached (`FERROLINK_GIN`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GinMode {
+    /// LSA peers directly, the others through the proxy (the default).
+    Auto,
+    /// Every peer through the proxy (LSA peers with the copy engine).
+    Proxy,
+}
+
+impl GinMode {
+    /// `FERROLINK_GIN`: `direct` or unset (LSA peers directly), or `proxy`.
+    pub fn from_env() -> Result<GinMode> {
+        match std::env::var("FERROLINK_GIN").as_deref() {
+            Err(_) | Ok("") | Ok("direct") | Ok("auto") => Ok(GinMode::Auto),
+            Ok("proxy") => Ok(GinMode::Proxy),
+            Ok(other) => Err(Error::InvalidArgument(format!("FERROLINK_GIN={other:?}: use `direct` or `proxy`"))),
+        }
+    }
+}
+
+/// A rank's GIN resources, as its proxy and its receivers use them.
+pub(crate) struct GinRank {
+    pub(crate) comm_id: u64,
+    pub(crate) rank: usize,
+    pub(crate) nranks: usize,
+    pub(crate) lsa_size: usize,
+    pub(crate) device: Device,
+    pub(crate) contexts: u32,
+    pub(crate) depth: u32,
+    pub(crate) signal_count: u32,
+    pub(crate) counter_count: u32,
+    /// Per peer: `None` for the direct backend, else the proxy's transport.
+    pub(crate) kinds: Vec<Option<TransportKind>>,
+    /// The rings, the consumed words and the proxy's counters, in host memory mapped for the
+    /// device.
+    host: HostMapped,
+    consumed_off: usize,
+    counters_off: usize,
+    /// This rank's handle of the signal window (slots `[id][src]`).
+    pub(crate) signals: Window,
+    /// Device words (produced, signal bases, counters, counter bases) and GIN barrier epochs:
+    /// owned here so that they live as long as the rank's GIN.
+    _device_words: DeviceBuffer<u64>,
+    _barrier_epochs: DeviceBuffer<u32>,
+    /// What receivers have added to each `(src, signal)` slot (written whole, after the data).
+    received: Mutex<HashMap<(usize, u32), u64>>,
+    pub(crate) control: Weak<CommControl>,
+    /// The TCP addresses of every rank's receiver (`None`: it has none); set once every rank
+    /// has said, before the proxy starts.
+    pub(crate) tcp_peers: std::sync::OnceLock<Vec<Option<std::net::SocketAddr>>>,
+    /// This rank's TCP receiver, while it lives.
+    tcp_receiver: Mutex<Option<transport::tcp::TcpReceiver>>,
+    /// Asks the proxy thread to end.
+    pub(crate) stop: std::sync::atomic::AtomicBool,
+}
+
+impl GinRank {
+    fn host_word(&self, byte_offset: usize) -> &AtomicU64 {
+        debug_assert!(byte_offset + 8 <= self.host.len() && byte_offset.is_multiple_of(8));
+        // SAFETY: an aligned word inside the live host-mapped block; the device and the host
+        // access it only with atomics.
+        unsafe { AtomicU64::from_ptr(self.host.host_ptr().add(byte_offset) as *mut u64) }
+    }
+
+    /// Word `w` (0..8) of descriptor slot `slot` of ring `ring`.
+    pub(crate) fn ring_word(&self, ring: usize, slot: u64, w: usize) -> &AtomicU64 {
+        let desc = (ring * self.depth as usize + slot as usize) * std::mem::size_of::<GinDescriptor>();
+        self.host_word(desc + 8 * w)
+    }
+
+    /// The consumed word of ring `ring`.
+    pub(crate) fn consumed(&self, ring: usize) -> &AtomicU64 {
+        self.host_word(self.consumed_off + 8 * ring)
+    }
+
+    /// The proxy's word of counter `id`.
+    pub(crate) fn counter(&self, id: u32) -> &AtomicU64 {
+        self.host_word(self.counters_off + 8 * id as usize)
+    }
+
+    /// This rank's handle of window `id`, if it lives.
+    pub(crate) fn window(&self, id: u32) -> Option<Window> {
+        crate::mem::window::lookup(self.comm_id, self.rank, id)
+    }
+
+    /// Aborts the communicator with `why` (a proxy or transport failure).
+    pub(crate) fn fail(&self, why: String) {
+        tracing::error!(target: "ferrolink::gin", rank = self.rank, "{why}");
+        if let Some(c) = self.control.upgrade() {
+            c.abort(Error::Aborted(format!("GIN on rank {}: {why}", self.rank)));
+        }
+    }
+
+    fn location(&self, dst: RemoteLocation, bytes: usize) -> Result<(Window, u64)> {
+        let w = self.window(dst.window).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "rank {}: GIN data for window {} which is not registered here",
+                self.rank, dst.window
+            ))
+        })?;
+        let addr = w.local_addr(dst.offset as usize, bytes)?;
+        Ok((w, addr))
+    }
+}
+
+impl Deliver for GinRank {
+    fn put(&self, _from: usize, dst: RemoteLocation, data: &[u8]) -> Result<()> {
+        let (w, addr) = self.location(dst, data.len())?;
+        // SAFETY: the range lies in this rank's live buffer of window `w` (checked; `w` keeps
+        // it alive); kernels read it only after the signal that follows (the GIN contract).
+        unsafe { w.device().backend_device().write(addr, data) }
+    }
+
+    fn put_value(&self, _from: usize, dst: RemoteLocation, value: u64, bytes: u32) -> Result<()> {
+        let (w, addr) = self.location(dst, bytes as usize)?;
+        let le = value.to_le_bytes();
+        // SAFETY: as in `put`.
+        unsafe { w.device().backend_device().write(addr, &le[..bytes as usize]) }
+    }
+
+    fn signal(&self, from: usize, id: u32, inc: u64) -> Result<()> {
+        if id >= self.signal_count || from >= self.nranks {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: GIN signal {id} from rank {from} is out of range",
+                self.rank
+            )));
+        }
+        // The slot is written whole with its new total, under the lock, so that it only grows
+        // even when several connections from `from` deliver at once.
+        let mut received = lock(&self.received);
+        let total = received.entry((from, id)).or_insert(0);
+        *total = total.wrapping_add(inc);
+        let addr = self.signals.local_addr((id as usize * self.nranks + from) * 8, 8)?;
+        // SAFETY: an aligned word of this rank's signal window; kernels only read it (with
+        // atomics) and only this receiver writes slot `[id][from]`; the data it announces was
+        // written (synchronously) before.
+        unsafe { self.signals.device().backend_device().write(addr, &total.to_le_bytes()) }
+    }
+}
+
+/// Owns a rank's GIN for its device communicator: dropping it (after the kernels that used
+/// it) stops the TCP receiver and asks the proxy to end; the proxy first executes what the
+/// rings still hold and waits for its transports, so nothing in flight loses its memory.
+pub(crate) struct GinOwner(pub(crate) Arc<GinRank>);
+
+impl Drop for GinOwner {
+    fn drop(&mut self) {
+        self.0.stop.store(true, Ordering::SeqCst);
+        drop(lock(&self.0.tcp_receiver).take());
+    }
+}
+
+/// What GIN needs, from the device communicator's requirements.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GinShape {
+    pub(crate) contexts: u32,
+    pub(crate) signals: u32,
+    pub(crate) counters: u32,
+    pub(crate) depth: u32,
+    pub(crate) barriers: u32,
+}
+
+/// Creates this rank's GIN resources (collective: part of `create_dev_comm`): the signal
+/// window, the device words, the rings, the TCP receiver (every rank says where it listens, or
+/// that it does not), and the proxy thread. Returns the [`DevGin`] and the state to keep.
+pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, GinOwner)> {
+    let n = comm.nranks();
+    let dev = comm.device();
+    let depth = shape.depth.max(1).next_power_of_two();
+    let contexts = shape.contexts.max(1);
+    let signal_count = shape.signals + shape.barriers;
+    let counter_count = shape.counters.max(1);
+    let mode = GinMode::from_env()?;
+    let forced = TransportKind::from_env()?;
+    let lsa = comm.lsa_peers();
+    let kinds: Vec<Option<TransportKind>> = (0..n)
+        .map(|p| {
+            let mapped = lsa.contains(&p);
+            match (mapped, mode, forced) {
+                (true, GinMode::Auto, _) => None,
+                (true, GinMode::Proxy, Some(k)) => Some(k),
+                (true, GinMode::Proxy, None) => Some(TransportKind::CopyEngine),
+                (false, _, Some(TransportKind::CopyEngine))
+                | (false, _, Some(TransportKind::Tcp))
+                | (false, _, None) => Some(TransportKind::Tcp),
+            }
+        })
+        .collect();
+    // Host work first: the collectives below are the last before kernels may use GIN.
+    let rings = contexts as usize * n;
+    let queues_bytes = rings * depth as usize * std::mem::size_of::<GinDescriptor>();
+    let consumed_off = queues_bytes;
+    let counters_off = consumed_off + rings * 8;
+    let host = HostMapped::alloc(dev, counters_off + counter_count as usize * 8)?;
+    // Device words: produced[rings] | signal_base[signals] | counters[counters] | counter_base[counters].
+    let words = dev.alloc::<u64>(rings + signal_count.max(1) as usize + 2 * counter_count as usize)?;
+    let epochs = dev.alloc::<u32>(shape.barriers.max(1) as usize)?;
+    let signals = comm.register_window(comm.mem_alloc((signal_count.max(1) as usize * n * 8).max(8))?)?;
+    let uses_tcp = kinds.iter().any(|k| *k == Some(TransportKind::Tcp));
+    let gin = Arc::new(GinRank {
+        comm_id: comm.shared.id,
+        rank: comm.rank(),
+        nranks: n,
+        lsa_size: comm.lsa_size(),
+        device: dev.clone(),
+        contexts,
+        depth,
+        signal_count,
+        counter_count,
+        kinds: kinds.clone(),
+        host,
+        consumed_off,
+        counters_off,
+        signals: signals.clone(),
+        _device_words: words,
+        _barrier_epochs: epochs,
+        received: Mutex::new(HashMap::new()),
+        control: Arc::downgrade(comm.control()),
+        tcp_peers: std::sync::OnceLock::new(),
+        tcp_receiver: Mutex::new(None),
+        stop: std::sync::atomic::AtomicBool::new(false),
+    });
+    // Every rank tells where its TCP receiver listens (an empty message: it has none).
+    let mut addr_msg = Vec::new();
+    if uses_tcp {
+        let deliver: Weak<dyn Deliver> = Arc::downgrade(&(gin.clone() as Arc<dyn Deliver>));
+        let (receiver, addr) = transport::tcp::TcpReceiver::start(comm.shared.id, comm.rank(), deliver)?;
+        *lock(&gin.tcp_receiver) = Some(receiver);
+        addr_msg = addr.to_string().into_bytes();
+    }
+    let all = comm.bootstrap().all_gather(&addr_msg)?;
+    let tcp_peers = all
+        .iter()
+        .map(|a| if a.is_empty() { Ok(None) } else { String::from_utf8_lossy(a).parse().map(Some) })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::Bootstrap(format!("a rank's GIN address is malformed: {e}")))?;
+    let _ = gin.tcp_peers.set(tcp_peers);
+    let words_addr = gin._device_words.addr();
+    let mut dev_gin = DevGin {
+        flags: flags::PRESENT | if mode == GinMode::Proxy { flags::FORCE_PROXY } else { 0 },
+        context_count: contexts,
+        signal_count,
+        counter_count,
+        queue_depth: depth,
+        barrier_signal_first: shape.signals,
+        barrier_count: shape.barriers,
+        _reserved: 0,
+        signals: signals.dev_window(),
+        signal_base: words_addr + rings as u64 * 8,
+        counters: words_addr + (rings + signal_count.max(1) as usize) as u64 * 8,
+        counters_host: gin.host.device_addr() + counters_off as u64,
+        counter_base: words_addr + (rings + signal_count.max(1) as usize + counter_count as usize) as u64 * 8,
+        queues: gin.host.device_addr(),
+        produced: words_addr,
+        consumed: gin.host.device_addr() + consumed_off as u64,
+        barrier_epochs: gin._barrier_epochs.addr(),
+    };
+    if mode == GinMode::Auto && kinds.iter().all(Option::is_none) {
+        dev_gin.flags = flags::PRESENT;
+    }
+    if kinds.iter().any(Option::is_some) {
+        proxy::start(&gin)?;
+    }
+    Ok((dev_gin, GinOwner(gin)))
+}

@@ -1,0 +1,100 @@
+//! How the GIN proxy moves a descriptor's data and signal to a peer: one [`Transport`] per
+//! kind, chosen per peer ([`TransportKind`]). Every transport keeps the order of what it is
+//! given for one peer: a signal is applied after the data submitted before it.
+
+pub(crate) mod ce;
+pub(crate) mod tcp;
+
+use crate::Result;
+
+/// Where a descriptor's data goes on the receiving rank: a window by its id, never an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RemoteLocation {
+    /// The window's id ([`ferrolink_device::DevWindow::id`]).
+    pub(crate) window: u32,
+    /// The byte offset in the receiving rank's buffer.
+    pub(crate) offset: u64,
+}
+
+/// What one descriptor asks a transport to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Payload {
+    /// Copy `bytes` from this rank's device address `src` to `dst`.
+    Put { src: u64, bytes: usize, dst: RemoteLocation },
+    /// Store the low `bytes` bytes of `value` at `dst`.
+    PutValue { value: u64, bytes: u32, dst: RemoteLocation },
+    /// Nothing but the signal.
+    None,
+}
+
+/// One request: a descriptor of ring `ring` (context × peer), ticket `ticket`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Request {
+    /// The ring (`context * nranks + peer`).
+    pub(crate) ring: usize,
+    /// The descriptor's ticket on its ring.
+    pub(crate) ticket: u64,
+    /// The context.
+    pub(crate) context: u32,
+    /// The destination world rank.
+    pub(crate) peer: usize,
+    /// What to move.
+    pub(crate) payload: Payload,
+    /// The remote action: add `.1` to signal `.0` once the payload has landed.
+    pub(crate) signal: Option<(u32, u64)>,
+}
+
+/// A way to reach peers. `submit` starts a request; `poll` reports requests whose source may
+/// be reused (local completion), in submission order per ring.
+pub(crate) trait Transport: Send {
+    /// A short name for logs and errors.
+    fn name(&self) -> &'static str;
+    /// Starts `req` (in order after everything submitted before for the same peer).
+    fn submit(&mut self, req: &Request) -> Result<()>;
+    /// Appends `(ring, ticket)` of requests completed locally since the last call.
+    fn poll(&mut self, done: &mut Vec<(usize, u64)>) -> Result<()>;
+    /// Requests submitted and not yet reported by `poll`.
+    fn in_flight(&self) -> usize;
+}
+
+/// What a receiving rank does with what arrives for it (the TCP transport's receiver side).
+/// Implemented by the rank's GIN state.
+pub(crate) trait Deliver: Send + Sync {
+    /// Writes `data` at `dst` of this rank's window, sent by world rank `from`; done when it
+    /// returns.
+    fn put(&self, from: usize, dst: RemoteLocation, data: &[u8]) -> Result<()>;
+    /// Stores the low `bytes` bytes of `value` at `dst`.
+    fn put_value(&self, from: usize, dst: RemoteLocation, value: u64, bytes: u32) -> Result<()>;
+    /// Adds `inc` to signal `id` for sender `from`: written after everything `from`
+    /// delivered before on this connection.
+    fn signal(&self, from: usize, id: u32, inc: u64) -> Result<()>;
+}
+
+/// The transports (`FERROLINK_GIN_TRANSPORT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// The copy engine into the peer's memory mapped here (LSA peers reached through the
+    /// proxy).
+    CopyEngine,
+    /// TCP: one ordered connection per (context, peer); the receiver writes the data, then the
+    /// signal.
+    Tcp,
+}
+
+impl TransportKind {
+    /// `FERROLINK_GIN_TRANSPORT`: `ce`, `tcp`, or unset (the copy engine where the peer's
+    /// memory is mapped here, else TCP).
+    pub fn from_env() -> Result<Option<TransportKind>> {
+        match std::env::var("FERROLINK_GIN_TRANSPORT").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => Ok(None),
+            Ok("ce") => Ok(Some(TransportKind::CopyEngine)),
+            Ok("tcp") => Ok(Some(TransportKind::Tcp)),
+            Ok("verbs") => Err(crate::Error::InvalidArgument(
+                "FERROLINK_GIN_TRANSPORT=verbs: the RDMA transport is not built in (cargo feature `verbs`)".into(),
+            )),
+            Ok(other) => Err(crate::Error::InvalidArgument(format!(
+                "FERROLINK_GIN_TRANSPORT={other:?}: use `ce`, `tcp` or `auto`"
+            ))),
+        }
+    }
+}
