@@ -8,6 +8,7 @@
 //! the peer's memory is mapped here (an LSA peer with `FERROLINK_GIN=proxy`), else **TCP**.
 //! `FERROLINK_GIN=direct|proxy` and `FERROLINK_GIN_TRANSPORT=ce|tcp` override the choice.
 
+mod deliver;
 pub(crate) mod proxy;
 pub mod transport;
 
@@ -23,7 +24,7 @@ use ferrolink_device::gin::{DevGin, GinDescriptor, flags};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use transport::{Deliver, RemoteLocation, TransportKind};
+use transport::{Deliver, TransportKind};
 
 /// How peers are reached (`FERROLINK_GIN`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,7 +71,7 @@ pub(crate) struct GinRank {
     _device_words: DeviceBuffer<u64>,
     _barrier_epochs: DeviceBuffer<u32>,
     /// What receivers have added to each `(src, signal)` slot (written whole, after the data).
-    received: Mutex<HashMap<(usize, u32), u64>>,
+    pub(crate) received: Mutex<HashMap<(usize, u32), u64>>,
     pub(crate) control: Weak<CommControl>,
     /// The TCP addresses of every rank's receiver (`None`: it has none); set once every rank
     /// has said, before the proxy starts.
@@ -116,52 +117,6 @@ impl GinRank {
         if let Some(c) = self.control.upgrade() {
             c.abort(Error::Aborted(format!("GIN on rank {}: {why}", self.rank)));
         }
-    }
-
-    fn location(&self, dst: RemoteLocation, bytes: usize) -> Result<(Window, u64)> {
-        let w = self.window(dst.window).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "rank {}: GIN data for window {} which is not registered here",
-                self.rank, dst.window
-            ))
-        })?;
-        let addr = w.local_addr(dst.offset as usize, bytes)?;
-        Ok((w, addr))
-    }
-}
-
-impl Deliver for GinRank {
-    fn put(&self, _from: usize, dst: RemoteLocation, data: &[u8]) -> Result<()> {
-        let (w, addr) = self.location(dst, data.len())?;
-        // SAFETY: the range lies in this rank's live buffer of window `w` (checked; `w` keeps
-        // it alive); kernels read it only after the signal that follows (the GIN contract).
-        unsafe { w.device().backend_device().write(addr, data) }
-    }
-
-    fn put_value(&self, _from: usize, dst: RemoteLocation, value: u64, bytes: u32) -> Result<()> {
-        let (w, addr) = self.location(dst, bytes as usize)?;
-        let le = value.to_le_bytes();
-        // SAFETY: as in `put`.
-        unsafe { w.device().backend_device().write(addr, &le[..bytes as usize]) }
-    }
-
-    fn signal(&self, from: usize, id: u32, inc: u64) -> Result<()> {
-        if id >= self.signal_count || from >= self.nranks {
-            return Err(Error::InvalidArgument(format!(
-                "rank {}: GIN signal {id} from rank {from} is out of range",
-                self.rank
-            )));
-        }
-        // The slot is written whole with its new total, under the lock, so that it only grows
-        // even when several connections from `from` deliver at once.
-        let mut received = lock(&self.received);
-        let total = received.entry((from, id)).or_insert(0);
-        *total = total.wrapping_add(inc);
-        let addr = self.signals.local_addr((id as usize * self.nranks + from) * 8, 8)?;
-        // SAFETY: an aligned word of this rank's signal window; kernels only read it (with
-        // atomics) and only this receiver writes slot `[id][from]`; the data it announces was
-        // written (synchronously) before.
-        unsafe { self.signals.device().backend_device().write(addr, &total.to_le_bytes()) }
     }
 }
 

@@ -60,6 +60,8 @@ pub(crate) trait Transport: Send {
 /// What a receiving rank does with what arrives for it (the TCP transport's receiver side).
 /// Implemented by the rank's GIN state.
 pub(crate) trait Deliver: Send + Sync {
+    /// Aborts the communicator: what arrives is broken (a peer died mid-transfer).
+    fn fail(&self, why: String);
     /// Writes `data` at `dst` of this rank's window, sent by world rank `from`; done when it
     /// returns.
     fn put(&self, from: usize, dst: RemoteLocation, data: &[u8]) -> Result<()>;

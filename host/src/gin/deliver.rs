@@ -1,0 +1,62 @@
+//! A rank's receiving side: what transports deliver for it (data into its windows, signal
+//! slots), written through the device's synchronous copies.
+
+use super::GinRank;
+use super::transport::{Deliver, RemoteLocation};
+use crate::mem::window::Window;
+use crate::runtime::lifetime::lock;
+use crate::{Error, Result};
+
+impl GinRank {
+    /// This rank's buffer of window `dst.window` and the device address of `bytes` at
+    /// `dst.offset` in it (checked).
+    pub(crate) fn location(&self, dst: RemoteLocation, bytes: usize) -> Result<(Window, u64)> {
+        let w = self.window(dst.window).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "rank {}: GIN data for window {} which is not registered here",
+                self.rank, dst.window
+            ))
+        })?;
+        let addr = w.local_addr(dst.offset as usize, bytes)?;
+        Ok((w, addr))
+    }
+}
+
+impl Deliver for GinRank {
+    fn fail(&self, why: String) {
+        GinRank::fail(self, why);
+    }
+
+    fn put(&self, _from: usize, dst: RemoteLocation, data: &[u8]) -> Result<()> {
+        let (w, addr) = self.location(dst, data.len())?;
+        // SAFETY: the range lies in this rank's live buffer of window `w` (checked; `w` keeps
+        // it alive); kernels read it only after the signal that follows (the GIN contract).
+        unsafe { w.device().backend_device().write(addr, data) }
+    }
+
+    fn put_value(&self, _from: usize, dst: RemoteLocation, value: u64, bytes: u32) -> Result<()> {
+        let (w, addr) = self.location(dst, bytes as usize)?;
+        let le = value.to_le_bytes();
+        // SAFETY: as in `put`.
+        unsafe { w.device().backend_device().write(addr, &le[..bytes as usize]) }
+    }
+
+    fn signal(&self, from: usize, id: u32, inc: u64) -> Result<()> {
+        if id >= self.signal_count || from >= self.nranks {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: GIN signal {id} from rank {from} is out of range",
+                self.rank
+            )));
+        }
+        // The slot is written whole with its new total, under the lock, so that it only grows
+        // even when several connections from `from` deliver at once.
+        let mut received = lock(&self.received);
+        let total = received.entry((from, id)).or_insert(0);
+        *total = total.wrapping_add(inc);
+        let addr = self.signals.local_addr((id as usize * self.nranks + from) * 8, 8)?;
+        // SAFETY: an aligned word of this rank's signal window; kernels only read it (with
+        // atomics) and only this receiver writes slot `[id][from]`; the data it announces was
+        // written (synchronously) before.
+        unsafe { self.signals.device().backend_device().write(addr, &total.to_le_bytes()) }
+    }
+}
