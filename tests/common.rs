@@ -26,3 +26,121 @@ pub fn first_mismatch<T: PartialEq>(a: &[T], b: &[T]) -> Option<usize> {
 pub fn check(cond: bool, what: impl FnOnce() -> String) -> ferrolink::Result<()> {
     if cond { Ok(()) } else { Err(ferrolink::Error::InvalidArgument(format!("check failed: {}", what()))) }
 }
+
+pub mod jobs {
+    //! Jobs of one process per rank for tests: every rank is a child process of the test
+    //! binary running one test function (a "scenario"), finding the others through the TCP
+    //! bootstrap. On the emulator in CI; on CUDA where present.
+
+    use ferrolink::{Backend, Communicator, Device, UniqueId};
+    use std::process::{Command, Output};
+
+    /// Set in a child: which scenario it runs.
+    pub const SCENARIO: &str = "FERROLINK_TEST_SCENARIO";
+
+    /// The backend the children use: the emulator unless the suite runs on CUDA only.
+    pub fn backend() -> Backend {
+        match std::env::var("FERROLINK_TEST_BACKENDS").as_deref() {
+            Ok("cuda") => Backend::Cuda,
+            _ => Backend::Cpu,
+        }
+    }
+
+    /// Starts `nranks` children running `scenario` (one test of this binary, `test`), ranks
+    /// `ranks` only (the others never start), with a fresh unique id; returns each started rank's
+    /// output.
+    pub fn spawn_job(
+        test: &str,
+        scenario: &str,
+        nranks: usize,
+        ranks: &[usize],
+        extra: &[(&str, &str)],
+    ) -> Vec<(usize, Output)> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let id = UniqueId::new(format!("127.0.0.1:{port}").parse().unwrap()).unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let devices = ferrolink::runtime::device_count(backend()).unwrap().max(1);
+        let children: Vec<_> = ranks
+            .iter()
+            .map(|&r| {
+                let mut cmd = Command::new(&exe);
+                cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
+                    .env(SCENARIO, scenario)
+                    .env("FERROLINK_RANK", r.to_string())
+                    .env("FERROLINK_NRANKS", nranks.to_string())
+                    .env("FERROLINK_LOCAL_RANK", r.to_string())
+                    .env("FERROLINK_UNIQUE_ID", id.to_string())
+                    .env("FERROLINK_BACKEND", backend().to_string())
+                    .env(
+                        "FERROLINK_DEVICE",
+                        if backend() == Backend::Cuda { (r % devices).to_string() } else { "0".into() },
+                    )
+                    .env("FERROLINK_LOG", "warn")
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped());
+                for (k, v) in extra {
+                    cmd.env(k, v);
+                }
+                (r, cmd.spawn().expect("starting a rank process"))
+            })
+            .collect();
+        children.into_iter().map(|(r, c)| (r, c.wait_with_output().expect("a rank process"))).collect()
+    }
+
+    /// Whether `n` processes can run here: always on the emulator; on CUDA with a GPU each, or
+    /// with MPS running (several processes per GPU). Says why when not.
+    pub fn fits(n: usize) -> bool {
+        if backend() == Backend::Cpu {
+            return true;
+        }
+        let gpus = ferrolink::runtime::device_count(Backend::Cuda).unwrap_or(0);
+        if gpus >= n {
+            return true;
+        }
+        let dev = Device::open_with(Backend::Cuda, 0).expect("a GPU");
+        match dev.check_multi_process() {
+            Ok(()) => true,
+            Err(e) => {
+                println!("skipped: {n} processes on {gpus} GPU(s) need MPS: {e}");
+                false
+            }
+        }
+    }
+
+    /// A child's stdout and stderr, for assertion messages.
+    pub fn text(o: &Output) -> String {
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    }
+
+    /// Runs `scenario` as a job of `n` processes and asserts every rank succeeded.
+    pub fn job_passes(test: &str, scenario: &str, n: usize) {
+        for (r, out) in spawn_job(test, scenario, n, &(0..n).collect::<Vec<_>>(), &[]) {
+            assert!(out.status.success(), "{scenario} on {n} processes: rank {r} failed:\n{}", text(&out));
+            assert!(text(&out).contains("child scenario passed"), "rank {r} did not run the scenario:\n{}", text(&out));
+        }
+    }
+
+    /// In a child: runs `f` on this process's rank and reports; returns whether this process is
+    /// a child (then the test function must return).
+    pub fn child(f: impl FnOnce(&Communicator) -> ferrolink::Result<()>) -> bool {
+        if std::env::var(SCENARIO).is_err() {
+            return false;
+        }
+        let env = ferrolink::comm::launch::LaunchEnv::detect().unwrap().expect("a child has a launcher environment");
+        let dev = Device::open_with(backend(), env.device_ordinal()).expect("the child's device");
+        let result = Communicator::from_env(&dev).and_then(|c| f(&c));
+        match result {
+            Ok(()) => println!("child scenario passed"),
+            Err(e) => {
+                eprintln!("child scenario failed: {e}");
+                std::process::exit(3);
+            }
+        }
+        true
+    }
+
+    /// The scenario this child runs (empty in the parent).
+    pub fn scenario() -> String {
+        std::env::var(SCENARIO).unwrap_or_default()
+    }
+}

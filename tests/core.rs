@@ -17,7 +17,7 @@ fn block(dev: &Device) -> u32 {
 
 /// A watchdog that never fires during a test unless the test asks for it.
 fn quiet() -> CommConfig {
-    CommConfig { timeout: None, progress_interval: Duration::from_secs(3600) }
+    CommConfig { timeout: None, progress_interval: Duration::from_secs(3600), lsa: ferrolink::LsaMode::Node }
 }
 
 fn job(
@@ -200,8 +200,11 @@ fn abort_unblocks_ranks_waiting_for_a_missing_peer() {
 #[test]
 fn watchdog_report_names_the_missing_ranks() {
     for_each_backend("watchdog_report_names_the_missing_ranks", |dev| {
-        let config =
-            CommConfig { timeout: Some(Duration::from_secs(1)), progress_interval: Duration::from_millis(400) };
+        let config = CommConfig {
+            timeout: Some(Duration::from_secs(1)),
+            progress_interval: Duration::from_millis(400),
+            lsa: ferrolink::LsaMode::Node,
+        };
         let (comms, _w, handles) = job(dev, 4, &DevCommRequirements::default(), config)?;
         let mut status = comms.iter().map(|c| c.device().alloc::<u32>(1)).collect::<ferrolink::Result<Vec<_>>>()?;
         let start = Instant::now();

@@ -93,6 +93,43 @@ pub struct DevGin {
     pub consumed: u64,
     /// Device address of `u32[barrier_count]`: the GIN barriers' epochs.
     pub barrier_epochs: u64,
+    /// Host-mapped address of `GinWaitRecord[signal_count]`: waits that went slow, for the
+    /// host's watchdog (0: none kept).
+    pub wait_records: u64,
+}
+
+/// A signal wait that went slow, as the host's watchdog reads it (one record per signal, in
+/// host-mapped memory). The waiting thread writes the fields, then `state` with a release at
+/// system scope, once per wait, and sets `state` back to [`wait_state::IDLE`] when the wait
+/// ends; the watchdog reads `state` with an acquire before the fields. Several waiters of one
+/// signal share its record: the last one to go slow is described.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct GinWaitRecord {
+    /// The value waited for (signal value, or the raw slot sum for a GIN barrier).
+    pub target: u64,
+    /// Linear CTA index of the waiter.
+    pub cta: u32,
+    /// One of [`wait_state`].
+    pub state: u32,
+    /// GIN barriers: world rank of the team's rank 0, the team's stride and size, the epoch.
+    pub team_first: u32,
+    /// See `team_first`.
+    pub team_stride: u32,
+    /// See `team_first`.
+    pub team_size: u32,
+    /// See `team_first`.
+    pub epoch: u32,
+}
+
+/// Values of [`GinWaitRecord::state`].
+pub mod wait_state {
+    /// No slow wait.
+    pub const IDLE: u32 = 0;
+    /// A `wait_signal` is slow: `target` is a signal value (after resets).
+    pub const SIGNAL: u32 = 1;
+    /// A GIN barrier is slow: `target` is the raw slot sum; the team fields are set.
+    pub const BARRIER: u32 = 2;
 }
 
 /// Operations of a [`GinDescriptor`].
@@ -243,8 +280,9 @@ impl<'a> Gin<'a> {
 
     #[inline(always)]
     fn check_signal(&self, id: u32) {
-        if id >= self.g().signal_count {
-            self.comm.fail(error_code::GIN_SIGNAL_ID, u64::from(id), u64::from(self.g().signal_count));
+        // The user's signals are `0..barrier_signal_first`; the GIN barriers' come after.
+        if id >= self.g().barrier_signal_first {
+            self.comm.fail(error_code::GIN_SIGNAL_ID, u64::from(id), u64::from(self.g().barrier_signal_first));
         }
     }
 
@@ -297,6 +335,8 @@ impl<'a> Gin<'a> {
         self.check_range(&dst, dst_offset, bytes);
         self.check_range(&src, src_offset, bytes);
         self.check_actions(remote, local);
+        // The coop's earlier stores (the source, typically) are read by every thread below.
+        coop.sync();
         if self.direct(world) {
             let lsa_peer = world % self.comm.lsa_size;
             // SAFETY: both ranges were checked against their windows; the caller vouches for
@@ -315,9 +355,8 @@ impl<'a> Gin<'a> {
                 self.remote_direct(lsa_peer, remote);
                 self.local_direct(local);
             }
-        } else {
-            coop.sync();
-            if coop.thread_rank() == 0 {
+        } else if coop.thread_rank() == 0 {
+            {
                 let d = GinDescriptor {
                     kind: GinDescriptor::kind(op::PUT, remote_flags(remote) | local_flags(local), 0),
                     peer: world,
@@ -510,7 +549,12 @@ impl<'a> Gin<'a> {
         self.check_signal(id);
         let mut end = Ok(());
         if coop.thread_rank() == 0 {
-            end = self.poll(|| self.read_signal(id).wrapping_sub(least) as i64 >= 0, deadline);
+            let record = GinWaitRecord { target: least, state: wait_state::SIGNAL, ..GinWaitRecord::default() };
+            end = self.poll_recorded(
+                || self.read_signal(id).wrapping_sub(least) as i64 >= 0,
+                deadline,
+                Some((id, record)),
+            );
             arch::atomic::fence(FenceOrder::Acquire, Scope::Sys);
         }
         uniform(coop, end)
@@ -654,22 +698,63 @@ impl<'a> Gin<'a> {
     /// deadline (`Err(Timeout)`) and the abort flag (`Err(Aborted)`).
     #[inline(always)]
     fn poll(&self, done: impl Fn() -> bool, deadline: Option<u64>) -> Result<(), BarrierError> {
+        self.poll_recorded(done, deadline, None)
+    }
+
+    /// [`Gin::poll`] that, once slow, publishes `record` for signal `id` (see
+    /// [`GinWaitRecord`]) and clears it when the wait ends.
+    #[inline(always)]
+    fn poll_recorded(
+        &self,
+        done: impl Fn() -> bool,
+        deadline: Option<u64>,
+        record: Option<(u32, GinWaitRecord)>,
+    ) -> Result<(), BarrierError> {
         let mut polls = 0u32;
-        loop {
+        let slot = match record {
+            Some((id, _)) if self.g().wait_records != 0 => {
+                (self.g().wait_records as *mut GinWaitRecord).wrapping_add(id as usize) as *mut u32
+            }
+            _ => core::ptr::null_mut(),
+        };
+        let end = loop {
             if done() {
-                return Ok(());
+                break Ok(());
             }
             polls = polls.saturating_add(1);
+            if polls == FAST_POLLS
+                && let Some((_, mut r)) = record
+                && !slot.is_null()
+            {
+                r.cta = arch::linear_block_idx() as u32;
+                let words: [u32; 8] = bytemuck::cast(r);
+                // SAFETY: `slot` is this signal's record (id checked by the callers) in the
+                // host-mapped array of `signal_count` records; the fields first, `state`
+                // (word 3) last with a release, as the watchdog's acquire expects.
+                unsafe {
+                    for (i, w) in words.iter().enumerate() {
+                        if i != 3 {
+                            atomic::store(slot.add(i), *w, StoreOrder::Relaxed, Scope::Sys);
+                        }
+                    }
+                    atomic::store(slot.add(3), words[3], StoreOrder::Release, Scope::Sys);
+                }
+            }
             if polls >= FAST_POLLS {
                 if deadline.is_some_and(|d| arch::global_timer_ns() >= d) {
-                    return Err(BarrierError::Timeout);
+                    break Err(BarrierError::Timeout);
                 }
                 if polls.is_multiple_of(32) && self.comm.abort_requested() {
-                    return Err(BarrierError::Aborted);
+                    break Err(BarrierError::Aborted);
                 }
                 arch::spin_wait_hint(100);
             }
+        };
+        if polls >= FAST_POLLS && !slot.is_null() {
+            // SAFETY: as above; the wait is over.
+            unsafe { atomic::store(slot.add(3), wait_state::IDLE, StoreOrder::Relaxed, Scope::Sys) };
         }
+        end
     }
 }
 
@@ -778,7 +863,21 @@ impl<'a, C: Coop> GinBarrierSession<'a, C> {
         let mut end = Ok(());
         if self.coop.thread_rank() == 0 {
             // Barrier signals are never reset: compare the raw sum.
-            end = self.gin.poll(|| seq_reached64(self.gin.signal_sum(self.signal), want), None);
+            let team = self.team;
+            let record = GinWaitRecord {
+                target: want,
+                state: wait_state::BARRIER,
+                team_first: self.gin.comm.team_rank_to_world(team, 0),
+                team_stride: team.stride,
+                team_size: team.size,
+                epoch: self.epoch,
+                ..GinWaitRecord::default()
+            };
+            end = self.gin.poll_recorded(
+                || seq_reached64(self.gin.signal_sum(self.signal), want),
+                None,
+                Some((self.signal, record)),
+            );
             arch::atomic::fence(FenceOrder::Acquire, Scope::Sys);
         }
         uniform(self.coop, end)
@@ -832,7 +931,8 @@ mod tests {
     #[test]
     fn descriptors_are_64_bytes_and_gin_state_is_stable() {
         assert_eq!(core::mem::size_of::<GinDescriptor>(), 64);
-        assert_eq!(core::mem::size_of::<DevGin>(), 32 + 40 + 64);
+        assert_eq!(core::mem::size_of::<DevGin>(), 32 + 40 + 72);
+        assert_eq!(core::mem::size_of::<GinWaitRecord>(), 32);
         assert!(seq_reached64(5, 5) && seq_reached64(0, u64::MAX) && !seq_reached64(4, 5));
     }
 }

@@ -49,12 +49,15 @@ pub mod runtime;
 pub mod testing;
 
 pub use comm::bootstrap::UniqueId;
+pub use comm::topology::LsaMode;
 pub use comm::{CommConfig, Communicator, launch_all, recover, run_ranks};
 pub use devcomm::{
     DevCommHandle, DevCommRequirements, DevResource, ResourceId, ResourceRequest, create_dev_comms, reset_barriers,
 };
 pub use error::{Error, Result};
 pub use ferrolink_device as device_api;
+pub use gin::GinMode;
+pub use gin::transport::TransportKind;
 pub use mem::{SymBuffer, Window, register_window};
 pub use runtime::{
     Backend, Device, DeviceBuffer, Event, KernelArgs, KernelParam, LaunchArg, LaunchArgs, LaunchConfig, Module, Stream,

@@ -28,6 +28,10 @@ pub struct CommConfig {
     /// A wait logs a progress line (who waits on whom) each time it has waited this long.
     /// Default: `FERROLINK_PROGRESS_SECS`, else 10 s.
     pub progress_interval: Duration,
+    /// How LSA domains are chosen; every rank of a job must use the same. Default:
+    /// `FERROLINK_LSA` (`node`, `process` or a number of ranks per domain), else
+    /// [`LsaMode::Node`](crate::comm::topology::LsaMode::Node).
+    pub lsa: crate::comm::topology::LsaMode,
 }
 
 impl CommConfig {
@@ -43,7 +47,8 @@ impl CommConfig {
             _ => None,
         };
         let progress_interval = Duration::from_secs_f64(secs("FERROLINK_PROGRESS_SECS").unwrap_or(10.0).max(0.01));
-        CommConfig { timeout, progress_interval }
+        let lsa = crate::comm::topology::LsaMode::from_env().unwrap_or(crate::comm::topology::LsaMode::Node);
+        CommConfig { timeout, progress_interval, lsa }
     }
 }
 
@@ -54,15 +59,34 @@ pub(crate) struct StalledWait {
     pub(crate) rank: usize,
     /// Linear CTA index of the waiter.
     pub(crate) cta: u32,
-    /// Index of the barrier among the communicator's barriers.
-    pub(crate) barrier: u32,
-    /// The epoch it waits for.
-    pub(crate) epoch: u32,
-    /// World ranks that have not arrived at that epoch.
+    /// What it waits for.
+    pub(crate) on: WaitOn,
+    /// World ranks it waits on that have not done their part.
     pub(crate) missing: Vec<usize>,
 }
 
+/// What a stalled wait waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum WaitOn {
+    /// LSA barrier `barrier` (among the communicator's) to reach `epoch`.
+    LsaBarrier { barrier: u32, epoch: u32 },
+    /// GIN barrier `index` to reach `epoch`.
+    GinBarrier { index: u32, epoch: u32 },
+    /// GIN signal `signal` to reach `target`; it is `value`, with `from` what each sender
+    /// has added (senders with nothing left out).
+    GinSignal { signal: u32, target: u64, value: u64, from: Vec<(usize, u64)> },
+}
+
 impl StalledWait {
+    /// What identifies one wait across the watchdog's looks.
+    pub(crate) fn key(&self) -> (usize, u8, u32, u64) {
+        match self.on {
+            WaitOn::LsaBarrier { barrier, epoch } => (self.rank, 0, barrier, u64::from(epoch)),
+            WaitOn::GinBarrier { index, epoch } => (self.rank, 1, index, u64::from(epoch)),
+            WaitOn::GinSignal { signal, target, .. } => (self.rank, 2, signal, target),
+        }
+    }
+
     /// "rank 3 CTA 5 waits at LSA barrier 5 for epoch 17: ranks 1 and 6 have not arrived".
     pub(crate) fn describe(&self) -> String {
         let who = match self.missing.as_slice() {
@@ -74,10 +98,26 @@ impl StalledWait {
                 format!("ranks {} and {last} have not arrived", rest.join(", "))
             }
         };
-        format!(
-            "rank {} CTA {} waits at LSA barrier {} for epoch {}: {who}",
-            self.rank, self.cta, self.barrier, self.epoch
-        )
+        let (rank, cta) = (self.rank, self.cta);
+        match &self.on {
+            WaitOn::LsaBarrier { barrier, epoch } => {
+                format!("rank {rank} CTA {cta} waits at LSA barrier {barrier} for epoch {epoch}: {who}")
+            }
+            WaitOn::GinBarrier { index, epoch } => {
+                format!("rank {rank} CTA {cta} waits at GIN barrier {index} for epoch {epoch}: {who}")
+            }
+            WaitOn::GinSignal { signal, target, value, from } => {
+                let senders = if from.is_empty() {
+                    "no rank has signalled it".to_string()
+                } else {
+                    let parts: Vec<String> = from.iter().map(|(r, v)| format!("{v} from rank {r}")).collect();
+                    parts.join(", ")
+                };
+                format!(
+                    "rank {rank} CTA {cta} waits for GIN signal {signal} to reach {target}: it is {value} ({senders})"
+                )
+            }
+        }
     }
 }
 
@@ -97,8 +137,8 @@ pub(crate) trait ControlSource: Send + Sync {
     fn reset(&self) -> Result<()>;
 }
 
-/// A stalled wait's key: (rank, barrier, epoch).
-type StallKey = (usize, u32, u32);
+/// A stalled wait's key: (rank, kind, barrier or signal, epoch or target).
+type StallKey = (usize, u8, u32, u64);
 
 /// When the watchdog first saw a stalled wait, and how many progress lines it has logged.
 type StallSeen = (Instant, u32);
@@ -246,10 +286,10 @@ impl CommControl {
             }
         }
         let mut stalls = lock(&self.stalls);
-        stalls.retain(|k, _| seen.iter().any(|w| (w.rank, w.barrier, w.epoch) == *k));
+        stalls.retain(|k, _| seen.iter().any(|w| w.key() == *k));
         let mut expired = None;
         for w in &seen {
-            let entry = stalls.entry((w.rank, w.barrier, w.epoch)).or_insert((now, 0));
+            let entry = stalls.entry(w.key()).or_insert((now, 0));
             let waited = now.saturating_duration_since(entry.0);
             if self.config.timeout.is_some_and(|t| waited >= t) {
                 expired.get_or_insert((w.clone(), waited));

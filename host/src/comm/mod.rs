@@ -244,9 +244,7 @@ impl Communicator {
                 if reach.iter().any(|r| r.len() != nranks) {
                     return Err(Error::Bootstrap("a rank's reach list is malformed".into()));
                 }
-                *control
-                    .layout
-                    .get_or_init(|| topology::lsa_layout(&peers, &reach, LsaMode::from_env().unwrap_or(LsaMode::Node)))
+                *control.layout.get_or_init(|| topology::lsa_layout(&peers, &reach, config.lsa))
             }
         };
         LsaMode::from_env()?;

@@ -96,15 +96,24 @@ pub enum LsaMode {
     /// Ranks of one process only: makes every process its own LSA domain, so that the paths
     /// between domains (GIN, hybrid barriers) run on one machine.
     Process,
+    /// Domains of this many consecutive ranks, inside the domains [`LsaMode::Node`] finds
+    /// (it must divide their size): tests and benchmarks of the paths between domains with
+    /// ranks of one process.
+    Size(usize),
 }
 
 impl LsaMode {
-    /// `FERROLINK_LSA`: `node` (default) or `process`.
+    /// `FERROLINK_LSA`: `node` (default), `process`, or a domain size.
     pub fn from_env() -> Result<LsaMode> {
         match std::env::var("FERROLINK_LSA").as_deref() {
             Err(_) | Ok("") | Ok("node") => Ok(LsaMode::Node),
             Ok("process") => Ok(LsaMode::Process),
-            Ok(other) => Err(Error::InvalidArgument(format!("FERROLINK_LSA={other:?}: use `node` or `process`"))),
+            Ok(other) => match other.trim().parse::<usize>() {
+                Ok(k) if k > 0 => Ok(LsaMode::Size(k)),
+                _ => Err(Error::InvalidArgument(format!(
+                    "FERROLINK_LSA={other:?}: use `node`, `process` or a number of ranks per domain"
+                ))),
+            },
         }
     }
 }
@@ -142,7 +151,7 @@ pub fn lsa_layout(infos: &[PeerInfo], reach: &[Vec<bool>], mode: LsaMode) -> Lsa
         proc_of.push(proc);
     }
     let linked = |a: usize, b: usize| {
-        reach[a][b] && reach[b][a] && node_of[a] == node_of[b] && (mode == LsaMode::Node || proc_of[a] == proc_of[b])
+        reach[a][b] && reach[b][a] && node_of[a] == node_of[b] && (mode != LsaMode::Process || proc_of[a] == proc_of[b])
     };
     // The first block: grow it while the next rank links to every rank in it.
     let mut k = 1;
@@ -151,7 +160,18 @@ pub fn lsa_layout(infos: &[PeerInfo], reach: &[Vec<bool>], mode: LsaMode) -> Lsa
     }
     let clique = |start: usize| (start..start + k).all(|a| (a + 1..start + k).all(|b| linked(a, b)));
     if n.is_multiple_of(k) && (k..n).step_by(k).all(clique) {
-        LsaLayout { size: k }
+        match mode {
+            LsaMode::Size(want) if k.is_multiple_of(want) => LsaLayout { size: want },
+            LsaMode::Size(want) => {
+                tracing::warn!(
+                    target: "ferrolink::comm",
+                    "FERROLINK_LSA={want} does not divide the natural LSA domain of {k} ranks: every rank is its own \
+                     LSA domain"
+                );
+                LsaLayout { size: 1 }
+            }
+            _ => LsaLayout { size: k },
+        }
     } else {
         tracing::warn!(
             target: "ferrolink::comm",
@@ -221,6 +241,8 @@ mod tests {
         // Virtual ranks: one process, one GPU.
         let virt = vec![info("a", 1, 0); 8];
         assert_eq!(lsa_layout(&virt, &vec![vec![true; 8]; 8], LsaMode::Process).size, 8);
+        assert_eq!(lsa_layout(&virt, &vec![vec![true; 8]; 8], LsaMode::Size(2)).size, 2);
+        assert_eq!(lsa_layout(&virt, &vec![vec![true; 8]; 8], LsaMode::Size(3)).size, 1);
     }
 
     #[test]

@@ -27,6 +27,39 @@ pub(crate) fn describe_fault(r: &DevErrorRecord) -> String {
                 r.b
             )
         }
+        error_code::GIN_ABSENT => format!(
+            "{at}: a kernel used GIN on a device communicator created without GIN resources: set gin_signal_count \
+             (or another gin_* count) in DevCommRequirements"
+        ),
+        error_code::GIN_SIGNAL_ID => format!(
+            "{at}: GIN signal id {} is out of range: the device communicator has {} signals; raise \
+             DevCommRequirements::gin_signal_count",
+            r.a, r.b
+        ),
+        error_code::GIN_COUNTER_ID => format!(
+            "{at}: GIN counter id {} is out of range: the device communicator has {} counters; raise \
+             DevCommRequirements::gin_counter_count",
+            r.a, r.b
+        ),
+        error_code::GIN_PEER => {
+            format!("{at}: GIN peer {} is outside its team of {} ranks", r.a, r.b)
+        }
+        error_code::GIN_RANGE => {
+            let (window, size) = (r.b >> 48, r.b & ((1 << 48) - 1));
+            if r.b < 16 {
+                format!(
+                    "{at}: a GIN put_value of {} bytes at offset {}: use 1, 2, 4 or 8 bytes, naturally aligned",
+                    r.b, r.a
+                )
+            } else {
+                format!("{at}: a GIN transfer at offset {} runs past the end of window {window} ({size} bytes)", r.a)
+            }
+        }
+        error_code::GIN_BARRIER_INDEX => format!(
+            "{at}: GIN barrier index {} is out of range: the device communicator has {} GIN barriers; raise \
+             DevCommRequirements::gin_barrier_count",
+            r.a, r.b
+        ),
         code => format!("{at}: device fault code {code} (a = {:#x}, b = {:#x})", r.a, r.b),
     }
 }
@@ -42,5 +75,19 @@ mod tests {
         assert!(s.contains("rank 2 CTA 40"), "{s}");
         assert!(s.contains("index 40 is outside its barrier set of 32"), "{s}");
         assert!(s.contains("lsa_barrier_count"), "{s}");
+    }
+
+    #[test]
+    fn gin_faults_name_the_id_the_limit_and_the_requirement() {
+        let r = DevErrorRecord { code: error_code::GIN_SIGNAL_ID, rank: 1, cta: 0, thread: 0, a: 9, b: 4 };
+        let s = describe_fault(&r);
+        assert!(s.contains("signal id 9 is out of range") && s.contains("has 4 signals"), "{s}");
+        assert!(s.contains("gin_signal_count"), "{s}");
+        let r =
+            DevErrorRecord { code: error_code::GIN_RANGE, rank: 1, cta: 0, thread: 0, a: 4096, b: (3 << 48) | 4096 };
+        let s = describe_fault(&r);
+        assert!(s.contains("offset 4096") && s.contains("window 3 (4096 bytes)"), "{s}");
+        let r = DevErrorRecord { code: error_code::GIN_RANGE, rank: 1, cta: 0, thread: 0, a: 3, b: 4 };
+        assert!(describe_fault(&r).contains("put_value of 4 bytes at offset 3"));
     }
 }

@@ -6,7 +6,7 @@
 mod diagnostics;
 pub mod requirements;
 
-use crate::comm::control::{ControlSource, StalledWait};
+use crate::comm::control::{ControlSource, StalledWait, WaitOn};
 use crate::comm::{Communicator, check_all_ranks, on_rank_threads};
 use crate::mem::window::Window;
 use crate::runtime::device::Device;
@@ -120,8 +120,16 @@ impl ControlSource for DevCommResources {
             if missing.is_empty() {
                 done.insert(i, r.epoch);
             } else {
-                out.push(StalledWait { rank: self.rank, cta: r.cta, barrier: i, epoch: r.epoch, missing });
+                out.push(StalledWait {
+                    rank: self.rank,
+                    cta: r.cta,
+                    on: WaitOn::LsaBarrier { barrier: i, epoch: r.epoch },
+                    missing,
+                });
             }
+        }
+        if let Some(gin) = &self.gin {
+            out.extend(gin.0.stalled_waits()?);
         }
         Ok(out)
     }
@@ -230,6 +238,8 @@ impl Communicator {
                 counters: reqs.gin_counter_count,
                 depth: if reqs.gin_queue_depth == 0 { 64 } else { reqs.gin_queue_depth },
                 barriers: reqs.gin_barrier_count,
+                mode: reqs.gin_mode,
+                transport: reqs.gin_transport,
             };
             let (d, g) = crate::gin::create(self, shape)?;
             (d, Some(g))
@@ -309,6 +319,27 @@ impl DevCommHandle {
         match self.resource(id)? {
             DevResource::LsaBarriers(h) => Ok(h),
         }
+    }
+
+    /// GIN signal `id` of this rank as kernels read it (`Gin::read_signal`): a snapshot, for
+    /// debugging; it may change while kernels run. An error if the device communicator has no
+    /// GIN or no such signal.
+    pub fn gin_signal(&self, id: u32) -> Result<u64> {
+        self.gin()?.0.signal_value(id)
+    }
+
+    /// GIN counter `id` of this rank as kernels read it (`Gin::read_counter`): a snapshot,
+    /// for debugging.
+    pub fn gin_counter(&self, id: u32) -> Result<u64> {
+        self.gin()?.0.counter_value(id)
+    }
+
+    fn gin(&self) -> Result<&crate::gin::GinOwner> {
+        self.res.gin.as_ref().ok_or_else(|| {
+            Error::InvalidArgument(
+                "this device communicator has no GIN resources: set a gin_* count in DevCommRequirements".into(),
+            )
+        })
     }
 
     /// The fault a kernel reported through this device communicator, if any.

@@ -1,6 +1,8 @@
 //! What a device communicator must provide (NCCL's `ncclDevCommRequirements`), and the
 //! resources a library asks for beside the user's.
 
+use crate::gin::GinMode;
+use crate::gin::transport::TransportKind;
 use ferrolink_device::LsaBarrierHandle;
 
 /// A resource a library (or the user) asks the device communicator for, beside the default
@@ -62,6 +64,11 @@ pub struct DevCommRequirements {
     /// GIN barriers (`GinBarrierSession` and the hybrid barrier's GIN part): one per CTA that
     /// synchronizes across LSA domains at a time.
     pub gin_barrier_count: u32,
+    /// How GIN reaches peers; `None`: `FERROLINK_GIN`, else [`GinMode::Auto`].
+    pub gin_mode: Option<GinMode>,
+    /// The proxy's transport; `None`: `FERROLINK_GIN_TRANSPORT`, else by topology (the copy
+    /// engine where the peer's memory is mapped here, TCP elsewhere).
+    pub gin_transport: Option<TransportKind>,
 }
 
 impl Default for DevCommRequirements {
@@ -76,6 +83,8 @@ impl Default for DevCommRequirements {
             gin_counter_count: 0,
             gin_queue_depth: 0,
             gin_barrier_count: 0,
+            gin_mode: None,
+            gin_transport: None,
         }
     }
 }

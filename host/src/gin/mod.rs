@@ -13,7 +13,7 @@ pub(crate) mod proxy;
 pub mod transport;
 
 use crate::comm::Communicator;
-use crate::comm::control::CommControl;
+use crate::comm::control::{CommControl, StalledWait, WaitOn};
 use crate::mem::window::Window;
 use crate::runtime::device::Device;
 use crate::runtime::host_mapped::HostMapped;
@@ -64,6 +64,7 @@ pub(crate) struct GinRank {
     host: HostMapped,
     consumed_off: usize,
     counters_off: usize,
+    records_off: usize,
     /// This rank's handle of the signal window (slots `[id][src]`).
     pub(crate) signals: Window,
     /// Device words (produced, signal bases, counters, counter bases) and GIN barrier epochs:
@@ -80,6 +81,8 @@ pub(crate) struct GinRank {
     tcp_receiver: Mutex<Option<transport::tcp::TcpReceiver>>,
     /// Asks the proxy thread to end.
     pub(crate) stop: std::sync::atomic::AtomicBool,
+    /// The device view (addresses of the words the host reads for debugging).
+    pub(crate) layout: DevGin,
 }
 
 impl GinRank {
@@ -104,6 +107,107 @@ impl GinRank {
     /// The proxy's word of counter `id`.
     pub(crate) fn counter(&self, id: u32) -> &AtomicU64 {
         self.host_word(self.counters_off + 8 * id as usize)
+    }
+
+    /// A device word (8-byte aligned, written by kernels with atomics), read from the host:
+    /// two 4-byte atomic reads, repeated until the high half is stable (never torn).
+    fn device_word(&self, addr: u64) -> Result<u64> {
+        let mut w = [0u32; 2];
+        loop {
+            // SAFETY: `addr` is one of this rank's live GIN words (8-byte aligned device or
+            // host-mapped memory, owned by `self`), accessed by kernels only atomically.
+            unsafe { self.device.backend_device().read_atomic_words(addr, &mut w)? };
+            let first = w;
+            // SAFETY: as above.
+            unsafe { self.device.backend_device().read_atomic_words(addr, &mut w)? };
+            if first[1] == w[1] {
+                return Ok(u64::from(w[0]) | (u64::from(w[1]) << 32));
+            }
+        }
+    }
+
+    /// Signal `id` as kernels read it (`Gin::read_signal`), for debugging: a snapshot.
+    pub(crate) fn signal_value(&self, id: u32) -> Result<u64> {
+        let user = self.layout.barrier_signal_first;
+        if id >= user {
+            return Err(Error::InvalidArgument(format!(
+                "GIN signal {id} is out of range: the device communicator has {user} signals (gin_signal_count)"
+            )));
+        }
+        let mut sum = 0u64;
+        for src in 0..self.nranks {
+            let addr = self.signals.local_addr((id as usize * self.nranks + src) * 8, 8)?;
+            sum = sum.wrapping_add(self.device_word(addr)?);
+        }
+        Ok(sum.wrapping_sub(self.device_word(self.layout.signal_base + u64::from(id) * 8)?))
+    }
+
+    /// Counter `id` as kernels read it (`Gin::read_counter`), for debugging: a snapshot.
+    pub(crate) fn counter_value(&self, id: u32) -> Result<u64> {
+        if id >= self.counter_count {
+            return Err(Error::InvalidArgument(format!(
+                "GIN counter {id} is out of range: the device communicator has {} counters",
+                self.counter_count
+            )));
+        }
+        let d = self.device_word(self.layout.counters + u64::from(id) * 8)?;
+        let h = self.counter(id).load(Ordering::Acquire);
+        let b = self.device_word(self.layout.counter_base + u64::from(id) * 8)?;
+        Ok(d.wrapping_add(h).wrapping_sub(b))
+    }
+
+    /// The signal waits kernels reported slow that have not finished (see
+    /// `ferrolink_device::gin::GinWaitRecord`), with who has not done their part.
+    pub(crate) fn stalled_waits(&self) -> Result<Vec<StalledWait>> {
+        use ferrolink_device::gin::{GinWaitRecord, wait_state};
+        let mut out = Vec::new();
+        for id in 0..self.signal_count {
+            let base = self.records_off + id as usize * std::mem::size_of::<GinWaitRecord>();
+            let word = |i: usize| {
+                // SAFETY: an aligned word of the live host-mapped block (the record of signal
+                // `id`), accessed by the device and the host with atomics only.
+                unsafe { std::sync::atomic::AtomicU32::from_ptr(self.host.host_ptr().add(base + 4 * i) as *mut u32) }
+            };
+            // Acquire: the fields were written before `state` (release on the device).
+            let state = word(3).load(Ordering::Acquire);
+            if state == wait_state::IDLE {
+                continue;
+            }
+            let w: Vec<u32> = (0..8).map(|i| word(i).load(Ordering::Relaxed)).collect();
+            let target = u64::from(w[0]) | (u64::from(w[1]) << 32);
+            let cta = w[2];
+            let mut slots = Vec::with_capacity(self.nranks);
+            for src in 0..self.nranks {
+                let addr = self.signals.local_addr((id as usize * self.nranks + src) * 8, 8)?;
+                slots.push(self.device_word(addr)?);
+            }
+            if state == wait_state::BARRIER {
+                let (first, stride, size, epoch) = (w[4] as usize, w[5].max(1) as usize, w[6] as usize, w[7]);
+                let sum = slots.iter().fold(0u64, |a, v| a.wrapping_add(*v));
+                if sum.wrapping_sub(target) as i64 >= 0 {
+                    continue;
+                }
+                let missing: Vec<usize> = (0..size)
+                    .map(|m| first + m * stride)
+                    .filter(|&p| p != self.rank && p < self.nranks && slots[p] < u64::from(epoch))
+                    .collect();
+                let index = id - self.layout.barrier_signal_first;
+                out.push(StalledWait { rank: self.rank, cta, on: WaitOn::GinBarrier { index, epoch }, missing });
+            } else {
+                let value = self.signal_value(id).unwrap_or(0);
+                if value.wrapping_sub(target) as i64 >= 0 {
+                    continue;
+                }
+                let from = slots.iter().enumerate().filter(|(_, v)| **v != 0).map(|(r, v)| (r, *v)).collect();
+                out.push(StalledWait {
+                    rank: self.rank,
+                    cta,
+                    on: WaitOn::GinSignal { signal: id, target, value, from },
+                    missing: Vec::new(),
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// This rank's handle of window `id`, if it lives.
@@ -140,6 +244,8 @@ pub(crate) struct GinShape {
     pub(crate) counters: u32,
     pub(crate) depth: u32,
     pub(crate) barriers: u32,
+    pub(crate) mode: Option<GinMode>,
+    pub(crate) transport: Option<TransportKind>,
 }
 
 /// Creates this rank's GIN resources (collective: part of `create_dev_comm`): the signal
@@ -152,33 +258,67 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
     let contexts = shape.contexts.max(1);
     let signal_count = shape.signals + shape.barriers;
     let counter_count = shape.counters.max(1);
-    let mode = GinMode::from_env()?;
-    let forced = TransportKind::from_env()?;
+    let mode = match shape.mode {
+        Some(m) => m,
+        None => GinMode::from_env()?,
+    };
+    let forced = match shape.transport {
+        Some(t) => Some(t),
+        None => TransportKind::from_env()?,
+    };
     let lsa = comm.lsa_peers();
     let kinds: Vec<Option<TransportKind>> = (0..n)
         .map(|p| {
             let mapped = lsa.contains(&p);
             match (mapped, mode, forced) {
-                (true, GinMode::Auto, _) => None,
-                (true, GinMode::Proxy, Some(k)) => Some(k),
-                (true, GinMode::Proxy, None) => Some(TransportKind::CopyEngine),
-                (false, _, Some(TransportKind::CopyEngine))
-                | (false, _, Some(TransportKind::Tcp))
-                | (false, _, None) => Some(TransportKind::Tcp),
+                (true, GinMode::Auto, _) => Ok(None),
+                (true, GinMode::Proxy, k) => Ok(Some(k.unwrap_or(TransportKind::CopyEngine))),
+                (false, _, Some(TransportKind::CopyEngine)) => Err(Error::InvalidArgument(format!(
+                    "GIN transport `ce` (copy engine) cannot reach rank {p}: its memory is not mapped on rank {}'s \
+                     device (another LSA domain); use `tcp`",
+                    comm.rank()
+                ))),
+                (false, _, k) => Ok(Some(k.unwrap_or(TransportKind::Tcp))),
             }
         })
-        .collect();
+        .collect::<Result<_>>()?;
     // Host work first: the collectives below are the last before kernels may use GIN.
     let rings = contexts as usize * n;
     let queues_bytes = rings * depth as usize * std::mem::size_of::<GinDescriptor>();
     let consumed_off = queues_bytes;
     let counters_off = consumed_off + rings * 8;
-    let host = HostMapped::alloc(dev, counters_off + counter_count as usize * 8)?;
+    let records_off = (counters_off + counter_count as usize * 8).next_multiple_of(32);
+    let host = HostMapped::alloc(
+        dev,
+        records_off + signal_count.max(1) as usize * std::mem::size_of::<ferrolink_device::gin::GinWaitRecord>(),
+    )?;
     // Device words: produced[rings] | signal_base[signals] | counters[counters] | counter_base[counters].
     let words = dev.alloc::<u64>(rings + signal_count.max(1) as usize + 2 * counter_count as usize)?;
     let epochs = dev.alloc::<u32>(shape.barriers.max(1) as usize)?;
     let signals = comm.register_window(comm.mem_alloc((signal_count.max(1) as usize * n * 8).max(8))?)?;
     let uses_tcp = kinds.iter().any(|k| *k == Some(TransportKind::Tcp));
+    let words_addr = words.addr();
+    let signal_slots = signal_count.max(1) as usize;
+    let layout = DevGin {
+        flags: flags::PRESENT | if mode == GinMode::Proxy { flags::FORCE_PROXY } else { 0 },
+        context_count: contexts,
+        signal_count,
+        counter_count,
+        queue_depth: depth,
+        barrier_signal_first: shape.signals,
+        barrier_count: shape.barriers,
+        _reserved: 0,
+        signals: signals.dev_window(),
+        signal_base: words_addr + rings as u64 * 8,
+        counters: words_addr + (rings + signal_slots) as u64 * 8,
+        counters_host: host.device_addr() + counters_off as u64,
+        counter_base: words_addr + (rings + signal_slots + counter_count as usize) as u64 * 8,
+        queues: host.device_addr(),
+        produced: words_addr,
+        consumed: host.device_addr() + consumed_off as u64,
+        barrier_epochs: epochs.addr(),
+        wait_records: host.device_addr() + records_off as u64,
+    };
     let gin = Arc::new(GinRank {
         comm_id: comm.shared.id,
         rank: comm.rank(),
@@ -193,7 +333,8 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
         host,
         consumed_off,
         counters_off,
-        signals: signals.clone(),
+        records_off,
+        signals,
         _device_words: words,
         _barrier_epochs: epochs,
         received: Mutex::new(HashMap::new()),
@@ -201,6 +342,7 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
         tcp_peers: std::sync::OnceLock::new(),
         tcp_receiver: Mutex::new(None),
         stop: std::sync::atomic::AtomicBool::new(false),
+        layout,
     });
     // Every rank tells where its TCP receiver listens (an empty message: it has none).
     let mut addr_msg = Vec::new();
@@ -217,31 +359,8 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::Bootstrap(format!("a rank's GIN address is malformed: {e}")))?;
     let _ = gin.tcp_peers.set(tcp_peers);
-    let words_addr = gin._device_words.addr();
-    let mut dev_gin = DevGin {
-        flags: flags::PRESENT | if mode == GinMode::Proxy { flags::FORCE_PROXY } else { 0 },
-        context_count: contexts,
-        signal_count,
-        counter_count,
-        queue_depth: depth,
-        barrier_signal_first: shape.signals,
-        barrier_count: shape.barriers,
-        _reserved: 0,
-        signals: signals.dev_window(),
-        signal_base: words_addr + rings as u64 * 8,
-        counters: words_addr + (rings + signal_count.max(1) as usize) as u64 * 8,
-        counters_host: gin.host.device_addr() + counters_off as u64,
-        counter_base: words_addr + (rings + signal_count.max(1) as usize + counter_count as usize) as u64 * 8,
-        queues: gin.host.device_addr(),
-        produced: words_addr,
-        consumed: gin.host.device_addr() + consumed_off as u64,
-        barrier_epochs: gin._barrier_epochs.addr(),
-    };
-    if mode == GinMode::Auto && kinds.iter().all(Option::is_none) {
-        dev_gin.flags = flags::PRESENT;
-    }
     if kinds.iter().any(Option::is_some) {
         proxy::start(&gin)?;
     }
-    Ok((dev_gin, GinOwner(gin)))
+    Ok((layout, GinOwner(gin)))
 }
