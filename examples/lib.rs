@@ -273,6 +273,124 @@ pub mod barrier {
     }
 }
 
+/// Device communicator requirements for the GIN examples: `contexts` contexts, 4 signals, 4
+/// counters, one GIN barrier per context.
+pub fn gin_requirements(contexts: u32) -> DevCommRequirements {
+    DevCommRequirements {
+        gin_context_count: contexts,
+        gin_signal_count: 4,
+        gin_counter_count: 4,
+        gin_barrier_count: contexts,
+        ..DevCommRequirements::default()
+    }
+}
+
+pub mod gin_ping_pong {
+    //! Put-with-signal ping-pong over GIN (NCCL's device API example): rank 0 puts a message
+    //! into rank 1's window with SignalInc, rank 1 waits for the signal and answers the same
+    //! way, `iters` times. GIN picks the path per peer: the direct backend for LSA peers,
+    //! the proxy otherwise (`FERROLINK_GIN=proxy` forces it).
+    use super::*;
+    use ferrolink_device::kernels::gin::gin_ping_pong;
+
+    /// One rank's program (every rank runs it; ranks 0 and 1 play): `iters` round trips of
+    /// `bytes`-byte messages. Checks that the last message arrived intact on both sides and
+    /// returns rank 0's one-way latency.
+    pub fn rank(comm: &Communicator, bytes: usize, iters: u32) -> Result<String> {
+        if comm.nranks() < 2 {
+            return Err(Error::InvalidArgument("ping-pong needs two ranks or more".into()));
+        }
+        let dev = comm.device();
+        let module = dev.builtin_module()?;
+        let mut ns = dev.alloc::<u64>(1)?;
+        let message = rank_bytes(comm.rank(), bytes);
+        let src = comm.register_window(comm.mem_alloc(bytes)?)?;
+        let dst = comm.register_window(comm.mem_alloc(bytes)?)?;
+        src.copy_from_host(0, &message)?;
+        let handle = comm.create_dev_comm(&gin_requirements(1))?;
+        // SAFETY: the kernel's contract: both windows hold `bytes` bytes; signal 0 is the
+        // kernel's (fresh device communicator: base 0); `ns` one word. Tracked handles keep
+        // everything alive until it ends.
+        unsafe {
+            comm.stream().launch(
+                module,
+                &gin_ping_pong,
+                LaunchConfig::linear(1, 1),
+                (&handle, &dst, &src, 0u32, 1u32, bytes as u32, 10u32, iters, 0u64, &mut ns),
+            )?;
+        }
+        comm.synchronize()?;
+        let r = comm.rank();
+        if r < 2 {
+            let mut got = vec![0u8; bytes];
+            dst.copy_to_host(0, &mut got)?;
+            check(got == rank_bytes(1 - r, bytes), || format!("rank {r} holds a corrupt message"))?;
+        }
+        comm.barrier()?;
+        let one_way_us = ns.to_vec()?[0] as f64 / f64::from(iters.max(1)) / 2.0 / 1e3;
+        Ok(format!(
+            "gin ping-pong: rank {r} of {}: {iters} round trips of {bytes} B{}",
+            comm.nranks(),
+            if r == 0 { format!(", {one_way_us:.2} us one way") } else { String::new() }
+        ))
+    }
+}
+
+pub mod all_to_all {
+    //! All-to-all over GIN (NCCL's device API examples): every rank sends block `p` of its
+    //! buffer to rank `p`. Plain: every block by a GIN put with a signal (the direct backend
+    //! for LSA peers). Hybrid: LSA peers by plain stores into their mapped windows and an LSA
+    //! barrier, the others by GIN, as a job spanning machines does.
+    use super::*;
+    use ferrolink_device::kernels::gin::gin_all_to_all;
+
+    /// One rank's program: `rounds` all-to-alls of `bytes` bytes per peer, hybrid or not.
+    /// Checks every received block.
+    pub fn rank(comm: &Communicator, bytes: usize, rounds: u32, hybrid: bool) -> Result<String> {
+        let dev = comm.device();
+        let n = comm.nranks();
+        let me = comm.rank();
+        let module = dev.builtin_module()?;
+        let block = |from: usize, to: usize| rank_bytes(from * 1000 + to, bytes);
+        let send_data: Vec<u8> = (0..n).flat_map(|p| block(me, p)).collect();
+        let send = comm.register_window(comm.mem_alloc(n * bytes)?)?;
+        let recv = comm.register_window(comm.mem_alloc(n * bytes)?)?;
+        send.copy_from_host(0, &send_data)?;
+        let ctas = grid_ctas(dev, 4);
+        let mut errors = dev.alloc::<u32>(1)?;
+        let handle = comm.create_dev_comm(&gin_requirements(ctas))?;
+        for round in 1..=rounds {
+            // SAFETY: the kernel's contract: both windows hold `nranks * bytes` bytes; signal
+            // 0 counts the blocks (`round` sets the target); LSA barrier `b` per CTA; `recv`
+            // is read only after every rank's kernel has ended (the barrier below).
+            unsafe {
+                comm.stream().launch(
+                    module,
+                    &gin_all_to_all,
+                    LaunchConfig::linear(ctas, block_threads(dev)),
+                    (&handle, &recv, &send, bytes as u32, 0u32, round, u32::from(hybrid), &mut errors),
+                )?;
+            }
+            comm.synchronize()?;
+            check(errors.to_vec()?[0] == 0, || format!("rank {me}: a wait for blocks ended without them (aborted)"))?;
+            comm.barrier()?;
+        }
+        let mut got = vec![0u8; n * bytes];
+        recv.copy_to_host(0, &mut got)?;
+        for p in 0..n {
+            check(got[p * bytes..(p + 1) * bytes] == block(p, me), || {
+                format!("rank {me}: block from rank {p} differs")
+            })?;
+        }
+        comm.barrier()?;
+        Ok(format!(
+            "all-to-all{}: rank {me} of {n} received {rounds} x {n} blocks of {bytes} B, all intact ({} LSA domain(s))",
+            if hybrid { " (hybrid: LSA inside the domain, GIN across)" } else { " (GIN)" },
+            n / comm.lsa_size()
+        ))
+    }
+}
+
 pub mod work_queue {
     //! A persistent kernel with a batched atomic work queue, against a static split of the
     //! same skewed work. Reports how evenly each spreads busy time over CTAs.

@@ -531,3 +531,218 @@ pub fn pair_rank(
     comm.barrier()?;
     Ok(figure)
 }
+
+/// A GIN path measured by [`gin_rank`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GinPath {
+    /// The direct backend (the peer is an LSA peer: stores through its mapped window).
+    Direct,
+    /// The proxy with the copy-engine transport.
+    ProxyCopyEngine,
+    /// The proxy with the TCP transport.
+    ProxyTcp,
+}
+
+impl GinPath {
+    /// Every path, in report order.
+    pub const ALL: [GinPath; 3] = [GinPath::Direct, GinPath::ProxyCopyEngine, GinPath::ProxyTcp];
+
+    /// A short name for tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            GinPath::Direct => "direct",
+            GinPath::ProxyCopyEngine => "proxy+CE",
+            GinPath::ProxyTcp => "proxy+TCP",
+        }
+    }
+
+    fn requirements(self) -> ferrolink::DevCommRequirements {
+        let (mode, transport) = match self {
+            GinPath::Direct => (ferrolink::GinMode::Auto, None),
+            GinPath::ProxyCopyEngine => (ferrolink::GinMode::Proxy, Some(ferrolink::TransportKind::CopyEngine)),
+            GinPath::ProxyTcp => (ferrolink::GinMode::Proxy, Some(ferrolink::TransportKind::Tcp)),
+        };
+        ferrolink::DevCommRequirements {
+            gin_context_count: 1,
+            gin_signal_count: 2,
+            gin_mode: Some(mode),
+            gin_transport: transport,
+            ..Default::default()
+        }
+    }
+}
+
+/// GIN figures between ranks 0 and 1 (rank 0 reports them), each beside its baseline.
+#[derive(Clone, Debug, Default)]
+pub struct GinFigures {
+    /// Per path: one-way latency of an 8-byte put with signal (half the ping-pong round
+    /// trip, median of the trials), microseconds.
+    pub latency_us: Vec<(GinPath, f64)>,
+    /// Per size: `(bytes, [(path, GB/s)], driver copy into the peer's mapped memory GB/s,
+    /// plain TCP copy of host data between the two ranks GB/s)`.
+    pub bandwidth: Vec<(usize, Vec<(GinPath, f64)>, f64, f64)>,
+}
+
+/// Iterations for a bandwidth figure of `bytes`: about 1 GiB moved (4 at least, 200 at most).
+fn gin_iters(bytes: usize, gpu: bool) -> u32 {
+    let budget: usize = if gpu { 1 << 30 } else { 16 << 20 };
+    (budget / bytes.max(1)).clamp(4, if gpu { 200 } else { 20 }) as u32
+}
+
+/// Plain TCP between ranks 0 and 1: rank 1 listens, rank 0 sends `bytes` of host memory
+/// `iters` times and waits for a one-byte answer after the last; GB/s on rank 0 (median of
+/// `trials`). The baseline of the TCP transport: the same two processes, host data, no GPU.
+fn plain_tcp_gbps(comm: &ferrolink::Communicator, sizes: &[usize], gpu: bool, trials: usize) -> Result<Vec<f64>> {
+    use std::io::{Read, Write};
+    let io = |e: std::io::Error| ferrolink::Error::InvalidArgument(format!("plain TCP baseline: {e}"));
+    let me = comm.rank();
+    let listener = if me == 1 { Some(std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?) } else { None };
+    let addr = listener.as_ref().map(|l| l.local_addr().map(|a| a.to_string())).transpose().map_err(io)?;
+    let all = comm.all_gather_bytes(addr.unwrap_or_default().as_bytes())?;
+    let mut out = Vec::new();
+    if me == 0 {
+        let peer = String::from_utf8_lossy(&all[1]).to_string();
+        let mut s = std::net::TcpStream::connect(peer).map_err(io)?;
+        s.set_nodelay(true).map_err(io)?;
+        for &bytes in sizes {
+            let data = vec![7u8; bytes];
+            let iters = gin_iters(bytes, gpu);
+            let mut samples = Vec::new();
+            for _ in 0..trials.max(1) {
+                let t = std::time::Instant::now();
+                for _ in 0..iters {
+                    s.write_all(&data).map_err(io)?;
+                }
+                let mut ack = [0u8; 1];
+                s.read_exact(&mut ack).map_err(io)?;
+                samples.push((bytes as f64 * f64::from(iters)) / t.elapsed().as_secs_f64() / 1e9);
+            }
+            out.push(median(&mut samples));
+        }
+    } else if let Some(l) = listener {
+        let (mut s, _) = l.accept().map_err(io)?;
+        s.set_nodelay(true).map_err(io)?;
+        let mut buf = vec![0u8; 4 << 20];
+        for &bytes in sizes {
+            let iters = gin_iters(bytes, gpu);
+            for _ in 0..trials.max(1) {
+                let mut left = bytes * iters as usize;
+                while left > 0 {
+                    let n = s.read(&mut buf[..left.min(4 << 20)]).map_err(io)?;
+                    if n == 0 {
+                        return Err(io(std::io::ErrorKind::UnexpectedEof.into()));
+                    }
+                    left -= n;
+                }
+                s.write_all(&[1]).map_err(io)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One rank's part of the GIN figures between ranks 0 and 1 (every rank calls it; rank 0
+/// returns the figures): for each path of `paths`, the put-with-signal ping-pong latency (8
+/// bytes) and the put bandwidth at each size of `sizes`; beside them, in the same run, the
+/// driver's copy into rank 1's mapped memory (the copy engine's baseline, what
+/// `cudaMemcpyPeer` does) and a plain TCP copy of host data between the two ranks (the TCP
+/// transport's baseline). The direct path and the copy-engine baseline need ranks 0 and 1 in
+/// one LSA domain; the proxy paths are forced with `GinMode::Proxy`.
+pub fn gin_rank(
+    comm: &ferrolink::Communicator,
+    paths: &[GinPath],
+    sizes: &[usize],
+    trials: usize,
+) -> Result<Option<GinFigures>> {
+    use ferrolink_device::kernels::gin::{gin_ping_pong, gin_put_bandwidth};
+    if comm.nranks() < 2 {
+        return Err(ferrolink::Error::InvalidArgument("GIN figures need two ranks or more".into()));
+    }
+    let dev = comm.device().clone();
+    let gpu = dev.backend() == Backend::Cuda;
+    let max = sizes.iter().copied().max().unwrap_or(8).max(8);
+    let module = dev.builtin_module()?;
+    let mut ns = dev.alloc::<u64>(1)?;
+    let mut figures = GinFigures::default();
+    let mut bw: Vec<Vec<(GinPath, f64)>> = vec![Vec::new(); sizes.len()];
+    for &path in paths {
+        let src = comm.register_window(comm.mem_alloc(max)?)?;
+        let dst = comm.register_window(comm.mem_alloc(max)?)?;
+        let handle = comm.create_dev_comm(&path.requirements())?;
+        let (warmup, iters) = if gpu { (1000u32, 10_000u32) } else { (5, 50) };
+        let mut lat = Vec::new();
+        for t in 0..trials.max(1) as u64 {
+            let base = t * u64::from(warmup + iters);
+            comm.barrier()?;
+            // SAFETY: the kernel's contract: windows of `max` ≥ 8 bytes; signal 0 is its own
+            // and `base` counts the earlier calls' signals; `ns` one word.
+            unsafe {
+                comm.stream().launch(
+                    module,
+                    &gin_ping_pong,
+                    LaunchConfig::linear(1, 1),
+                    (&handle, &dst, &src, 0u32, 1u32, 8u32, warmup, iters, base, &mut ns),
+                )?
+            };
+            comm.synchronize()?;
+            lat.push(ns.to_vec()?[0] as f64 / f64::from(iters) / 2.0 / 1e3);
+        }
+        figures.latency_us.push((path, median(&mut lat)));
+        // A fresh device communicator: the bandwidth kernel's signals start at 0.
+        drop(handle);
+        let handle = comm.create_dev_comm(&path.requirements())?;
+        let mut round = 0u32;
+        for (i, &bytes) in sizes.iter().enumerate() {
+            let n = gin_iters(bytes, gpu);
+            let mut samples = Vec::new();
+            for _ in 0..trials.max(1) {
+                round += 1;
+                comm.barrier()?;
+                // SAFETY: the kernel's contract: both windows hold `max` ≥ `bytes` bytes;
+                // signals 0 and 1 are its own, `round` counts the calls; `ns` one word.
+                unsafe {
+                    comm.stream().launch(
+                        module,
+                        &gin_put_bandwidth,
+                        LaunchConfig::linear(1, if gpu { 1024 } else { 8 }),
+                        (&handle, &dst, &src, 0u32, 1u32, bytes as u64, n, round, &mut ns),
+                    )?
+                };
+                comm.synchronize()?;
+                samples.push((bytes as f64 * f64::from(n)) / ns.to_vec()?[0] as f64);
+            }
+            bw[i].push((path, median(&mut samples)));
+        }
+        comm.barrier()?;
+    }
+    // Baselines, in the same run.
+    let tcp = plain_tcp_gbps(comm, sizes, gpu, trials)?;
+    let mut copy = vec![0.0; sizes.len()];
+    let window = comm.register_window(comm.mem_alloc(max)?)?;
+    if comm.rank() == 0 && comm.lsa_size() >= 2 {
+        let src = dev.alloc::<u8>(max)?;
+        let peer_addr = window.dev_window().lsa_ptr::<u8>(0, 1) as u64;
+        for (i, &bytes) in sizes.iter().enumerate() {
+            let mut samples = Vec::new();
+            for _ in 0..trials.max(1) {
+                // SAFETY: `src` and rank 1's buffer of `window` hold `max` ≥ `bytes` bytes and
+                // live until the end of this function, after `time_gbps` waited for its
+                // copies; rank 1 does not touch its buffer.
+                samples.push(time_gbps(&dev, bytes, gin_iters(bytes, gpu) as usize, |s| unsafe {
+                    s.copy_raw(peer_addr, src.addr(), bytes)
+                })?);
+            }
+            copy[i] = median(&mut samples);
+        }
+    }
+    comm.barrier()?;
+    if comm.rank() != 0 {
+        return Ok(None);
+    }
+    figures.bandwidth = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (b, std::mem::take(&mut bw[i]), copy[i], tcp.get(i).copied().unwrap_or(0.0)))
+        .collect();
+    Ok(Some(figures))
+}

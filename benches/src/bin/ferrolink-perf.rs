@@ -97,6 +97,22 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         trials: usize,
     },
+    /// GIN between ranks 0 and 1: put-with-signal ping-pong latency (8 bytes) and put
+    /// bandwidth per path (direct, proxy + copy engine, proxy + TCP), beside the driver's copy
+    /// into the peer's memory and a plain TCP copy of host data between the same two ranks.
+    /// Alone it runs two ranks on devices 0 and 1 of this process; under a launcher
+    /// (`ferrolink-run -n 2 --devices 0,1 ferrolink-perf gin`) each process is one rank.
+    Gin {
+        /// Comma-separated sizes. Default: 4K,64K,1M,16M,64M,256M on a GPU, 4K,64K,1M on the CPU.
+        #[arg(long, value_delimiter = ',', value_parser = perf::parse_size)]
+        sizes: Vec<usize>,
+        /// Trials per figure (the median is shown).
+        #[arg(long, default_value_t = 3)]
+        trials: usize,
+        /// Paths to measure (direct, ce, tcp). Default: all three.
+        #[arg(long, value_delimiter = ',')]
+        paths: Vec<String>,
+    },
     /// Everything above with default settings (scale, bootstrap and pair only by name).
     All,
 }
@@ -137,6 +153,7 @@ fn run(cli: Cli) -> ferrolink::Result<()> {
         Command::Latency => latency(&dev),
         Command::Scale { ranks } => scale(&dev, &ranks),
         Command::Pair { rounds, bytes, trials } => pair(&dev, rounds, bytes, trials),
+        Command::Gin { sizes, trials, paths } => gin(&dev, sizes, trials, &paths),
         Command::Bootstrap { ranks } => {
             println!("\n== TCP bootstrap over loopback: init of N ranks (threads), one all-gather, one barrier");
             for n in ranks {
@@ -189,6 +206,69 @@ fn pair(dev: &Device, rounds: u32, bytes: Option<usize>, trials: usize) -> ferro
             f.copy_gbps,
             f.put_gbps / f.copy_gbps
         );
+    }
+    Ok(())
+}
+
+fn gin(dev: &Device, sizes: Vec<usize>, trials: usize, paths: &[String]) -> ferrolink::Result<()> {
+    use perf::GinPath;
+    let sizes = if !sizes.is_empty() {
+        sizes
+    } else if gpu(dev) {
+        vec![4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+    } else {
+        vec![4 << 10, 64 << 10, 1 << 20]
+    };
+    let paths: Vec<GinPath> = if paths.is_empty() {
+        GinPath::ALL.to_vec()
+    } else {
+        paths
+            .iter()
+            .map(|p| match p.as_str() {
+                "direct" => Ok(GinPath::Direct),
+                "ce" => Ok(GinPath::ProxyCopyEngine),
+                "tcp" => Ok(GinPath::ProxyTcp),
+                other => {
+                    Err(ferrolink::Error::InvalidArgument(format!("--paths: unknown path {other:?} (direct, ce, tcp)")))
+                }
+            })
+            .collect::<ferrolink::Result<_>>()?
+    };
+    let launched = ferrolink::comm::launch::LaunchEnv::detect()?.is_some();
+    let figures = if launched {
+        let comm = ferrolink::Communicator::from_env(dev)?;
+        vec![perf::gin_rank(&comm, &paths, &sizes, trials)?]
+    } else {
+        let other = Device::open_with(dev.backend(), dev.ordinal() + 1)?;
+        let comms = ferrolink::Communicator::init_all(&[dev.clone(), other])?;
+        ferrolink::run_ranks(&comms, |c| perf::gin_rank(c, &paths, &sizes, trials))?
+    };
+    let mode = if launched { "one process per rank" } else { "one process, two devices" };
+    for f in figures.into_iter().flatten() {
+        println!("\n== gin ({mode}): rank 0 -> rank 1, median of {trials} trials");
+        for (p, us) in &f.latency_us {
+            println!("put-with-signal ping-pong, 8 B, {:>9}: {us:.2} us one way", p.name());
+        }
+        let mut head = format!("{:>10}", "bytes");
+        for p in &paths {
+            head += &format!("  {:>10}", p.name());
+        }
+        head += &format!("  {:>12}  {:>8}  {:>10}  {:>8}", "driver copy", "CE/copy", "plain TCP", "TCP/TCP");
+        println!("put bandwidth, GB/s (1 CTA per rank):\n{head}");
+        for (bytes, by_path, copy, tcp) in &f.bandwidth {
+            let get = |p: GinPath| by_path.iter().find(|(q, _)| *q == p).map(|(_, v)| *v);
+            let mut line = format!("{bytes:>10}");
+            for p in &paths {
+                line += &format!("  {:>10.2}", get(*p).unwrap_or(f64::NAN));
+            }
+            let ratio = |v: Option<f64>, base: f64| v.map_or(f64::NAN, |v| v / base);
+            line += &format!(
+                "  {copy:>12.2}  {:>8.3}  {tcp:>10.2}  {:>8.3}",
+                ratio(get(GinPath::ProxyCopyEngine), *copy),
+                ratio(get(GinPath::ProxyTcp), *tcp)
+            );
+            println!("{line}");
+        }
     }
     Ok(())
 }

@@ -296,12 +296,14 @@ kernel! {
     /// times, `a` puts `bytes` of `src` into `b`'s `dst` with SignalInc(0) and waits for `b`'s
     /// answer, `b` waits and answers the same way. One thread of one CTA does it all. Writes
     /// the `%globaltimer` nanoseconds of all `iters` round trips to `*ns` (on rank `a`), after
-    /// `warmup` untimed ones.
+    /// `warmup` untimed ones. `base` is signal 0's value before the call (0 on a fresh device
+    /// communicator; `warmup + iters` per earlier call): read in the kernel, it could already
+    /// include the peer's first put.
     ///
     /// # Safety
     /// `comm`, `dst`, `src` (≥ `bytes` bytes each) from live handles; signal 0 is this
     /// kernel's; `ns` is valid.
-    pub unsafe fn gin_ping_pong(comm: DevComm, dst: DevWindow, src: DevWindow, a: u32, b: u32, bytes: u32, warmup: u32, iters: u32, ns: *mut u64) {
+    pub unsafe fn gin_ping_pong(comm: DevComm, dst: DevWindow, src: DevWindow, a: u32, b: u32, bytes: u32, warmup: u32, iters: u32, base: u64, ns: *mut u64) {
         if arch::thread_rank_in_block() != 0 || arch::block_idx_x() != 0 || (comm.rank != a && comm.rank != b) {
             return;
         }
@@ -309,7 +311,6 @@ kernel! {
         let gin = Gin::new(&comm, 0);
         let world = comm.world();
         let (peer, first) = if comm.rank == a { (b, true) } else { (a, false) };
-        let base = gin.read_signal(0);
         let mut start = 0;
         for i in 0..warmup + iters {
             if i == warmup {
@@ -342,11 +343,13 @@ kernel! {
     /// LSA barrier `block_idx`; other peers by GIN. CTA `b` of `grid` serves peers `p` with
     /// `p % grid == b` on context `b`; signal `signal` counts every CTA's blocks, and
     /// `round` (1, 2, …: the number of this call) sets the target `round * remote blocks`.
+    /// A wait that ends without its blocks (the communicator was aborted) adds 1 to `*errors`.
     ///
     /// # Safety
     /// `comm`, `send` and `recv` (≥ `nranks * bytes` bytes each) from live handles; nothing
-    /// else writes `recv` until every rank's call has ended; LSA barrier `b` is this CTA's.
-    pub unsafe fn gin_all_to_all(comm: DevComm, recv: DevWindow, send: DevWindow, bytes: u32, signal: u32, round: u32, hybrid: u32) {
+    /// else writes `recv` until every rank's call has ended; LSA barrier `b` is this CTA's;
+    /// `errors` is valid.
+    pub unsafe fn gin_all_to_all(comm: DevComm, recv: DevWindow, send: DevWindow, bytes: u32, signal: u32, round: u32, hybrid: u32, errors: *mut u32) {
         let coop = CoopCta;
         let b = arch::block_idx_x() as u32;
         let grid = arch::grid_dim_x() as u32;
@@ -382,8 +385,53 @@ kernel! {
             let mut bar = unsafe { LsaBarrierSession::new(coop, &comm, b) };
             bar.sync();
         }
-        if remote > 0 {
-            let _ = gin.wait_signal(coop, signal, u64::from(round) * remote);
+        if remote > 0 && gin.wait_signal(coop, signal, u64::from(round) * remote).is_err() && coop.thread_rank() == 0 {
+            count_errors(errors, 1);
+        }
+        gin.flush(coop);
+    }
+}
+
+kernel! {
+    /// Put bandwidth from world rank `a` to world rank `b` (other ranks return): `a` puts
+    /// `bytes` of `src` into `b`'s `dst` `iters` times on context 0, the last with
+    /// SignalInc(0); `b` waits for that signal and answers with SignalInc(1); `a` waits for
+    /// the answer and writes the `%globaltimer` nanoseconds from its first put to `*ns`.
+    /// `round` is 1 for the first call on a device communicator, then 2, 3, … (the signals'
+    /// targets: read before the first put, a signal could already include it). One
+    /// CTA per rank; every thread of it copies on the direct backend, thread 0 posts on the
+    /// proxy.
+    ///
+    /// # Safety
+    /// `comm`, `dst`, `src` (≥ `bytes` bytes each) from live handles; signals 0 and 1 are
+    /// this kernel's; `ns` is valid.
+    pub unsafe fn gin_put_bandwidth(comm: DevComm, dst: DevWindow, src: DevWindow, a: u32, b: u32, bytes: u64, iters: u32, round: u32, ns: *mut u64) {
+        if arch::block_idx_x() != 0 || (comm.rank != a && comm.rank != b) || iters == 0 {
+            return;
+        }
+        let coop = CoopCta;
+        let gin = Gin::new(&comm, 0);
+        let world = comm.world();
+        if comm.rank == b {
+            if gin.wait_signal(coop, 0, u64::from(round)).is_ok() {
+                gin.signal(coop, world, a, RemoteAction::SignalInc(1));
+            }
+            gin.flush(coop);
+            return;
+        }
+        let answer = u64::from(round);
+        coop.sync();
+        let start = arch::global_timer_ns();
+        for i in 0..iters {
+            let remote = if i + 1 == iters { RemoteAction::SignalInc(0) } else { RemoteAction::None };
+            // SAFETY: ranges inside the windows (contract, checked); the source is never
+            // written, the destination is only read by the host after the kernel.
+            unsafe { gin.put(coop, world, b, dst, 0, src, 0, bytes as usize, remote, LocalAction::None) };
+        }
+        let ok = gin.wait_signal(coop, 1, answer).is_ok();
+        if coop.thread_rank() == 0 && ok {
+            // SAFETY: `ns` is valid (contract).
+            unsafe { ns.write(arch::global_timer_ns() - start) };
         }
         gin.flush(coop);
     }

@@ -338,6 +338,22 @@ impl Communicator {
         self.shared.bootstrap.barrier()
     }
 
+    /// Every rank's `data`, in rank order, through the bootstrap (collective; NCCL's
+    /// `bootstrapAllGather`): small host-side exchanges such as addresses. Every rank
+    /// calls it; the sizes may differ.
+    ///
+    /// ```
+    /// # use ferrolink::{Backend, Communicator, Device};
+    /// let dev = Device::open_with(Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let all = ferrolink::run_ranks(&comms, |c| c.all_gather_bytes(&[c.rank() as u8; 3]))?;
+    /// assert_eq!(all[1], vec![vec![0u8; 3], vec![1u8; 3]]);
+    /// # Ok::<(), ferrolink::Error>(())
+    /// ```
+    pub fn all_gather_bytes(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.shared.bootstrap.all_gather(data)
+    }
+
     /// Aborts the communicator (NCCL's `ncclCommAbort`, without freeing anything): every
     /// device wait of this process's ranks of it returns promptly, kernels run to their end,
     /// and their [`Communicator::synchronize`] and [`Communicator::async_error`] then report
