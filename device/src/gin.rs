@@ -91,7 +91,8 @@ pub struct DevGin {
     /// Host-mapped address of `u64[context][nranks]`: descriptors the proxy has completed
     /// locally (their sources may be reused) per ring.
     pub consumed: u64,
-    /// Device address of `u32[barrier_count]`: the GIN barriers' epochs.
+    /// Device address of `u64[barrier_count][1 + nranks]`: per GIN barrier, its round count
+    /// (the epoch), then per world rank the barrier signals expected from it so far.
     pub barrier_epochs: u64,
     /// Host-mapped address of `GinWaitRecord[signal_count]`: waits that went slow, for the
     /// host's watchdog (0: none kept).
@@ -106,7 +107,7 @@ pub struct DevGin {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct GinWaitRecord {
-    /// The value waited for (signal value, or the raw slot sum for a GIN barrier).
+    /// The value waited for (a signal value; for a GIN barrier, its epoch).
     pub target: u64,
     /// Linear CTA index of the waiter.
     pub cta: u32,
@@ -128,7 +129,8 @@ pub mod wait_state {
     pub const IDLE: u32 = 0;
     /// A `wait_signal` is slow: `target` is a signal value (after resets).
     pub const SIGNAL: u32 = 1;
-    /// A GIN barrier is slow: `target` is the raw slot sum; the team fields are set.
+    /// A GIN barrier is slow: the team fields are set; the expected counts are in the
+    /// barrier's state.
     pub const BARRIER: u32 = 2;
 }
 
@@ -409,7 +411,7 @@ impl<'a> Gin<'a> {
                 // caller vouches for the window.
                 unsafe {
                     match bytes {
-                        1 => (p as *mut u8).write_volatile(value as u8),
+                        1 => p.write_volatile(value as u8),
                         2 => (p as *mut u16).write_volatile(value as u16),
                         4 => (p as *mut u32).write_volatile(value as u32),
                         _ => (p as *mut u64).write_volatile(value),
@@ -815,9 +817,16 @@ fn local_id(l: LocalAction) -> u32 {
 }
 
 /// A GIN barrier (NCCL's `ncclGinBarrierSession`): every rank of `team` signals every other
-/// (SignalInc on the barrier's signal), then waits until its own signal has grown by
-/// `team.size - 1` for this round. Strong signals make it a release/acquire barrier: what a
-/// rank put (on the same context) before it is visible to every peer after it.
+/// (SignalInc on the barrier's signal), then waits until **each** other member's slot has
+/// reached the number of rounds that member and this rank have shared on this barrier.
+///
+/// Per-source counts, not the slots' sum: a sum can be reached early when a fast member is
+/// already a round ahead while a slow member's signal for this round is still in flight (on
+/// another connection), and then that member's data put before its signal might not have
+/// landed. Counting per source also lets one barrier index serve teams of different sizes in
+/// turn (the world team, then the rail team of a hybrid barrier). Strong signals make it a
+/// release/acquire barrier: what a rank put (on the same context) before it is visible to
+/// every member after it.
 pub struct GinBarrierSession<'a, C: Coop> {
     gin: Gin<'a>,
     coop: C,
@@ -837,11 +846,17 @@ impl<'a, C: Coop> GinBarrierSession<'a, C> {
         if index >= g.barrier_count {
             gin.comm.fail(error_code::GIN_BARRIER_INDEX, u64::from(index), u64::from(g.barrier_count));
         }
-        // SAFETY: `barrier_epochs` holds a word per GIN barrier (index checked).
-        let epoch = unsafe {
-            atomic::load((g.barrier_epochs as *const u32).add(index as usize), LoadOrder::Relaxed, Scope::Gpu)
-        };
-        GinBarrierSession { gin, coop, team, index, signal: g.barrier_signal_first + index, epoch }
+        let s = GinBarrierSession { gin, coop, team, index, signal: g.barrier_signal_first + index, epoch: 0 };
+        // SAFETY: word 0 of the barrier's state (index checked).
+        let epoch = unsafe { atomic::load(s.state(), LoadOrder::Relaxed, Scope::Gpu) } as u32;
+        GinBarrierSession { epoch, ..s }
+    }
+
+    /// This barrier's state in `barrier_epochs`: `u64[1 + nranks]` — the round count, then
+    /// per world rank the signals expected from it so far.
+    #[inline(always)]
+    fn state(&self) -> *mut u64 {
+        (self.gin.g().barrier_epochs as *mut u64).wrapping_add(self.index as usize * (1 + self.gin.comm.nranks as usize))
     }
 
     /// Signals every other member of the team, then waits for all of them (acquiring what
@@ -851,21 +866,28 @@ impl<'a, C: Coop> GinBarrierSession<'a, C> {
         self.coop.sync();
         self.epoch = self.epoch.wrapping_add(1);
         let me = self.team.rank;
+        let expected = self.state().wrapping_add(1);
         let mut m = self.coop.thread_rank() as u32;
         while m < self.team.size {
             if m != me {
                 let world = self.gin.comm.team_rank_to_world(self.team, m);
+                // SAFETY: one word per world rank after the round count; this coop owns the
+                // barrier, and member `m` is handled by one thread.
+                unsafe {
+                    let e = expected.add(world as usize);
+                    atomic::store(e, atomic::load(e, LoadOrder::Relaxed, Scope::Gpu).wrapping_add(1), StoreOrder::Relaxed, Scope::Gpu);
+                }
                 self.gin.signal_from_thread(world, RemoteAction::SignalInc(self.signal));
             }
             m += self.coop.size() as u32;
         }
-        let want = u64::from(self.epoch) * u64::from(self.team.size - 1);
+        // Thread 0 reads every member's expectation below.
+        self.coop.sync();
         let mut end = Ok(());
         if self.coop.thread_rank() == 0 {
-            // Barrier signals are never reset: compare the raw sum.
             let team = self.team;
             let record = GinWaitRecord {
-                target: want,
+                target: u64::from(self.epoch),
                 state: wait_state::BARRIER,
                 team_first: self.gin.comm.team_rank_to_world(team, 0),
                 team_stride: team.stride,
@@ -873,8 +895,31 @@ impl<'a, C: Coop> GinBarrierSession<'a, C> {
                 epoch: self.epoch,
                 ..GinWaitRecord::default()
             };
+            // Members already seen complete stay complete (slots only grow): resume there.
+            let next = core::cell::Cell::new(0u32);
+            let slots_me = self.gin.comm.lsa_rank;
             end = self.gin.poll_recorded(
-                || seq_reached64(self.gin.signal_sum(self.signal), want),
+                || {
+                    while next.get() < team.size {
+                        let m = next.get();
+                        if m != me {
+                            let world = self.gin.comm.team_rank_to_world(team, m);
+                            // SAFETY: the slot lies in this rank's signal window and the
+                            // expectation in this barrier's state (both sized by nranks).
+                            let (got, want) = unsafe {
+                                (
+                                    atomic::load(self.gin.signal_slot(self.signal, world, slots_me), LoadOrder::Relaxed, Scope::Sys),
+                                    atomic::load(expected.add(world as usize), LoadOrder::Relaxed, Scope::Gpu),
+                                )
+                            };
+                            if !seq_reached64(got, want) {
+                                return false;
+                            }
+                        }
+                        next.set(m + 1);
+                    }
+                    true
+                },
                 None,
                 Some((self.signal, record)),
             );
@@ -888,14 +933,7 @@ impl<C: Coop> Drop for GinBarrierSession<'_, C> {
     fn drop(&mut self) {
         if self.coop.thread_rank() == 0 {
             // SAFETY: in range (checked in `new`); this coop owns the index.
-            unsafe {
-                atomic::store(
-                    (self.gin.g().barrier_epochs as *mut u32).add(self.index as usize),
-                    self.epoch,
-                    StoreOrder::Relaxed,
-                    Scope::Gpu,
-                )
-            };
+            unsafe { atomic::store(self.state(), u64::from(self.epoch), StoreOrder::Relaxed, Scope::Gpu) };
         }
     }
 }

@@ -27,6 +27,15 @@ impl Deliver for GinRank {
         GinRank::fail(self, why);
     }
 
+    fn peer_lost(&self, from: usize, why: String) {
+        tracing::warn!(target: "ferrolink::gin", rank = self.rank, from, "rank {from} is gone: {why}");
+        lock(&self.lost).push((from, why));
+    }
+
+    fn staging(&self, bytes: usize) -> Option<crate::runtime::host_mapped::HostMapped> {
+        crate::runtime::host_mapped::HostMapped::alloc(&self.device, bytes).ok()
+    }
+
     fn put(&self, _from: usize, dst: RemoteLocation, data: &[u8]) -> Result<()> {
         let (w, addr) = self.location(dst, data.len())?;
         // SAFETY: the range lies in this rank's live buffer of window `w` (checked; `w` keeps

@@ -70,7 +70,7 @@ pub(crate) struct GinRank {
     /// Device words (produced, signal bases, counters, counter bases) and GIN barrier epochs:
     /// owned here so that they live as long as the rank's GIN.
     _device_words: DeviceBuffer<u64>,
-    _barrier_epochs: DeviceBuffer<u32>,
+    _barrier_epochs: DeviceBuffer<u64>,
     /// What receivers have added to each `(src, signal)` slot (written whole, after the data).
     pub(crate) received: Mutex<HashMap<(usize, u32), u64>>,
     pub(crate) control: Weak<CommControl>,
@@ -83,6 +83,8 @@ pub(crate) struct GinRank {
     pub(crate) stop: std::sync::atomic::AtomicBool,
     /// The device view (addresses of the words the host reads for debugging).
     pub(crate) layout: DevGin,
+    /// Peers whose connections ended without a goodbye, and how.
+    pub(crate) lost: Mutex<Vec<(usize, String)>>,
 }
 
 impl GinRank {
@@ -183,15 +185,18 @@ impl GinRank {
             }
             if state == wait_state::BARRIER {
                 let (first, stride, size, epoch) = (w[4] as usize, w[5].max(1) as usize, w[6] as usize, w[7]);
-                let sum = slots.iter().fold(0u64, |a, v| a.wrapping_add(*v));
-                if sum.wrapping_sub(target) as i64 >= 0 {
+                let index = id - self.layout.barrier_signal_first;
+                let expected = self.layout.barrier_epochs + (u64::from(index) * (1 + self.nranks as u64) + 1) * 8;
+                let mut missing = Vec::new();
+                for p in (0..size).map(|m| first + m * stride).filter(|&p| p != self.rank && p < self.nranks) {
+                    let want = self.device_word(expected + p as u64 * 8)?;
+                    if (slots[p].wrapping_sub(want) as i64) < 0 {
+                        missing.push(p);
+                    }
+                }
+                if missing.is_empty() {
                     continue;
                 }
-                let missing: Vec<usize> = (0..size)
-                    .map(|m| first + m * stride)
-                    .filter(|&p| p != self.rank && p < self.nranks && slots[p] < u64::from(epoch))
-                    .collect();
-                let index = id - self.layout.barrier_signal_first;
                 out.push(StalledWait { rank: self.rank, cta, on: WaitOn::GinBarrier { index, epoch }, missing });
             } else {
                 let value = self.signal_value(id).unwrap_or(0);
@@ -206,6 +211,10 @@ impl GinRank {
                     missing: Vec::new(),
                 });
             }
+        }
+        // A lost peer never signals again: a stalled wait will not end by itself.
+        if let (Some(w), Some((peer, why))) = (out.first(), lock(&self.lost).first()) {
+            self.fail(format!("rank {peer} is gone ({why}) while {}", w.describe()));
         }
         Ok(out)
     }
@@ -294,9 +303,9 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
     )?;
     // Device words: produced[rings] | signal_base[signals] | counters[counters] | counter_base[counters].
     let words = dev.alloc::<u64>(rings + signal_count.max(1) as usize + 2 * counter_count as usize)?;
-    let epochs = dev.alloc::<u32>(shape.barriers.max(1) as usize)?;
+    let epochs = dev.alloc::<u64>(shape.barriers.max(1) as usize * (1 + n))?;
     let signals = comm.register_window(comm.mem_alloc((signal_count.max(1) as usize * n * 8).max(8))?)?;
-    let uses_tcp = kinds.iter().any(|k| *k == Some(TransportKind::Tcp));
+    let uses_tcp = kinds.contains(&Some(TransportKind::Tcp));
     let words_addr = words.addr();
     let signal_slots = signal_count.max(1) as usize;
     let layout = DevGin {
@@ -343,6 +352,7 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
         tcp_receiver: Mutex::new(None),
         stop: std::sync::atomic::AtomicBool::new(false),
         layout,
+        lost: Mutex::new(Vec::new()),
     });
     // Every rank tells where its TCP receiver listens (an empty message: it has none).
     let mut addr_msg = Vec::new();

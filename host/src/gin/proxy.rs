@@ -128,7 +128,7 @@ impl Proxy {
                 };
                 tr.submit(&req).map_err(|e| format!("{} transport to rank {}: {e}", tr.name(), req.peer))?;
                 // Give the ring's slots back as soon as possible: at most `depth` per look.
-                if self.next[ring] % u64::from(gin.depth) == 0 {
+                if self.next[ring].is_multiple_of(u64::from(gin.depth)) {
                     break;
                 }
             }

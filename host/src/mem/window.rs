@@ -39,7 +39,7 @@ struct LocalWindow {
     uses: Arc<Uses>,
     devices: Mutex<Vec<Device>>,
     phys: Mutex<HashMap<usize, Arc<dyn PhysicalMemory>>>,
-    flat: Mutex<HashMap<DeviceKey, Arc<FlatMapping>>>,
+    flat: Mutex<HashMap<(DeviceKey, usize), Arc<FlatMapping>>>,
     /// Serializes host reads and writes of the window's buffers: handles are `Clone` and
     /// `Send`, and on the CPU backend two unsynchronized host copies into one slot would be a
     /// data race on host memory.
@@ -236,7 +236,10 @@ impl Communicator {
         let flat = {
             let dev = self.device();
             let mut flats = lock(&local.flat);
-            match flats.get(&dev.key()) {
+            // One mapping per device and LSA domain (virtual ranks of several domains may
+            // share a device: `LsaMode::Size`).
+            let flat_key = (dev.key(), peers.start);
+            match flats.get(&flat_key) {
                 Some(f) => f.clone(),
                 None => {
                     let b = dev.backend_device();
@@ -254,7 +257,7 @@ impl Communicator {
                     }
                     range.grant_access(&[&**b])?;
                     let f = Arc::new(FlatMapping { range, _phys: held });
-                    flats.insert(dev.key(), f.clone());
+                    flats.insert(flat_key, f.clone());
                     f
                 }
             }

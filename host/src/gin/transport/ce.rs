@@ -12,13 +12,17 @@ use crate::{Error, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+/// A request the copy engine has queued: its ring and ticket, the event after its work, and
+/// the windows it writes (kept alive until the event).
+type InFlight = (usize, u64, Event, Vec<Window>);
+
 pub(crate) struct CopyEngine {
     gin: Arc<GinRank>,
     streams: HashMap<usize, Stream>,
     /// Per peer: the total this rank has added to each of the peer's `[signal][me]` slots.
     sent: HashMap<(usize, u32), u64>,
     /// Requests in flight per peer, in order, with the windows they use (kept alive).
-    pending: HashMap<usize, VecDeque<(usize, u64, Event, Vec<Window>)>>,
+    pending: HashMap<usize, VecDeque<InFlight>>,
 }
 
 impl CopyEngine {
@@ -41,10 +45,10 @@ impl Transport for CopyEngine {
                 req.peer
             )));
         }
-        if !self.streams.contains_key(&req.peer) {
-            self.streams.insert(req.peer, g.device.create_stream()?);
-        }
-        let stream = &self.streams[&req.peer];
+        let stream = match self.streams.entry(req.peer) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(g.device.create_stream()?),
+        };
         let mut keep = Vec::new();
         match req.payload {
             Payload::Put { src, bytes, dst } => {

@@ -4,6 +4,7 @@
 
 pub(crate) mod ce;
 pub(crate) mod tcp;
+pub(crate) mod tcp_wire;
 
 use crate::Result;
 
@@ -70,6 +71,17 @@ pub(crate) trait Deliver: Send + Sync {
     /// Adds `inc` to signal `id` for sender `from`: written after everything `from`
     /// delivered before on this connection.
     fn signal(&self, from: usize, id: u32, inc: u64) -> Result<()>;
+    /// Rank `from`'s connection ended without its goodbye (its process died, or exited before
+    /// its proxy said goodbye). Not an error by itself: the rank may have had nothing more
+    /// to send. Waits that are stalled while a peer is lost abort the communicator.
+    fn peer_lost(&self, from: usize, why: String);
+    /// Host memory of at least `bytes` bytes to receive data into before [`Deliver::put`]
+    /// copies it to the device: pinned where the device has it (the copy then runs at full
+    /// speed). `None`: the receiver uses ordinary memory.
+    fn staging(&self, bytes: usize) -> Option<crate::runtime::host_mapped::HostMapped> {
+        let _ = bytes;
+        None
+    }
 }
 
 /// The transports (`FERROLINK_GIN_TRANSPORT`).
