@@ -79,6 +79,9 @@ pub(crate) struct GinRank {
     pub(crate) tcp_peers: std::sync::OnceLock<Vec<Option<std::net::SocketAddr>>>,
     /// This rank's TCP receiver, while it lives.
     tcp_receiver: Mutex<Option<transport::tcp::TcpReceiver>>,
+    /// This rank's verbs connections, while they live.
+    #[cfg(feature = "verbs")]
+    verbs: Mutex<Option<transport::verbs::VerbsSetup>>,
     /// Asks the proxy thread to end.
     pub(crate) stop: std::sync::atomic::AtomicBool,
     /// The device view (addresses of the words the host reads for debugging).
@@ -242,6 +245,8 @@ impl Drop for GinOwner {
     fn drop(&mut self) {
         self.0.stop.store(true, Ordering::SeqCst);
         drop(lock(&self.0.tcp_receiver).take());
+        #[cfg(feature = "verbs")]
+        drop(lock(&self.0.verbs).take());
     }
 }
 
@@ -350,6 +355,8 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
         control: Arc::downgrade(comm.control()),
         tcp_peers: std::sync::OnceLock::new(),
         tcp_receiver: Mutex::new(None),
+        #[cfg(feature = "verbs")]
+        verbs: Mutex::new(None),
         stop: std::sync::atomic::AtomicBool::new(false),
         layout,
         lost: Mutex::new(Vec::new()),
@@ -369,6 +376,12 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::Bootstrap(format!("a rank's GIN address is malformed: {e}")))?;
     let _ = gin.tcp_peers.set(tcp_peers);
+    // Every rank connects its verbs queue pairs (collective, even with no verbs peer).
+    #[cfg(feature = "verbs")]
+    {
+        let verbs_peers: Vec<bool> = kinds.iter().map(|k| *k == Some(TransportKind::Verbs)).collect();
+        *lock(&gin.verbs) = Some(transport::verbs::setup(comm, &gin, &verbs_peers)?);
+    }
     if kinds.iter().any(Option::is_some) {
         proxy::start(&gin)?;
     }

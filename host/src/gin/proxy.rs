@@ -161,6 +161,8 @@ fn make(kind: TransportKind, gin: &Arc<GinRank>) -> Result<Box<dyn Transport>> {
     Ok(match kind {
         TransportKind::CopyEngine => Box::new(super::transport::ce::CopyEngine::new(gin.clone())),
         TransportKind::Tcp => Box::new(super::transport::tcp::TcpTransport::new(gin)?),
+        #[cfg(feature = "verbs")]
+        TransportKind::Verbs => Box::new(super::transport::verbs::VerbsTransport::new(gin)?),
     })
 }
 
@@ -182,7 +184,7 @@ fn request(gin: &GinRank, ring: usize, ticket: u64, d: &GinDescriptor) -> Result
                 crate::Error::InvalidArgument(format!("source window {} is not registered", d.src_window))
             })?;
             let src = src_window.local_addr(d.src_offset as usize, bytes)?;
-            Payload::Put { src, bytes, dst }
+            Payload::Put { src, src_window: d.src_window, bytes, dst }
         }
         op::PUT_VALUE => Payload::PutValue { value: d.bytes_or_value, bytes: d.value_bytes(), dst },
         op::SIGNAL => Payload::None,

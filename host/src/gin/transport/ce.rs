@@ -51,7 +51,7 @@ impl Transport for CopyEngine {
         };
         let mut keep = Vec::new();
         match req.payload {
-            Payload::Put { src, bytes, dst } => {
+            Payload::Put { src, bytes, dst, .. } => {
                 let w = g
                     .window(dst.window)
                     .ok_or_else(|| Error::InvalidArgument(format!("window {} is gone", dst.window)))?;

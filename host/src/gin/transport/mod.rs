@@ -4,6 +4,8 @@
 
 pub(crate) mod ce;
 pub(crate) mod tcp;
+#[cfg(feature = "verbs")]
+pub(crate) mod verbs;
 pub(crate) mod tcp_wire;
 
 use crate::Result;
@@ -20,8 +22,8 @@ pub(crate) struct RemoteLocation {
 /// What one descriptor asks a transport to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Payload {
-    /// Copy `bytes` from this rank's device address `src` to `dst`.
-    Put { src: u64, bytes: usize, dst: RemoteLocation },
+    /// Copy `bytes` from this rank's device address `src` (in window `src_window`) to `dst`.
+    Put { src: u64, src_window: u32, bytes: usize, dst: RemoteLocation },
     /// Store the low `bytes` bytes of `value` at `dst`.
     PutValue { value: u64, bytes: u32, dst: RemoteLocation },
     /// Nothing but the signal.
@@ -93,6 +95,10 @@ pub enum TransportKind {
     /// TCP: one ordered connection per (context, peer); the receiver writes the data, then the
     /// signal.
     Tcp,
+    /// RDMA verbs (cargo feature `verbs`): one RC queue pair per (context, peer), RDMA WRITEs
+    /// into the peer's window, then the signal on the same queue pair. Never run on hardware.
+    #[cfg(feature = "verbs")]
+    Verbs,
 }
 
 impl TransportKind {
@@ -103,6 +109,9 @@ impl TransportKind {
             Err(_) | Ok("") | Ok("auto") => Ok(None),
             Ok("ce") => Ok(Some(TransportKind::CopyEngine)),
             Ok("tcp") => Ok(Some(TransportKind::Tcp)),
+            #[cfg(feature = "verbs")]
+            Ok("verbs") => Ok(Some(TransportKind::Verbs)),
+            #[cfg(not(feature = "verbs"))]
             Ok("verbs") => Err(crate::Error::InvalidArgument(
                 "FERROLINK_GIN_TRANSPORT=verbs: the RDMA transport is not built in (cargo feature `verbs`)".into(),
             )),

@@ -951,7 +951,7 @@ impl Link {
             plan.large = Some((first, 0));
         }
         let (r, i) = plan.large.expect("a large put in progress");
-        let Payload::Put { src, bytes, dst } = r.payload else { unreachable!("only puts are large") };
+        let Payload::Put { src, bytes, dst, .. } = r.payload else { unreachable!("only puts are large") };
         let (off, len) = (i * CHUNK, CHUNK.min(bytes - i * CHUNK));
         let last = off + len == bytes;
         plan.large = if last { None } else { Some((r, i + 1)) };
@@ -1535,7 +1535,7 @@ mod tests {
                 ticket: (i / 2) as u64,
                 context: (ring / 2) as u32,
                 peer: 0,
-                payload: Payload::Put { src: src.addr() + off as u64, bytes, dst },
+                payload: Payload::Put { src: src.addr() + off as u64, src_window: 0, bytes, dst },
                 signal: Some((i as u32, 1)),
             };
             t.submit(&req).unwrap();
@@ -1586,7 +1586,7 @@ mod tests {
         let src = dev.alloc_from(&src_data).unwrap();
         for i in 0..n {
             let dst = RemoteLocation { window: 1, offset: (i * 64) as u64 };
-            let payload = Payload::Put { src: src.addr() + (i * 64) as u64, bytes: 64, dst };
+            let payload = Payload::Put { src: src.addr() + (i * 64) as u64, src_window: 0, bytes: 64, dst };
             let signal = (i + 1 == n).then_some((0, 1));
             t.submit(&Request { ring: 0, ticket: i as u64, context: 0, peer: 0, payload, signal }).unwrap();
         }
@@ -1602,7 +1602,8 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let (dev, mut t) = transport(addr);
         let src = dev.alloc_from(&pattern(100, 1)).unwrap();
-        let payload = Payload::Put { src: src.addr(), bytes: 100, dst: RemoteLocation { window: 1, offset: 0 } };
+        let payload =
+            Payload::Put { src: src.addr(), src_window: 0, bytes: 100, dst: RemoteLocation { window: 1, offset: 0 } };
         t.submit(&Request { ring: 0, ticket: 0, context: 3, peer: 0, payload, signal: Some((0, 1)) }).unwrap();
         // Queued when the transport is dropped: still sent, before the goodbye.
         t.submit(&Request { ring: 0, ticket: 1, context: 3, peer: 0, payload: Payload::None, signal: Some((1, 1)) })
@@ -1648,7 +1649,8 @@ mod tests {
         let start = Instant::now();
         let mut result = Ok(());
         for ticket in 0..8u64 {
-            let payload = Payload::Put { src: src.addr(), bytes, dst: RemoteLocation { window: 1, offset: 0 } };
+            let payload =
+                Payload::Put { src: src.addr(), src_window: 0, bytes, dst: RemoteLocation { window: 1, offset: 0 } };
             let req = Request { ring: 0, ticket, context: 0, peer: 0, payload, signal: Some((0, 1)) };
             if let Err(e) = t.submit(&req) {
                 result = Err(e);
@@ -1697,7 +1699,8 @@ mod tests {
         let mut t = TcpTransport::new(g1).unwrap();
         let id = windows[0].dev_window().id;
         let src = windows[1].local_addr(0, data.len()).unwrap();
-        let payload = Payload::Put { src, bytes: data.len(), dst: RemoteLocation { window: id, offset: 4096 } };
+        let payload =
+            Payload::Put { src, src_window: 0, bytes: data.len(), dst: RemoteLocation { window: id, offset: 4096 } };
         t.submit(&Request { ring: 0, ticket: 0, context: 0, peer: 0, payload, signal: Some((1, 3)) }).unwrap();
         let payload = Payload::PutValue { value: 0xdead_beef, bytes: 4, dst: RemoteLocation { window: id, offset: 8 } };
         t.submit(&Request { ring: 0, ticket: 1, context: 0, peer: 0, payload, signal: Some((1, 1)) }).unwrap();
@@ -1786,8 +1789,12 @@ mod tests {
             let mut done = Vec::new();
             let mut start = Instant::now();
             for i in 0..=count {
-                let payload =
-                    Payload::Put { src: buf.addr(), bytes: size, dst: RemoteLocation { window: 0, offset: 0 } };
+                let payload = Payload::Put {
+                    src: buf.addr(),
+                    src_window: 0,
+                    bytes: size,
+                    dst: RemoteLocation { window: 0, offset: 0 },
+                };
                 let signal = Some((0, 1));
                 t.submit(&Request { ring: 0, ticket: i as u64, context: 0, peer: 0, payload, signal }).unwrap();
                 while t.in_flight() >= if i == 0 { 1 } else { 64 } {

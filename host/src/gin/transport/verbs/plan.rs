@@ -52,7 +52,7 @@ pub(crate) fn plan_request(req: &Request, codec: &ImmCodec, k: &Keys) -> Result<
         Ok((w.addr + offset, w.rkey))
     };
     match req.payload {
-        Payload::Put { src, bytes, dst } => {
+        Payload::Put { src, bytes, dst, .. } => {
             let (remote, rkey) = dst_of(dst.offset, bytes as u64)?;
             if bytes > 0 {
                 let lkey = k.src_lkey.ok_or("no key for the source window")?;
@@ -361,7 +361,7 @@ mod tests {
 
     #[test]
     fn a_put_is_cut_into_writes_of_the_largest_message_then_its_signal() {
-        let r = req(Payload::Put { src: 0x5000, bytes: 2500, dst: at(100) }, Some((7, 1)));
+        let r = req(Payload::Put { src: 0x5000, src_window: 0, bytes: 2500, dst: at(100) }, Some((7, 1)));
         let wrs = plan_request(&r, &codec(), &keys(1000)).unwrap();
         let imm = codec().encode(Imm { kind: ImmKind::SignalOne, sender: 2, id: 7 }).unwrap();
         assert_eq!(
@@ -377,9 +377,9 @@ mod tests {
 
     #[test]
     fn a_put_of_exactly_the_largest_message_is_one_write() {
-        let r = req(Payload::Put { src: 0, bytes: 4096, dst: at(0) }, None);
+        let r = req(Payload::Put { src: 0, src_window: 0, bytes: 4096, dst: at(0) }, None);
         assert_eq!(plan_request(&r, &codec(), &keys(4096)).unwrap().len(), 1);
-        let r = req(Payload::Put { src: 0, bytes: 4097, dst: at(0) }, None);
+        let r = req(Payload::Put { src: 0, src_window: 0, bytes: 4097, dst: at(0) }, None);
         assert_eq!(plan_request(&r, &codec(), &keys(4096)).unwrap().len(), 2);
     }
 
@@ -401,18 +401,18 @@ mod tests {
     fn a_signal_alone_and_an_empty_put_need_no_data_write() {
         let r = req(Payload::None, Some((1, 1)));
         assert!(matches!(plan_request(&r, &codec(), &keys(64)).unwrap()[..], [Wr::SignalOne { .. }]));
-        let r = req(Payload::Put { src: 0, bytes: 0, dst: at(0) }, None);
+        let r = req(Payload::Put { src: 0, src_window: 0, bytes: 0, dst: at(0) }, None);
         assert!(plan_request(&r, &codec(), &Keys { src_lkey: None, ..keys(64) }).unwrap().is_empty());
         assert!(plan_request(&req(Payload::None, None), &codec(), &keys(64)).unwrap().is_empty());
     }
 
     #[test]
     fn writes_past_the_window_or_without_keys_are_refused() {
-        let r = req(Payload::Put { src: 0, bytes: 16, dst: at((1 << 20) - 8) }, None);
+        let r = req(Payload::Put { src: 0, src_window: 0, bytes: 16, dst: at((1 << 20) - 8) }, None);
         assert!(plan_request(&r, &codec(), &keys(64)).unwrap_err().contains("past the end"));
-        let r = req(Payload::Put { src: 0, bytes: 1, dst: at(u64::MAX) }, None);
+        let r = req(Payload::Put { src: 0, src_window: 0, bytes: 1, dst: at(u64::MAX) }, None);
         assert!(plan_request(&r, &codec(), &keys(64)).is_err());
-        let r = req(Payload::Put { src: 0, bytes: 16, dst: at(0) }, None);
+        let r = req(Payload::Put { src: 0, src_window: 0, bytes: 16, dst: at(0) }, None);
         assert!(plan_request(&r, &codec(), &Keys { src_lkey: None, ..keys(64) }).is_err());
         assert!(plan_request(&r, &codec(), &Keys { dst: None, ..keys(64) }).is_err());
         let r = req(Payload::PutValue { value: 0, bytes: 3, dst: at(0) }, None);

@@ -165,9 +165,11 @@ impl VerbsTransport {
 }
 
 /// The id of the window a request's source lies in, when the request says.
-// Wiring: once `Payload::Put` carries `src_window`, return `Some(src_window)` for a put.
-fn source_window(_req: &Request) -> Option<u32> {
-    None
+fn source_window(req: &Request) -> Option<u32> {
+    match req.payload {
+        Payload::Put { src_window, .. } => Some(src_window),
+        _ => None,
+    }
 }
 
 impl Transport for VerbsTransport {
