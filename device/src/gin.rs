@@ -856,7 +856,8 @@ impl<'a, C: Coop> GinBarrierSession<'a, C> {
     /// per world rank the signals expected from it so far.
     #[inline(always)]
     fn state(&self) -> *mut u64 {
-        (self.gin.g().barrier_epochs as *mut u64).wrapping_add(self.index as usize * (1 + self.gin.comm.nranks as usize))
+        (self.gin.g().barrier_epochs as *mut u64)
+            .wrapping_add(self.index as usize * (1 + self.gin.comm.nranks as usize))
     }
 
     /// Signals every other member of the team, then waits for all of them (acquiring what
@@ -875,7 +876,12 @@ impl<'a, C: Coop> GinBarrierSession<'a, C> {
                 // barrier, and member `m` is handled by one thread.
                 unsafe {
                     let e = expected.add(world as usize);
-                    atomic::store(e, atomic::load(e, LoadOrder::Relaxed, Scope::Gpu).wrapping_add(1), StoreOrder::Relaxed, Scope::Gpu);
+                    atomic::store(
+                        e,
+                        atomic::load(e, LoadOrder::Relaxed, Scope::Gpu).wrapping_add(1),
+                        StoreOrder::Relaxed,
+                        Scope::Gpu,
+                    );
                 }
                 self.gin.signal_from_thread(world, RemoteAction::SignalInc(self.signal));
             }
@@ -908,7 +914,11 @@ impl<'a, C: Coop> GinBarrierSession<'a, C> {
                             // expectation in this barrier's state (both sized by nranks).
                             let (got, want) = unsafe {
                                 (
-                                    atomic::load(self.gin.signal_slot(self.signal, world, slots_me), LoadOrder::Relaxed, Scope::Sys),
+                                    atomic::load(
+                                        self.gin.signal_slot(self.signal, world, slots_me),
+                                        LoadOrder::Relaxed,
+                                        Scope::Sys,
+                                    ),
                                     atomic::load(expected.add(world as usize), LoadOrder::Relaxed, Scope::Gpu),
                                 )
                             };

@@ -4,9 +4,9 @@
 
 pub(crate) mod ce;
 pub(crate) mod tcp;
+pub(crate) mod tcp_wire;
 #[cfg(feature = "verbs")]
 pub(crate) mod verbs;
-pub(crate) mod tcp_wire;
 
 use crate::Result;
 
