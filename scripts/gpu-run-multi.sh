@@ -2,10 +2,12 @@
 # Multi-GPU and multi-process runs of the GPU bundle (kind nvidia-h200-x2 or larger), after
 # run.sh: the two-rank figures in one process and as two processes (same run, alternating),
 # the examples as one-process-per-GPU jobs, a refused second process on one GPU without MPS,
-# then under MPS the multi-process tests and 4-process jobs on 2 GPUs. Logs to $OUT:
-# multi-summary.txt and multi.log.
+# then under MPS the multi-process tests and 4-process jobs on 2 GPUs, and the GIN figures and
+# examples. Logs to $OUT: multi-summary.txt and multi.log. PAIR=0, JOBS=0, MPS=0 or GIN=0 skip
+# a part.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+[ -d "$here/bin" ] || tar xzf "$here/bin.tgz" -C "$here" # gpu-bundle.sh packs the binaries
 out="${OUT:-$here/gpu-out}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
@@ -30,19 +32,36 @@ step() { # name, command...
 }
 if [ "$gpus" -lt 2 ]; then echo "needs 2 GPUs, found $gpus" | tee -a "$summary"; exit 1; fi
 
-echo "== pair figures: one process over GPUs 0 and 1, then one process per GPU (alternating)" | tee -a "$summary"
-for i in 1 2 3; do
+if [ "${GIN:-1}" = 1 ]; then
+  echo "== GIN: figures between GPUs 0 and 1 (one process, then one process per GPU), examples as jobs" | tee -a "$summary"
+  step "gin one-process" "$bin/ferrolink-perf" gin ${GIN_ARGS:-}
+  sed -n '/== gin/,$p' "$here/last.log" | sed 's/^/    /' | tee -a "$summary"
+  step "gin two-process" "$bin/ferrolink-run" -n 2 --devices 0,1 "$bin/ferrolink-perf" gin ${GIN_ARGS:-}
+  sed -n '/== gin/,$p' "$here/last.log" | sed 's/^/    /' | tee -a "$summary"
+  step "gin two-process, each its own LSA domain (TCP)" env FERROLINK_LSA=process "$bin/ferrolink-run" -n 2 --devices 0,1 "$bin/ferrolink-perf" gin --paths tcp ${GIN_ARGS:-}
+  sed -n '/== gin/,$p' "$here/last.log" | sed 's/^/    /' | tee -a "$summary"
+  for ex in 07_gin_ping_pong 08_all_to_all; do
+    step "ferrolink-run -n 2 --devices 0,1 $ex" "$bin/ferrolink-run" -n 2 --devices 0,1 "$bin/example-$ex"
+    grep -E "round trips|intact" "$here/last.log" | sed 's/^/    /' | tee -a "$summary"
+    step "FERROLINK_LSA=process ferrolink-run -n 2 --devices 0,1 $ex" env FERROLINK_LSA=process "$bin/ferrolink-run" -n 2 --devices 0,1 "$bin/example-$ex"
+    grep -E "round trips|intact" "$here/last.log" | sed 's/^/    /' | tee -a "$summary"
+  done
+fi
+
+[ "${PAIR:-1}" = 1 ] && echo "== pair figures: one process over GPUs 0 and 1, then one process per GPU (alternating)" | tee -a "$summary"
+for i in $( [ "${PAIR:-1}" = 1 ] && echo 1 2 3 ); do
   step "pair one-process #$i" "$bin/ferrolink-perf" pair
   grep -E "barrier|put" "$here/last.log" | sed 's/^/    /' | tee -a "$summary"
   step "pair two-process #$i" "$bin/ferrolink-run" -n 2 --devices 0,1 "$bin/ferrolink-perf" pair
   grep -E "barrier|put" "$here/last.log" | sed 's/^/    /' | tee -a "$summary"
 done
 
-echo "== examples as jobs of one process per GPU" | tee -a "$summary"
-for ex in 02_ring 03_allreduce 05_fused 06_barrier; do
+[ "${JOBS:-1}" = 1 ] && echo "== examples as jobs of one process per GPU" | tee -a "$summary"
+for ex in $( [ "${JOBS:-1}" = 1 ] && echo 02_ring 03_allreduce 05_fused 06_barrier ); do
   step "ferrolink-run -n 2 --devices 0,1 $ex" "$bin/ferrolink-run" -n 2 --devices 0,1 "$bin/example-$ex"
 done
 
+if [ "${MPS:-1}" != 1 ]; then echo "exit status: $status" | tee -a "$summary"; exit $status; fi
 echo "== two processes on one GPU without MPS must be refused with a reason" | tee -a "$summary"
 if timeout 60 "$bin/ferrolink-run" -n 2 --devices 0,0 "$bin/example-02_ring" > "$here/last.log" 2>&1; then
   echo "FAIL: the job ran without MPS" | tee -a "$summary"; status=1

@@ -10,6 +10,7 @@
 #   skips the rest unless asked.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+[ -d "$here/bin" ] || tar xzf "$here/bin.tgz" -C "$here" # gpu-bundle.sh packs the binaries
 out="${OUT:-$here/gpu-out}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
