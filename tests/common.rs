@@ -144,3 +144,38 @@ pub mod jobs {
         std::env::var(SCENARIO).unwrap_or_default()
     }
 }
+
+/// Runs `body` on `backend` when this process is the child started by [`run_child`] for
+/// `test`; returns whether it did (the test then ends).
+pub fn dev_in_child(
+    test: &str,
+    backend: ferrolink::Backend,
+    body: impl Fn(&ferrolink::Device) -> ferrolink::Result<()>,
+) -> bool {
+    if std::env::var("FERROLINK_CHILD_TEST").as_deref() != Ok(test) {
+        return false;
+    }
+    let dev = ferrolink::Device::open_with(backend, 0).expect("the child's device");
+    if let Err(e) = body(&dev) {
+        panic!("child failed: {e}");
+    }
+    true
+}
+
+/// Runs test `name` of this binary in a child process (for cases that break the CUDA
+/// context) and returns its output; an error if the child failed.
+pub fn run_child(name: &str) -> ferrolink::Result<String> {
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = std::process::Command::new(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("FERROLINK_CHILD_TEST", name)
+        .env("FERROLINK_LOG", "warn")
+        .output()
+        .expect("starting the child test process");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(ferrolink::Error::InvalidArgument(format!("child test {name} failed:\n{text}")))
+    }
+}

@@ -8,7 +8,7 @@ use ferrolink::{
     Backend, CommConfig, Communicator, DevCommRequirements, Device, Error, LaunchConfig, ResourceRequest, ops, recover,
 };
 use ferrolink_device::kernels::lsa;
-use ferrolink_tests::check;
+use ferrolink_tests::{check, dev_in_child, run_child};
 use std::time::{Duration, Instant};
 
 fn block(dev: &Device) -> u32 {
@@ -400,35 +400,4 @@ fn tracked_buffers_are_ordered_across_streams() {
         check(c.to_vec()? == vec![1u8; n], || "c must see b's first value".into())?;
         check(b.to_vec()? == vec![9u8; n], || "b's last write".into())
     });
-}
-
-/// Runs `body` on `backend` when this process is the child started by [`run_child`] for
-/// `test`; returns whether it did (the test then ends).
-fn dev_in_child(test: &str, backend: Backend, body: impl Fn(&Device) -> ferrolink::Result<()>) -> bool {
-    if std::env::var("FERROLINK_CHILD_TEST").as_deref() != Ok(test) {
-        return false;
-    }
-    let dev = Device::open_with(backend, 0).expect("the child's device");
-    if let Err(e) = body(&dev) {
-        panic!("child failed: {e}");
-    }
-    true
-}
-
-/// Runs test `name` of this binary in a child process (for cases that break the CUDA
-/// context) and returns its output; an error if the child failed.
-fn run_child(name: &str) -> ferrolink::Result<String> {
-    let exe = std::env::current_exe().expect("the test binary");
-    let out = std::process::Command::new(exe)
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env("FERROLINK_CHILD_TEST", name)
-        .env("FERROLINK_LOG", "warn")
-        .output()
-        .expect("starting the child test process");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    if out.status.success() {
-        Ok(text)
-    } else {
-        Err(Error::InvalidArgument(format!("child test {name} failed:\n{text}")))
-    }
 }

@@ -9,8 +9,8 @@ use ferrolink::{
     Window,
 };
 use ferrolink_device::kernels::gin as k;
-use ferrolink_tests::check;
 use ferrolink_tests::jobs::{child, fits, job_passes, scenario, spawn_job, text};
+use ferrolink_tests::{check, dev_in_child, run_child};
 use std::time::{Duration, Instant};
 
 /// A GIN path to test.
@@ -177,30 +177,50 @@ fn gin_hybrid_job_direct_inside_domains_tcp_across() {
     ferrolink::testing::for_each_backend("gin_hybrid_job", |dev| in_process(dev, 4, HYBRID));
 }
 
+/// Launches `gin_put_values` with signal 99 (of 8) on 2 ranks; returns every rank's result.
+fn signal_out_of_range(dev: &Device) -> ferrolink::Result<Vec<ferrolink::Result<()>>> {
+    let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
+    ferrolink::run_ranks(&comms, |c| {
+        let values = c.register_window(c.mem_alloc(64)?)?;
+        let mut errors = c.device().alloc::<u32>(1)?;
+        let handle = c.create_dev_comm(&reqs(DIRECT))?;
+        // SAFETY: the window holds 2 * 12 bytes; the kernel faults before it touches it.
+        unsafe {
+            c.stream().launch(
+                c.device().builtin_module()?,
+                &k::gin_put_values,
+                LaunchConfig::linear(1, 1),
+                (&handle, &values, 1u32, 99u32, &mut errors),
+            )?
+        };
+        Ok(c.stream().synchronize())
+    })
+}
+
 /// A signal id out of range in a kernel is a fault whose report names the id and the limit.
+/// On CUDA the kernel traps, which breaks the context: that case runs in a child process.
 #[test]
 fn a_signal_id_out_of_range_is_an_error_naming_it() {
-    ferrolink::testing::for_each_backend("a_signal_id_out_of_range_is_an_error_naming_it", |dev| {
-        let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
-        let results = ferrolink::run_ranks(&comms, |c| {
-            let values = c.register_window(c.mem_alloc(64)?)?;
-            let handle = c.create_dev_comm(&reqs(DIRECT))?;
-            let mut errors = c.device().alloc::<u32>(1)?;
-            let e = errors.as_kernel_mut_ptr();
-            // SAFETY: the window holds 2 * 12 bytes; the kernel faults before it touches it.
-            unsafe {
-                c.stream().launch(
-                    c.device().builtin_module()?,
-                    &k::gin_put_values,
-                    LaunchConfig::linear(1, 1),
-                    (&handle, &values, 1u32, 99u32, e),
-                )?
-            };
-            Ok(c.stream().synchronize())
-        })?;
-        for (r, res) in results.into_iter().enumerate() {
-            let err = res.expect_err("the kernel must fail").to_string();
-            check(err.contains("signal id 99") && err.contains("has 8 signals"), || format!("rank {r}: {err}"))?;
+    const NAME: &str = "a_signal_id_out_of_range_is_an_error_naming_it";
+    if dev_in_child(NAME, Backend::Cuda, |dev| {
+        for (r, res) in signal_out_of_range(dev)?.into_iter().enumerate() {
+            println!("child rank {r} saw: {}", res.expect_err("the kernel must fail"));
+        }
+        Ok(())
+    }) {
+        return;
+    }
+    ferrolink::testing::for_each_backend(NAME, |dev| {
+        let errors: Vec<String> = if dev.backend() == Backend::Cuda {
+            vec![run_child(NAME)?]
+        } else {
+            signal_out_of_range(dev)?
+                .into_iter()
+                .map(|res| res.expect_err("the kernel must fail").to_string())
+                .collect()
+        };
+        for err in errors {
+            check(err.contains("signal id 99") && err.contains("has 8 signals"), || err.clone())?;
         }
         Ok(())
     });
@@ -291,4 +311,28 @@ fn a_tcp_peer_dying_mid_transfer_is_an_error_in_bounded_time() {
     assert!(outs[0].1.status.success() && t.contains("survivor's error"), "rank 0:\n{t}");
     assert!(t.contains("rank 1"), "the survivor's error must name rank 1:\n{t}");
     assert!(took < Duration::from_secs(45), "the survivor took {took:?}");
+}
+
+/// `ferrolink-perf gin`'s measurement (ping-pong and put bandwidth on every path, with its
+/// baselines) runs to the end between two ranks and gives finite, positive figures.
+#[test]
+fn the_gin_figures_are_measured_on_every_path() {
+    ferrolink::testing::for_each_backend("the_gin_figures_are_measured_on_every_path", |dev| {
+        let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
+        let paths = ferrolink_benches::perf::GinPath::ALL;
+        let figures =
+            ferrolink::run_ranks(&comms, |c| ferrolink_benches::perf::gin_rank(c, &paths, &[4096, 65536], 1, 256))?;
+        let f = figures[0].clone().expect("rank 0 reports");
+        check(figures[1].is_none(), || "only rank 0 reports".into())?;
+        for (p, us) in &f.latency_us {
+            check(us.is_finite() && *us > 0.0, || format!("{p:?} latency {us}"))?;
+        }
+        for (bytes, by_path, copy, tcp) in &f.bandwidth {
+            check(by_path.len() == 3 && *copy > 0.0 && *tcp > 0.0, || format!("{bytes} B: {by_path:?} {copy} {tcp}"))?;
+            for (p, g) in by_path {
+                check(g.is_finite() && *g > 0.0, || format!("{p:?} at {bytes} B: {g} GB/s"))?;
+            }
+        }
+        Ok(())
+    });
 }

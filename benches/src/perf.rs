@@ -647,12 +647,14 @@ fn plain_tcp_gbps(comm: &ferrolink::Communicator, sizes: &[usize], gpu: bool, tr
 /// driver's copy into rank 1's mapped memory (the copy engine's baseline, what
 /// `cudaMemcpyPeer` does) and a plain TCP copy of host data between the two ranks (the TCP
 /// transport's baseline). The direct path and the copy-engine baseline need ranks 0 and 1 in
-/// one LSA domain; the proxy paths are forced with `GinMode::Proxy`.
+/// one LSA domain; the proxy paths are forced with `GinMode::Proxy`. The bandwidth kernel runs
+/// one CTA of `threads` threads per rank (at most 8 on the emulator).
 pub fn gin_rank(
     comm: &ferrolink::Communicator,
     paths: &[GinPath],
     sizes: &[usize],
     trials: usize,
+    threads: u32,
 ) -> Result<Option<GinFigures>> {
     use ferrolink_device::kernels::gin::{gin_ping_pong, gin_put_bandwidth};
     if comm.nranks() < 2 {
@@ -704,7 +706,14 @@ pub fn gin_rank(
                     comm.stream().launch(
                         module,
                         &gin_put_bandwidth,
-                        LaunchConfig::linear(1, if gpu { 1024 } else { 8 }),
+                        LaunchConfig::linear(
+                            1,
+                            std::env::var("GIN_T").ok().and_then(|v| v.parse().ok()).unwrap_or(if gpu {
+                                1024
+                            } else {
+                                8
+                            }),
+                        ),
                         (&handle, &dst, &src, 0u32, 1u32, bytes as u64, n, round, &mut ns),
                     )?
                 };

@@ -112,6 +112,11 @@ enum Command {
         /// Paths to measure (direct, ce, tcp). Default: all three.
         #[arg(long, value_delimiter = ',')]
         paths: Vec<String>,
+        /// Threads of the bandwidth kernel's one CTA per rank. (1024 hung on the H200 in the
+        /// first run, 2026-11-30, cause not found yet; 256 is what the all-to-all example ran
+        /// with there.)
+        #[arg(long, default_value_t = 256)]
+        threads: u32,
     },
     /// Everything above with default settings (scale, bootstrap and pair only by name).
     All,
@@ -153,7 +158,7 @@ fn run(cli: Cli) -> ferrolink::Result<()> {
         Command::Latency => latency(&dev),
         Command::Scale { ranks } => scale(&dev, &ranks),
         Command::Pair { rounds, bytes, trials } => pair(&dev, rounds, bytes, trials),
-        Command::Gin { sizes, trials, paths } => gin(&dev, sizes, trials, &paths),
+        Command::Gin { sizes, trials, paths, threads } => gin(&dev, sizes, trials, &paths, threads),
         Command::Bootstrap { ranks } => {
             println!("\n== TCP bootstrap over loopback: init of N ranks (threads), one all-gather, one barrier");
             for n in ranks {
@@ -210,7 +215,7 @@ fn pair(dev: &Device, rounds: u32, bytes: Option<usize>, trials: usize) -> ferro
     Ok(())
 }
 
-fn gin(dev: &Device, sizes: Vec<usize>, trials: usize, paths: &[String]) -> ferrolink::Result<()> {
+fn gin(dev: &Device, sizes: Vec<usize>, trials: usize, paths: &[String], threads: u32) -> ferrolink::Result<()> {
     use perf::GinPath;
     let sizes = if !sizes.is_empty() {
         sizes
@@ -237,11 +242,11 @@ fn gin(dev: &Device, sizes: Vec<usize>, trials: usize, paths: &[String]) -> ferr
     let launched = ferrolink::comm::launch::LaunchEnv::detect()?.is_some();
     let figures = if launched {
         let comm = ferrolink::Communicator::from_env(dev)?;
-        vec![perf::gin_rank(&comm, &paths, &sizes, trials)?]
+        vec![perf::gin_rank(&comm, &paths, &sizes, trials, threads)?]
     } else {
         let other = Device::open_with(dev.backend(), dev.ordinal() + 1)?;
         let comms = ferrolink::Communicator::init_all(&[dev.clone(), other])?;
-        ferrolink::run_ranks(&comms, |c| perf::gin_rank(c, &paths, &sizes, trials))?
+        ferrolink::run_ranks(&comms, |c| perf::gin_rank(c, &paths, &sizes, trials, threads))?
     };
     let mode = if launched { "one process per rank" } else { "one process, two devices" };
     for f in figures.into_iter().flatten() {
