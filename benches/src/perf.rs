@@ -706,14 +706,7 @@ pub fn gin_rank(
                     comm.stream().launch(
                         module,
                         &gin_put_bandwidth,
-                        LaunchConfig::linear(
-                            1,
-                            std::env::var("GIN_T").ok().and_then(|v| v.parse().ok()).unwrap_or(if gpu {
-                                1024
-                            } else {
-                                8
-                            }),
-                        ),
+                        LaunchConfig::linear(1, if gpu { threads } else { threads.min(8) }),
                         (&handle, &dst, &src, 0u32, 1u32, bytes as u64, n, round, &mut ns),
                     )?
                 };
