@@ -84,24 +84,29 @@ fn gin_suite(comm: &Communicator, path: Path) -> ferrolink::Result<()> {
     let handle = comm.create_dev_comm(&reqs(path))?;
     let s = comm.stream();
     let t = threads(dev);
-    // SAFETY (every launch below): the windows are sized as each kernel's contract asks;
-    // signals 1..=3 (exchange), 0 (stream) and 6 (values) and the barriers are used by one
-    // kernel at a time; the tracked handles keep everything alive until the kernels end.
-    run_checked(comm, &mut errors[0], "exchange (put + SignalInc + CounterInc, flush, reset)", |e| unsafe {
-        s.launch(
-            module,
-            &k::gin_exchange,
-            LaunchConfig::linear(CONTEXTS, t),
-            (&handle, &dst, &src, bytes as u32, rounds, 1u32, 0u32, e),
-        )
+    // Every launch below: the windows are sized as each kernel's contract asks; signals
+    // 1..=3 (exchange), 0 (stream) and 6 (values) and the barriers are used by one kernel at a
+    // time; the tracked handles keep everything alive until the kernels end.
+    run_checked(comm, &mut errors[0], "exchange (put + SignalInc + CounterInc, flush, reset)", |e| {
+        // SAFETY: see above (the kernels' contracts).
+        unsafe {
+            s.launch(
+                module,
+                &k::gin_exchange,
+                LaunchConfig::linear(CONTEXTS, t),
+                (&handle, &dst, &src, bytes as u32, rounds, 1u32, 0u32, e),
+            )
+        }
     })?;
-    run_checked(comm, &mut errors[1], "put_value + SignalAdd", |e| unsafe {
-        s.launch(module, &k::gin_put_values, LaunchConfig::linear(1, t), (&handle, &values, rounds, 6u32, e))
+    run_checked(comm, &mut errors[1], "put_value + SignalAdd", |e| {
+        // SAFETY: see above (the kernels' contracts).
+        unsafe { s.launch(module, &k::gin_put_values, LaunchConfig::linear(1, t), (&handle, &values, rounds, 6u32, e)) }
     })?;
     // One thread on the emulator: 10 000 coop-wide calls of 8 OS threads would be slow.
     let stream_threads = if gpu { 32 } else { 1 };
-    run_checked(comm, &mut errors[2], "queue wrap-around (10 000 values, one context)", |e| unsafe {
-        s.launch(module, &k::gin_stream, LaunchConfig::linear(1, stream_threads), (&handle, &stream, ops, e))
+    run_checked(comm, &mut errors[2], "queue wrap-around (10 000 values, one context)", |e| {
+        // SAFETY: see above (the kernels' contracts).
+        unsafe { s.launch(module, &k::gin_stream, LaunchConfig::linear(1, stream_threads), (&handle, &stream, ops, e)) }
     })?;
     let seen = handle.gin_signal(0)?;
     check(seen == u64::from(ops), || format!("rank {}: the host reads signal 0 as {seen}, not {ops}", comm.rank()))?;
@@ -111,13 +116,16 @@ fn gin_suite(comm: &Communicator, path: Path) -> ferrolink::Result<()> {
             comm,
             &mut errors[3 + hybrid as usize],
             if hybrid == 0 { "GIN barrier" } else { "hybrid barrier" },
-            |e| unsafe {
-                s.launch(
-                    module,
-                    &k::gin_barrier_rounds,
-                    LaunchConfig::linear(1, t),
-                    (&handle, &marks, barrier_rounds, hybrid, e),
-                )
+            |e| {
+                // SAFETY: see above (the kernels' contracts).
+                unsafe {
+                    s.launch(
+                        module,
+                        &k::gin_barrier_rounds,
+                        LaunchConfig::linear(1, t),
+                        (&handle, &marks, barrier_rounds, hybrid, e),
+                    )
+                }
             },
         )?;
     }
@@ -327,10 +335,10 @@ fn the_gin_figures_are_measured_on_every_path() {
         for (p, us) in &f.latency_us {
             check(us.is_finite() && *us > 0.0, || format!("{p:?} latency {us}"))?;
         }
-        for (bytes, by_path, copy, tcp) in &f.bandwidth {
-            check(by_path.len() == 3 && *copy > 0.0 && *tcp > 0.0, || format!("{bytes} B: {by_path:?} {copy} {tcp}"))?;
-            for (p, g) in by_path {
-                check(g.is_finite() && *g > 0.0, || format!("{p:?} at {bytes} B: {g} GB/s"))?;
+        for b in &f.bandwidth {
+            check(b.by_path.len() == 3 && b.copy_gbps > 0.0 && b.tcp_gbps > 0.0, || format!("{b:?}"))?;
+            for (p, g) in &b.by_path {
+                check(g.is_finite() && *g > 0.0, || format!("{p:?} at {} B: {g} GB/s", b.bytes))?;
             }
         }
         Ok(())

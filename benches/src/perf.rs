@@ -564,7 +564,7 @@ impl GinPath {
         };
         ferrolink::DevCommRequirements {
             gin_context_count: 1,
-            gin_signal_count: 2,
+            gin_signal_count: 4,
             gin_mode: Some(mode),
             gin_transport: transport,
             ..Default::default()
@@ -578,9 +578,21 @@ pub struct GinFigures {
     /// Per path: one-way latency of an 8-byte put with signal (half the ping-pong round
     /// trip, median of the trials), microseconds.
     pub latency_us: Vec<(GinPath, f64)>,
-    /// Per size: `(bytes, [(path, GB/s)], driver copy into the peer's mapped memory GB/s,
-    /// plain TCP copy of host data between the two ranks GB/s)`.
-    pub bandwidth: Vec<(usize, Vec<(GinPath, f64)>, f64, f64)>,
+    /// Per size, the put bandwidth of each path beside the baselines.
+    pub bandwidth: Vec<GinBandwidth>,
+}
+
+/// Put bandwidth at one size ([`GinFigures::bandwidth`]), GB/s.
+#[derive(Clone, Debug, Default)]
+pub struct GinBandwidth {
+    /// Bytes per put.
+    pub bytes: usize,
+    /// Per path measured.
+    pub by_path: Vec<(GinPath, f64)>,
+    /// The driver's copy into rank 1's mapped memory (0 when rank 1 is not mapped here).
+    pub copy_gbps: f64,
+    /// A plain TCP copy of host data between the two ranks.
+    pub tcp_gbps: f64,
 }
 
 /// Iterations for a bandwidth figure of `bytes`: about 1 GiB moved (4 at least, 200 at most).
@@ -690,9 +702,10 @@ pub fn gin_rank(
             lat.push(ns.to_vec()?[0] as f64 / f64::from(iters) / 2.0 / 1e3);
         }
         figures.latency_us.push((path, median(&mut lat)));
-        // A fresh device communicator: the bandwidth kernel's signals start at 0.
-        drop(handle);
-        let handle = comm.create_dev_comm(&path.requirements())?;
+        // The bandwidth kernel uses signals 2 and 3, which start at 0. (Not a fresh device
+        // communicator: dropping one frees pinned memory, and on CUDA freeing pinned memory
+        // may wait for the device's running kernels, here the peer's bandwidth kernel,
+        // which waits for this rank.)
         let mut round = 0u32;
         for (i, &bytes) in sizes.iter().enumerate() {
             let n = gin_iters(bytes, gpu);
@@ -701,13 +714,13 @@ pub fn gin_rank(
                 round += 1;
                 comm.barrier()?;
                 // SAFETY: the kernel's contract: both windows hold `max` ≥ `bytes` bytes;
-                // signals 0 and 1 are its own, `round` counts the calls; `ns` one word.
+                // signals 2 and 3 are its own, `round` counts the calls; `ns` one word.
                 unsafe {
                     comm.stream().launch(
                         module,
                         &gin_put_bandwidth,
                         LaunchConfig::linear(1, if gpu { threads } else { threads.min(8) }),
-                        (&handle, &dst, &src, 0u32, 1u32, bytes as u64, n, round, &mut ns),
+                        (&handle, &dst, &src, 0u32, 1u32, bytes as u64, n, 2u32, round, &mut ns),
                     )?
                 };
                 comm.synchronize()?;
@@ -744,7 +757,12 @@ pub fn gin_rank(
     figures.bandwidth = sizes
         .iter()
         .enumerate()
-        .map(|(i, &b)| (b, std::mem::take(&mut bw[i]), copy[i], tcp.get(i).copied().unwrap_or(0.0)))
+        .map(|(i, &bytes)| GinBandwidth {
+            bytes,
+            by_path: std::mem::take(&mut bw[i]),
+            copy_gbps: copy[i],
+            tcp_gbps: tcp.get(i).copied().unwrap_or(0.0),
+        })
         .collect();
     Ok(Some(figures))
 }

@@ -260,8 +260,9 @@ fn gin(dev: &Device, sizes: Vec<usize>, trials: usize, paths: &[String], threads
         }
         head += &format!("  {:>12}  {:>8}  {:>10}  {:>8}", "driver copy", "CE/copy", "plain TCP", "TCP/TCP");
         println!("put bandwidth, GB/s (1 CTA per rank):\n{head}");
-        for (bytes, by_path, copy, tcp) in &f.bandwidth {
-            let get = |p: GinPath| by_path.iter().find(|(q, _)| *q == p).map(|(_, v)| *v);
+        for b in &f.bandwidth {
+            let (bytes, copy, tcp) = (b.bytes, b.copy_gbps, b.tcp_gbps);
+            let get = |p: GinPath| b.by_path.iter().find(|(q, _)| *q == p).map(|(_, v)| *v);
             let mut line = format!("{bytes:>10}");
             for p in &paths {
                 line += &format!("  {:>10.2}", get(*p).unwrap_or(f64::NAN));
@@ -269,8 +270,8 @@ fn gin(dev: &Device, sizes: Vec<usize>, trials: usize, paths: &[String], threads
             let ratio = |v: Option<f64>, base: f64| v.map_or(f64::NAN, |v| v / base);
             line += &format!(
                 "  {copy:>12.2}  {:>8.3}  {tcp:>10.2}  {:>8.3}",
-                ratio(get(GinPath::ProxyCopyEngine), *copy),
-                ratio(get(GinPath::ProxyTcp), *tcp)
+                ratio(get(GinPath::ProxyCopyEngine), copy),
+                ratio(get(GinPath::ProxyTcp), tcp)
             );
             println!("{line}");
         }

@@ -395,7 +395,8 @@ kernel! {
 kernel! {
     /// Put bandwidth from world rank `a` to world rank `b` (other ranks return): `a` puts
     /// `bytes` of `src` into `b`'s `dst` `iters` times on context 0, the last with
-    /// SignalInc(0); `b` waits for that signal and answers with SignalInc(1); `a` waits for
+    /// SignalInc(`signal`); `b` waits for that signal and answers with SignalInc(`signal +
+    /// 1`); `a` waits for
     /// the answer and writes the `%globaltimer` nanoseconds from its first put to `*ns`.
     /// `round` is 1 for the first call on a device communicator, then 2, 3, … (the signals'
     /// targets: read before the first put, a signal could already include it). One
@@ -403,9 +404,9 @@ kernel! {
     /// proxy.
     ///
     /// # Safety
-    /// `comm`, `dst`, `src` (≥ `bytes` bytes each) from live handles; signals 0 and 1 are
-    /// this kernel's; `ns` is valid.
-    pub unsafe fn gin_put_bandwidth(comm: DevComm, dst: DevWindow, src: DevWindow, a: u32, b: u32, bytes: u64, iters: u32, round: u32, ns: *mut u64) {
+    /// `comm`, `dst`, `src` (≥ `bytes` bytes each) from live handles; signals `signal` and
+    /// `signal + 1` are this kernel's; `ns` is valid.
+    pub unsafe fn gin_put_bandwidth(comm: DevComm, dst: DevWindow, src: DevWindow, a: u32, b: u32, bytes: u64, iters: u32, signal: u32, round: u32, ns: *mut u64) {
         if arch::block_idx_x() != 0 || (comm.rank != a && comm.rank != b) || iters == 0 {
             return;
         }
@@ -413,8 +414,8 @@ kernel! {
         let gin = Gin::new(&comm, 0);
         let world = comm.world();
         if comm.rank == b {
-            if gin.wait_signal(coop, 0, u64::from(round)).is_ok() {
-                gin.signal(coop, world, a, RemoteAction::SignalInc(1));
+            if gin.wait_signal(coop, signal, u64::from(round)).is_ok() {
+                gin.signal(coop, world, a, RemoteAction::SignalInc(signal + 1));
             }
             gin.flush(coop);
             return;
@@ -423,12 +424,12 @@ kernel! {
         coop.sync();
         let start = arch::global_timer_ns();
         for i in 0..iters {
-            let remote = if i + 1 == iters { RemoteAction::SignalInc(0) } else { RemoteAction::None };
+            let remote = if i + 1 == iters { RemoteAction::SignalInc(signal) } else { RemoteAction::None };
             // SAFETY: ranges inside the windows (contract, checked); the source is never
             // written, the destination is only read by the host after the kernel.
             unsafe { gin.put(coop, world, b, dst, 0, src, 0, bytes as usize, remote, LocalAction::None) };
         }
-        let ok = gin.wait_signal(coop, 1, answer).is_ok();
+        let ok = gin.wait_signal(coop, signal + 1, answer).is_ok();
         if coop.thread_rank() == 0 && ok {
             // SAFETY: `ns` is valid (contract).
             unsafe { ns.write(arch::global_timer_ns() - start) };
