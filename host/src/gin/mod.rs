@@ -1,7 +1,7 @@
 //! GIN on the host: the resources behind a device communicator's [`DevGin`] (signal slots,
 //! counters, the proxy's rings), the proxy thread that executes the rings' descriptors, and the
-//! transports it drives ([`transport`]). The device side and the ordering argument are in
-//! `ferrolink_device::gin`.
+//! transports it drives (copy engine, TCP, RDMA verbs; docs/gin.md). The device side and the
+//! ordering argument are in `ferrolink_device::gin`.
 //!
 //! Per peer, a rank uses the **direct** backend (an LSA peer: the kernel stores into the
 //! peer's mapped window; no CPU) or the **proxy**, with a transport: the **copy engine** where
@@ -10,7 +10,7 @@
 
 mod deliver;
 pub(crate) mod proxy;
-pub mod transport;
+pub(crate) mod transport;
 
 use crate::comm::Communicator;
 use crate::comm::control::{CommControl, StalledWait, WaitOn};
