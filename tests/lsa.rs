@@ -165,7 +165,7 @@ fn window_table_in_dev_comm_lists_added_windows() {
             check(handles[r].add_window(&windows[r])? == 0, || "first index".into())?;
             check(handles[r].add_window(&more[r])? == 1, || "second index".into())?;
             let c = &comms[r];
-            let mut out = c.device().alloc::<u64>(8)?; // 2 DevWindows of 32 bytes
+            let mut out = c.device().alloc::<DevWindow>(2)?;
             let mut count = c.device().alloc::<u32>(1)?;
             // SAFETY: `out` holds 2 DevWindows, `count` one word.
             unsafe {
@@ -173,11 +173,10 @@ fn window_table_in_dev_comm_lists_added_windows() {
                     c.device().builtin_module()?,
                     &lsa::lsa_window_table_probe,
                     LaunchConfig::linear(1, 32),
-                    (handles[r].dev_comm(), out.as_kernel_mut_ptr() as *mut DevWindow, count.as_kernel_mut_ptr()),
+                    (handles[r].dev_comm(), out.as_kernel_mut_ptr(), count.as_kernel_mut_ptr()),
                 )?;
             }
-            let raw = out.to_vec()?;
-            let seen: &[DevWindow] = bytemuck_cast(&raw);
+            let seen = out.to_vec()?;
             check(count.to_vec()?[0] == 2, || "count".into())?;
             check(seen[0] == windows[r].dev_window() && seen[1] == more[r].dev_window(), || format!("{seen:?}"))?;
         }
@@ -186,15 +185,6 @@ fn window_table_in_dev_comm_lists_added_windows() {
             "foreign window accepted".into()
         })
     });
-}
-
-fn bytemuck_cast(words: &[u64]) -> &[DevWindow] {
-    // DevWindow is 32 bytes of u64/u32 fields: 4 words each.
-    assert_eq!(std::mem::size_of::<DevWindow>(), 32);
-    let n = words.len() / 4;
-    // SAFETY: `words` holds n * 32 bytes, u64-aligned (DevWindow's alignment), and every bit
-    // pattern is a valid DevWindow (plain integers).
-    unsafe { std::slice::from_raw_parts(words.as_ptr() as *const DevWindow, n) }
 }
 
 #[test]
