@@ -2,6 +2,7 @@
 //! slots), written through the device's synchronous copies.
 
 use super::GinRank;
+use super::staging::StagingBlock;
 use super::transport::{Deliver, RemoteLocation};
 use crate::mem::window::Window;
 use crate::runtime::lifetime::lock;
@@ -32,8 +33,13 @@ impl Deliver for GinRank {
         lock(&self.lost).push((from, why));
     }
 
-    fn staging(&self, bytes: usize) -> Option<crate::runtime::host_mapped::HostMapped> {
-        crate::runtime::host_mapped::HostMapped::alloc(&self.device, bytes).ok()
+    fn staging(&self, bytes: usize) -> Option<StagingBlock> {
+        // From the pool only: allocating pinned memory now may wait for running kernels.
+        let pool = self.staging.as_ref()?;
+        if bytes > pool.block_bytes() {
+            return None;
+        }
+        pool.take()
     }
 
     fn put(&self, _from: usize, dst: RemoteLocation, data: &[u8]) -> Result<()> {

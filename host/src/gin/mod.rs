@@ -10,6 +10,7 @@
 
 mod deliver;
 pub(crate) mod proxy;
+pub(crate) mod staging;
 pub(crate) mod transport;
 
 use crate::comm::Communicator;
@@ -21,6 +22,7 @@ use crate::runtime::lifetime::lock;
 use crate::runtime::memory::DeviceBuffer;
 use crate::{Error, Result};
 use ferrolink_device::gin::{DevGin, GinDescriptor, flags};
+use staging::StagingPool;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -79,6 +81,11 @@ pub(crate) struct GinRank {
     pub(crate) tcp_peers: std::sync::OnceLock<Vec<Option<std::net::SocketAddr>>>,
     /// This rank's TCP receiver, while it lives.
     tcp_receiver: Mutex<Option<transport::tcp::TcpReceiver>>,
+    /// The TCP transport's pinned staging (its senders' blocks and its receivers' buffers),
+    /// made here before anything can use GIN, freed with the rank's GIN: allocating or
+    /// freeing pinned memory while kernels run may wait for them (see [`staging`]). `None`
+    /// where no peer is reached by TCP.
+    pub(crate) staging: Option<Arc<StagingPool>>,
     /// This rank's verbs connections, while they live.
     #[cfg(feature = "verbs")]
     verbs: Mutex<Option<transport::verbs::VerbsSetup>>,
@@ -263,8 +270,10 @@ pub(crate) struct GinShape {
 }
 
 /// Creates this rank's GIN resources (collective: part of `create_dev_comm`): the signal
-/// window, the device words, the rings, the TCP receiver (every rank says where it listens, or
-/// that it does not), and the proxy thread. Returns the [`DevGin`] and the state to keep.
+/// window, the device words, the rings, the TCP staging pool and receiver (every rank says
+/// where it listens, or that it does not), and the proxy thread. No pinned memory is
+/// allocated for GIN after this returns (see [`staging`]). Returns the [`DevGin`] and the
+/// state to keep.
 pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, GinOwner)> {
     let n = comm.nranks();
     let dev = comm.device();
@@ -306,11 +315,22 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
         dev,
         records_off + signal_count.max(1) as usize * std::mem::size_of::<ferrolink_device::gin::GinWaitRecord>(),
     )?;
+    // The TCP transport's pinned staging, all of it now: later, kernels may be running, and
+    // a pinned allocation or free may wait for them (while they wait for the transport).
+    let tcp_rings = contexts as usize * kinds.iter().filter(|k| **k == Some(TransportKind::Tcp)).count();
+    let uses_tcp = tcp_rings > 0;
+    let staging = if uses_tcp {
+        let blocks = transport::tcp::staging_blocks(tcp_rings);
+        let pool = StagingPool::new(dev, blocks, transport::tcp::STAGING_BLOCK)?;
+        tracing::debug!(target: "ferrolink::gin", rank = comm.rank(), blocks = pool.count(), bytes = pool.block_bytes(), "GIN TCP staging pool");
+        Some(pool)
+    } else {
+        None
+    };
     // Device words: produced[rings] | signal_base[signals] | counters[counters] | counter_base[counters].
     let words = dev.alloc::<u64>(rings + signal_count.max(1) as usize + 2 * counter_count as usize)?;
     let epochs = dev.alloc::<u64>(shape.barriers.max(1) as usize * (1 + n))?;
     let signals = comm.register_window(comm.mem_alloc((signal_count.max(1) as usize * n * 8).max(8))?)?;
-    let uses_tcp = kinds.contains(&Some(TransportKind::Tcp));
     let words_addr = words.addr();
     let signal_slots = signal_count.max(1) as usize;
     let layout = DevGin {
@@ -355,6 +375,7 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
         control: Arc::downgrade(comm.control()),
         tcp_peers: std::sync::OnceLock::new(),
         tcp_receiver: Mutex::new(None),
+        staging,
         #[cfg(feature = "verbs")]
         verbs: Mutex::new(None),
         stop: std::sync::atomic::AtomicBool::new(false),

@@ -19,6 +19,9 @@ pub(crate) struct DeviceInner {
     pub(crate) untracked: Arc<Untracked>,
     /// The device's live streams, for [`Device::synchronize`].
     streams: Mutex<Vec<Weak<StreamCore>>>,
+    /// How many host-mapped blocks it has allocated and freed (tests only).
+    #[cfg(test)]
+    pub(crate) host_mapped_counts: Arc<crate::runtime::host_mapped::Counts>,
 }
 
 /// A device: a GPU on [`Backend::Cuda`], or an emulated GPU on [`Backend::Cpu`]. Cheap to
@@ -52,6 +55,8 @@ impl Device {
             ordinal,
             untracked: Arc::default(),
             streams: Mutex::new(Vec::new()),
+            #[cfg(test)]
+            host_mapped_counts: Arc::default(),
         })))
     }
 

@@ -14,13 +14,46 @@ pub(crate) struct HostMapped {
     bytes: usize,
     pub(crate) uses: Arc<Uses>,
     untracked: Arc<Untracked>,
+    /// The device's allocation counts (tests only).
+    #[cfg(test)]
+    counts: Arc<Counts>,
+}
+
+/// How many host-mapped blocks a device has allocated and dropped (handed to be freed): tests
+/// check with it that GIN allocates no pinned memory while kernels may run.
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    allocs: std::sync::atomic::AtomicUsize,
+    frees: std::sync::atomic::AtomicUsize,
 }
 
 impl HostMapped {
     /// `bytes` of zeroed host-mapped memory for `dev`.
     pub(crate) fn alloc(dev: &Device, bytes: usize) -> Result<HostMapped> {
         let mem = dev.backend_device().alloc_host_mapped(bytes)?;
-        Ok(HostMapped { mem: Some(mem), bytes, uses: Arc::default(), untracked: dev.0.untracked.clone() })
+        #[cfg(test)]
+        dev.0.host_mapped_counts.allocs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(HostMapped {
+            mem: Some(mem),
+            bytes,
+            uses: Arc::default(),
+            untracked: dev.0.untracked.clone(),
+            #[cfg(test)]
+            counts: dev.0.host_mapped_counts.clone(),
+        })
+    }
+
+    /// Host-mapped blocks allocated on `dev` so far.
+    #[cfg(test)]
+    pub(crate) fn allocs(dev: &Device) -> usize {
+        dev.0.host_mapped_counts.allocs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Host-mapped blocks of `dev` dropped (handed to be freed) so far.
+    #[cfg(test)]
+    pub(crate) fn frees(dev: &Device) -> usize {
+        dev.0.host_mapped_counts.frees.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn mem(&self) -> &dyn HostMappedMemory {
@@ -48,6 +81,8 @@ impl Drop for HostMapped {
         let mut waits = self.uses.pending();
         waits.extend(self.untracked.pending());
         if let Some(mem) = self.mem.take() {
+            #[cfg(test)]
+            self.counts.frees.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             lifetime::retire(waits, Box::new(mem), "host-mapped memory");
         }
     }

@@ -78,9 +78,11 @@ pub(crate) trait Deliver: Send + Sync {
     /// to send. Waits that are stalled while a peer is lost abort the communicator.
     fn peer_lost(&self, from: usize, why: String);
     /// Host memory of at least `bytes` bytes to receive data into before [`Deliver::put`]
-    /// copies it to the device: pinned where the device has it (the copy then runs at full
-    /// speed). `None`: the receiver uses ordinary memory.
-    fn staging(&self, bytes: usize) -> Option<crate::runtime::host_mapped::HostMapped> {
+    /// copies it to the device: a block of the rank's staging pool, pinned where the device
+    /// has it (the copy then runs at full speed), which goes back to the pool when dropped.
+    /// Never allocates pinned memory (that may wait for running kernels). `None` (no pool, the
+    /// pool is empty, or `bytes` is more than a block): the receiver uses ordinary memory.
+    fn staging(&self, bytes: usize) -> Option<crate::gin::staging::StagingBlock> {
         let _ = bytes;
         None
     }

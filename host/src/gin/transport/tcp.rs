@@ -30,6 +30,18 @@
 //!   staging memory ([`Deliver::staging`]: pinned on CUDA, so that [`Deliver::put`]'s copy
 //!   to the device runs at full speed), or ordinary memory where it has none. A connection's
 //!   `Hello` is read into ordinary memory: a stranger costs no pinned memory.
+//! * Pinned memory: neither side ever allocates or frees it. On CUDA that may wait for the
+//!   device's running kernels, which spin on signals that these very threads deliver (a
+//!   deadlock, seen on two H200s). Both take [`STAGING_BLOCK`]-byte blocks from the rank's
+//!   [`StagingPool`], made with the device communicator (see [`staging_blocks`] for its
+//!   size), and a block goes back to the pool when dropped, at the connection's end. So a
+//!   sender's staging is fixed: a chunk, or a batch of small requests of up to [`CHUNK`]
+//!   bytes of frames, fits one block. When the pool is empty, a side uses pageable memory
+//!   instead, without waiting: the sender reads the source with the device's synchronous copy
+//!   (slower: it no longer overlaps the socket write, but it waits for no kernel; it takes a
+//!   pool block again as soon as one is free), the receiver reads into a `Vec`. Waiting for a
+//!   block would gain little: the blocks are held for their connections' lives, so one may
+//!   not come back while the kernels run.
 //!
 //! # Ordering: why a signal is visible only after its data
 //! The proxy gives a ring's requests to one sender thread in ticket order; the thread writes
@@ -63,9 +75,9 @@
 use super::tcp_wire::{self, Decoder, Frame, Item};
 use super::{Deliver, Payload, RemoteLocation, Request, Transport};
 use crate::gin::GinRank;
+use crate::gin::staging::{StagingBlock, StagingPool};
 use crate::runtime::backend::{EventBackend, StreamBackend};
 use crate::runtime::device::Device;
-use crate::runtime::host_mapped::HostMapped;
 use crate::runtime::lifetime::lock;
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -89,16 +101,35 @@ const MAX_BATCH: usize = 256;
 const PREFIX: usize = 64;
 /// Room after a staging chunk for the signal frame.
 const SUFFIX: usize = 64;
-/// A receive buffer's first size; it doubles while puts fill it, up to [`RECV_MAX`].
+/// The size of a staging block: a chunk with room for its headers before and the signal
+/// frame after. The rank's [`StagingPool`] holds blocks of this size, for senders and
+/// receivers alike.
+pub(crate) const STAGING_BLOCK: usize = PREFIX + CHUNK + SUFFIX;
+/// A receive buffer's first size where it is ordinary memory; it doubles while puts fill it,
+/// up to [`RECV_MAX`]. (A pool block is taken whole.)
 pub(crate) const RECV_MIN: usize = 64 << 10;
-/// A receive buffer's largest size.
-pub(crate) const RECV_MAX: usize = 4 << 20;
+/// A receive buffer's largest size: a pool block's.
+pub(crate) const RECV_MAX: usize = STAGING_BLOCK;
 /// Receive buffers per connection (one being read into, the others being written out).
 pub(crate) const RECV_BUFFERS: usize = 3;
 /// How long a sender waits for a peer's receiver to accept its connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a receiver waits for a new connection's `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The blocks of the staging pool of a rank with `rings` TCP rings (contexts × peers reached
+/// by TCP): three per ring, at least 4, at most 32.
+///
+/// A ring has, on this rank, a sender using two blocks (the pipeline: one being filled, one
+/// being written) and, from the same peer and context, usually a receiving connection using
+/// up to [`RECV_BUFFERS`]; three per ring gives every sender its two and each receiving
+/// connection one. At least 4 (one ring: its sender's two, two receive buffers); at most 32
+/// blocks, that is about 64 MiB of page-locked memory per rank, which is scarce (it is the
+/// whole system's, and pinning much of it slows the machine). Past that, connections share:
+/// whoever finds the pool empty uses pageable memory (see the module's docs), never waits.
+pub(crate) fn staging_blocks(rings: usize) -> usize {
+    rings.saturating_mul(3).clamp(4, 32)
+}
 
 /// The address a receiver listens on: `FERROLINK_GIN_TCP_ADDR` (an IP that peers can reach),
 /// else `127.0.0.1` (one machine).
@@ -319,10 +350,10 @@ enum Op {
     },
 }
 
-/// A receive buffer: the rank's staging memory ([`Deliver::staging`], pinned where the
-/// device has it), or ordinary memory.
+/// A receive buffer: a block of the rank's staging pool ([`Deliver::staging`], pinned where
+/// the device has it; back to the pool when dropped), or ordinary memory.
 enum RecvBuf {
-    Staged(HostMapped),
+    Staged(StagingBlock),
     Plain(Vec<u8>),
 }
 
@@ -351,10 +382,12 @@ impl RecvBuf {
     fn as_mut_slice(&mut self) -> &mut [u8] {
         match self {
             // SAFETY: the block is live while `m` is and spans `m.len()` bytes, initialized
-            // (host-mapped memory is zeroed when allocated); this buffer owns it alone (it is
-            // the reader's or, in a batch, the writer's, never both), and the device touches it
-            // only inside `Deliver::put`'s copy, which is synchronous (done when it returns),
-            // so no device access is pending while the host holds a slice.
+            // (host-mapped memory is zeroed when allocated, and only bytes are written to it
+            // after); this buffer owns it alone (taken from the pool, it is the reader's or,
+            // in a batch, the writer's, never both; it returns to the pool only when dropped),
+            // and the device touches it only inside `Deliver::put`'s copy, which is
+            // synchronous (done when it returns), so no device access is pending while the
+            // host holds a slice.
             RecvBuf::Staged(m) => unsafe { std::slice::from_raw_parts_mut(m.host_ptr(), m.len()) },
             RecvBuf::Plain(v) => v,
         }
@@ -577,7 +610,8 @@ fn read_loop(
                 },
             };
             if buf.len() < want {
-                // The smaller one is freed first: a connection holds at most `RECV_BUFFERS`.
+                // (Only ordinary memory is ever too small: a pool block is `RECV_MAX` bytes.)
+                // The smaller one goes first: a connection holds at most `RECV_BUFFERS`.
                 drop(std::mem::take(&mut buf));
                 buf = sh.buffer(want);
             }
@@ -655,6 +689,8 @@ enum Report {
 /// The proxy's TCP transport: a thread and a connection per ring it has used.
 pub(crate) struct TcpTransport {
     device: Device,
+    /// The rank's staging pool (the senders' blocks come from it).
+    pool: Weak<StagingPool>,
     job: u64,
     rank: usize,
     peers: Vec<Option<SocketAddr>>,
@@ -674,15 +710,23 @@ impl TcpTransport {
         let peers = gin.tcp_peers.get().cloned().ok_or_else(|| {
             Error::InvalidArgument("the GIN TCP transport started before the ranks' addresses were exchanged".into())
         })?;
-        Ok(TcpTransport::with_peers(gin.device.clone(), gin.comm_id, gin.rank, peers))
+        let pool = gin.staging.as_ref().map(Arc::downgrade).unwrap_or_default();
+        Ok(TcpTransport::with_peers(gin.device.clone(), pool, gin.comm_id, gin.rank, peers))
     }
 
-    /// A transport of world rank `rank` of job `job`, staging through `device`, reaching rank
-    /// `p` at `peers[p]`.
-    pub(crate) fn with_peers(device: Device, job: u64, rank: usize, peers: Vec<Option<SocketAddr>>) -> TcpTransport {
+    /// A transport of world rank `rank` of job `job`, staging through `device` in blocks of
+    /// `pool` (while it lives), reaching rank `p` at `peers[p]`.
+    pub(crate) fn with_peers(
+        device: Device,
+        pool: Weak<StagingPool>,
+        job: u64,
+        rank: usize,
+        peers: Vec<Option<SocketAddr>>,
+    ) -> TcpTransport {
         let (reports_tx, reports) = mpsc::channel();
         TcpTransport {
             device,
+            pool,
             job,
             rank,
             peers,
@@ -708,6 +752,7 @@ impl TcpTransport {
             let (tx, rx) = mpsc::channel();
             let link = Link {
                 device: self.device.clone(),
+                pool: self.pool.clone(),
                 job: self.job,
                 rank: self.rank,
                 peer: req.peer,
@@ -799,6 +844,8 @@ impl Transport for TcpTransport {
 /// One connection's sending side (its thread's state).
 struct Link {
     device: Device,
+    /// Where its staging blocks come from.
+    pool: Weak<StagingPool>,
     job: u64,
     rank: usize,
     peer: usize,
@@ -806,26 +853,32 @@ struct Link {
     addr: SocketAddr,
 }
 
-/// Pinned host staging: `PREFIX` bytes of room for headers, `cap` data bytes, `SUFFIX`
-/// bytes of room for a signal frame.
-struct Staging {
-    mem: HostMapped,
-    cap: usize,
+/// A connection's host staging, [`STAGING_BLOCK`] bytes: `PREFIX` bytes of room for headers,
+/// [`CHUNK`] data bytes, `SUFFIX` bytes of room for a signal frame.
+enum Staging {
+    /// A pinned block of the rank's pool: the copy stream fills it.
+    Pinned(StagingBlock),
+    /// Ordinary memory (the pool had no block): filled by the device's synchronous reads.
+    Pageable(Vec<u8>),
 }
 
 impl Staging {
-    /// The device address of data byte `at`.
-    fn data_addr(&self, at: usize) -> u64 {
-        self.mem.device_addr() + (PREFIX + at) as u64
-    }
-
     /// `[PREFIX - before, PREFIX + len + after)` of the block.
     fn slice_mut(&mut self, before: usize, len: usize, after: usize) -> &mut [u8] {
-        assert!(before <= PREFIX && after <= SUFFIX && len <= self.cap);
-        // SAFETY: the range lies in the live block (`PREFIX + cap + SUFFIX` bytes, checked
-        // above); no device copy into it is pending (callers wait for their copies before
-        // they look), and `&mut self` keeps other host accesses off.
-        unsafe { std::slice::from_raw_parts_mut(self.mem.host_ptr().add(PREFIX - before), before + len + after) }
+        assert!(before <= PREFIX && after <= SUFFIX && len <= CHUNK);
+        let (start, len) = (PREFIX - before, before + len + after);
+        match self {
+            Staging::Pinned(b) => {
+                assert!(b.len() >= STAGING_BLOCK);
+                // SAFETY: the range lies in the live block (at least `STAGING_BLOCK` bytes,
+                // checked above), initialized (zeroed when allocated, only bytes written
+                // since); no device copy into it is pending (callers wait for their copies
+                // before they look), and `&mut self` keeps other host accesses off (the block
+                // is this connection's until dropped).
+                unsafe { std::slice::from_raw_parts_mut(b.host_ptr().add(start), len) }
+            }
+            Staging::Pageable(v) => &mut v[start..start + len],
+        }
     }
 }
 
@@ -833,7 +886,8 @@ impl Staging {
 struct Wire {
     sock: TcpStream,
     /// The stream that copies sources into staging. Raw (untracked): the thread waits for
-    /// its copies before it reports a request, reuses a block, or drops one (see `Drop`).
+    /// its copies before it reports a request, reuses a block, or drops one (returns it to
+    /// the pool: see `Drop`).
     copy: Box<dyn StreamBackend>,
     staging: [Option<Staging>; 2],
 }
@@ -841,7 +895,7 @@ struct Wire {
 impl Drop for Wire {
     fn drop(&mut self) {
         // After an error, copies into the staging blocks may still be queued: they must
-        // not outlive the blocks (dropped after this).
+        // be done before the blocks go back to the pool (dropped after this).
         let _ = self.copy.synchronize();
     }
 }
@@ -955,21 +1009,20 @@ impl Link {
         let (off, len) = (i * CHUNK, CHUNK.min(bytes - i * CHUNK));
         let last = off + len == bytes;
         plan.large = if last { None } else { Some((r, i + 1)) };
-        let to = self.staging(w, block, len)?.data_addr(0);
-        self.stage(w, to, src + off as u64, len)?;
-        let event = w.copy.record(false)?;
+        self.staging(w, block);
+        let event = if self.stage(w, block, 0, src + off as u64, len)? { Some(w.copy.record(false)?) } else { None };
         let header = if i == 0 { Some(encode(&Frame::Put { dst, len: bytes as u64 })?) } else { None };
         let signal = match r.signal {
             Some((id, inc)) if last => Some(encode(&Frame::Signal { id, inc })?),
             _ => None,
         };
         let done = if last { vec![(r.ring, r.ticket)] } else { Vec::new() };
-        Ok(Some(Piece { block, event: Some(event), kind: PieceKind::Chunk { len, header, signal }, done }))
+        Ok(Some(Piece { block, event, kind: PieceKind::Chunk { len, header, signal }, done }))
     }
 
     /// Stages `first` and the small requests queued behind it (up to [`CHUNK`] bytes of
-    /// frames) into block `block`: their frames laid out back to back, each put's data
-    /// copied into place after its header.
+    /// frames: one block) into block `block`: their frames laid out back to back, each put's
+    /// data copied into place after its header.
     fn plan_small(&self, w: &mut Wire, plan: &mut Plan<'_>, block: usize, first: Request) -> Result<Piece> {
         let mut batch = vec![first];
         let mut total = framed_bytes(&first);
@@ -983,14 +1036,15 @@ impl Link {
             total += b;
             batch.push(r);
         }
-        self.staging(w, block, total)?;
-        let s = w.staging[block].as_ref().expect("allocated above");
+        // The first fits (a small put with its headers is far below a chunk); the others
+        // were taken only while the total fits.
+        debug_assert!(total <= CHUNK);
+        self.staging(w, block);
         let mut at = 0;
         let mut copies = false;
         for r in &batch {
             if let Payload::Put { src, bytes, .. } = r.payload {
-                self.stage(w, s.data_addr(at + tcp_wire::PUT_HEADER), src, bytes)?;
-                copies |= bytes > 0;
+                copies |= self.stage(w, block, at + tcp_wire::PUT_HEADER, src, bytes)?;
             }
             at += framed_bytes(r);
         }
@@ -1044,28 +1098,57 @@ impl Link {
         w.sock.write_all(frame).map_err(|e| self.io_err("broke", e))
     }
 
-    /// Staging block `i`, with room for `bytes` data bytes.
-    fn staging<'w>(&self, w: &'w mut Wire, i: usize, bytes: usize) -> Result<&'w mut Staging> {
-        if w.staging[i].as_ref().is_none_or(|s| s.cap < bytes) {
-            // Replacing a block: no copy into the old one is pending (its piece was sent).
-            let cap = bytes.next_power_of_two().clamp(SMALL, CHUNK.max(bytes));
-            w.staging[i] = Some(Staging { mem: HostMapped::alloc(&self.device, PREFIX + cap + SUFFIX)?, cap });
+    /// Readies staging block `i`: a block of the rank's pool where it has a free one, else
+    /// ordinary memory (tried again at every piece, so the connection moves to a pinned
+    /// block once one is free). Never allocates pinned memory.
+    fn staging(&self, w: &mut Wire, i: usize) {
+        if matches!(w.staging[i], Some(Staging::Pinned(_))) {
+            return;
         }
-        Ok(w.staging[i].as_mut().expect("allocated above"))
+        // (A block of another size, which no rank's pool has, goes straight back.)
+        match StagingPool::take_from(&self.pool).filter(|b| b.len() >= STAGING_BLOCK) {
+            // Replacing ordinary memory: its reads were synchronous, nothing is pending.
+            Some(b) => w.staging[i] = Some(Staging::Pinned(b)),
+            None if w.staging[i].is_none() => {
+                tracing::debug!(target: "ferrolink::gin", rank = self.rank, peer = self.peer, context = self.context, "GIN TCP staging pool empty: staging in pageable memory");
+                w.staging[i] = Some(Staging::Pageable(vec![0u8; STAGING_BLOCK]));
+            }
+            None => {}
+        }
     }
 
-    /// Queues the copy of `bytes` device bytes at `src` to `dst` in staging.
-    fn stage(&self, w: &Wire, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    /// Copies `bytes` device bytes at `src` to data byte `at` of staging block `block`:
+    /// queued on the copy stream for a pinned block (`true`: record an event to wait for), or
+    /// done when this returns for ordinary memory (`false`).
+    fn stage(&self, w: &mut Wire, block: usize, at: usize, src: u64, bytes: usize) -> Result<bool> {
         if bytes == 0 {
-            return Ok(());
+            return Ok(false);
         }
-        // SAFETY: `src` is this rank's source window range (resolved and bounds-checked by
-        // the proxy; the GIN contract keeps it alive and unwritten until the request is
-        // reported complete, which this thread does only after the copy has run); `dst` is
-        // a range of one of this thread's live staging blocks, which no host code touches and
-        // which is not dropped (`Wire`'s drop waits) until the copy has run; they do not
-        // overlap (device memory and pinned host memory).
-        unsafe { w.copy.copy_dtod(dst, src, bytes) }
+        match w.staging[block].as_mut().expect("readied by `staging`") {
+            Staging::Pinned(b) => {
+                assert!(PREFIX + at + bytes <= b.len());
+                let dst = b.device_addr() + (PREFIX + at) as u64;
+                // SAFETY: `src` is this rank's source window range (resolved and
+                // bounds-checked by the proxy; the GIN contract keeps it alive and unwritten
+                // until the request is reported complete, which this thread does only after
+                // the copy has run); `dst` is a range (checked above) of one of this thread's
+                // live staging blocks, which no host code touches and which is not dropped
+                // (returned to the pool: `Wire`'s drop waits) until the copy has run; they do
+                // not overlap (device memory and pinned host memory).
+                unsafe { w.copy.copy_dtod(dst, src, bytes)? };
+                Ok(true)
+            }
+            Staging::Pageable(v) => {
+                let dst = &mut v[PREFIX + at..PREFIX + at + bytes];
+                // SAFETY: `src` is this rank's source window range (resolved and
+                // bounds-checked by the proxy), device memory of this device that no work
+                // writes: the GIN contract keeps it alive and unwritten until the request is
+                // reported complete, which this thread does only after this read has
+                // returned (the copy is done then). The read waits for no kernel.
+                unsafe { self.device.backend_device().read(src, dst)? };
+                Ok(false)
+            }
+        }
     }
 }
 
@@ -1112,6 +1195,7 @@ fn encode(frame: &Frame) -> Result<tcp_wire::Header> {
 mod tests {
     use super::*;
     use crate::Backend;
+    use crate::runtime::host_mapped::HostMapped;
     use std::sync::Condvar;
     use std::time::Instant;
 
@@ -1126,20 +1210,25 @@ mod tests {
     }
 
     /// A [`Deliver`] that records its calls (puts of a window are written into a `Vec`, so
-    /// chunked deliveries can be checked whole); window 99 refuses data. With `device`, it
-    /// hands out staging memory of that device (and counts the blocks).
+    /// chunked deliveries can be checked whole); window 99 refuses data. With `pool`, it
+    /// hands out its blocks as staging memory (and counts them).
     #[derive(Default)]
     struct Mock {
         calls: Mutex<Vec<Call>>,
         cv: Condvar,
-        device: Option<Device>,
+        pool: Option<Arc<StagingPool>>,
         staged: std::sync::atomic::AtomicUsize,
     }
 
     impl Mock {
-        /// A mock that hands out staging memory of a CPU device.
+        /// A mock that hands out the blocks of a staging pool (of 4) of a CPU device.
         fn staging() -> Mock {
-            Mock { device: Some(Device::open_with(Backend::Cpu, 0).unwrap()), ..Mock::default() }
+            Mock { pool: Some(pool(&Device::open_with(Backend::Cpu, 0).unwrap(), 4)), ..Mock::default() }
+        }
+
+        /// Whether every block of its pool is back (none handed out).
+        fn pool_is_full(&self) -> bool {
+            self.pool.as_ref().is_none_or(|p| p.available() == p.count())
         }
 
         fn failed_or_lost(&self) -> Vec<Call> {
@@ -1199,14 +1288,29 @@ mod tests {
         fn peer_lost(&self, from: usize, why: String) {
             self.push(Call::Lost { from, why });
         }
-        fn staging(&self, bytes: usize) -> Option<HostMapped> {
-            let mem = HostMapped::alloc(self.device.as_ref()?, bytes).unwrap();
+        fn staging(&self, bytes: usize) -> Option<StagingBlock> {
+            let pool = self.pool.as_ref()?;
+            let block = if bytes <= pool.block_bytes() { pool.take()? } else { return None };
             self.staged.fetch_add(1, Ordering::Relaxed);
-            Some(mem)
+            Some(block)
         }
     }
 
     const JOB: u64 = 0x6a6f62;
+
+    /// A staging pool of `blocks` blocks on `dev`, as a rank's.
+    fn pool(dev: &Device, blocks: usize) -> Arc<StagingPool> {
+        StagingPool::new(dev, blocks, STAGING_BLOCK).unwrap()
+    }
+
+    /// Waits (up to 20 s) until `pool` has all its blocks back.
+    fn wait_pool_full(pool: &StagingPool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while pool.available() != pool.count() {
+            assert!(Instant::now() < deadline, "{} of {} blocks came back", pool.available(), pool.count());
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
 
     fn receiver(mock: &Arc<Mock>) -> (TcpReceiver, SocketAddr) {
         let d: Weak<dyn Deliver> = Arc::downgrade(&(mock.clone() as Arc<dyn Deliver>));
@@ -1290,11 +1394,13 @@ mod tests {
         // A large put arrives in large pieces, not one per read.
         let pieces = calls.iter().filter(|c| matches!(c, Call::Put { .. })).count();
         assert!(pieces < 64, "{pieces} pieces for 5 MiB");
-        // The buffers were the rank's staging memory (grown with the put: more than one).
-        assert!(mock.staged.load(Ordering::Relaxed) > 1);
+        // The buffers were the rank's staging memory.
+        assert!(mock.staged.load(Ordering::Relaxed) >= 1);
         // A close after the goodbye is neither a failure nor a lost peer.
         close_and_wait(s);
         assert_eq!(mock.failed_or_lost(), vec![]);
+        // The connection is done: its buffers are back in the pool.
+        assert!(mock.pool_is_full());
     }
 
     #[test]
@@ -1323,6 +1429,7 @@ mod tests {
             close_and_wait(t);
             assert!(mock.calls().iter().any(|c| matches!(c, Call::Lost { from: 4, .. })));
             assert_eq!(mock.staged.load(Ordering::Relaxed) > 0, staging);
+            assert!(mock.pool_is_full());
         }
     }
 
@@ -1498,11 +1605,18 @@ mod tests {
         assert!(matches!(s.read(&mut buf), Ok(0) | Err(_)));
     }
 
-    /// A CPU device and a transport of rank 1 that reaches rank 0 at `addr`.
-    fn transport(addr: SocketAddr) -> (Device, TcpTransport) {
+    /// A CPU device, a staging pool on it of `blocks` blocks, and a transport of rank 1 that
+    /// reaches rank 0 at `addr`, staging in the pool's blocks.
+    fn transport_with(addr: SocketAddr, blocks: usize) -> (Device, Arc<StagingPool>, TcpTransport) {
         let dev = Device::open_with(Backend::Cpu, 0).unwrap();
-        let t = TcpTransport::with_peers(dev.clone(), JOB, 1, vec![Some(addr), None]);
-        (dev, t)
+        let pool = pool(&dev, blocks);
+        let t = TcpTransport::with_peers(dev.clone(), Arc::downgrade(&pool), JOB, 1, vec![Some(addr), None]);
+        (dev, pool, t)
+    }
+
+    /// [`transport_with`] a pool of 4 blocks (two connections' worth).
+    fn transport(addr: SocketAddr) -> (Device, Arc<StagingPool>, TcpTransport) {
+        transport_with(addr, 4)
     }
 
     fn wait_done(t: &mut TcpTransport, n: usize) -> Result<Vec<(usize, u64)>> {
@@ -1517,9 +1631,18 @@ mod tests {
 
     #[test]
     fn transport_sends_puts_of_every_size_in_order_with_their_signals() {
+        // Staging in pinned blocks (two per connection), in a pinned block and pageable
+        // memory, in pageable memory only (the pool is empty).
+        for blocks in [4, 1, 0] {
+            sends_puts_of_every_size(blocks);
+        }
+    }
+
+    fn sends_puts_of_every_size(blocks: usize) {
         let mock = Arc::new(Mock::default());
         let (_rx, addr) = receiver(&mock);
-        let (dev, mut t) = transport(addr);
+        let (dev, pool, mut t) = transport_with(addr, blocks);
+        let allocs = HostMapped::allocs(&dev);
         let sizes = [0usize, 1, 4096, SMALL, SMALL + 1, CHUNK, 2 * CHUNK + 12345, 9 << 20];
         let total: usize = sizes.iter().sum();
         let src_data = pattern(total, 3);
@@ -1574,13 +1697,26 @@ mod tests {
         let s101 = calls.iter().position(|c| *c == Call::Signal { from: 1, id: 101, inc: 1 }).unwrap();
         assert!(v < s100 && s100 < s101);
         assert!(!calls.iter().any(|c| matches!(c, Call::Fail(_))));
+        // The connections took the pool's blocks (each stages more than one piece: both of
+        // its blocks), allocated no pinned memory, and give the blocks back when they end.
+        assert_eq!(pool.available(), 0, "{blocks} blocks");
+        assert_eq!(HostMapped::allocs(&dev), allocs);
+        drop(t);
+        wait_pool_full(&pool);
+        assert_eq!(HostMapped::frees(&dev), 0);
     }
 
     #[test]
     fn transport_batches_many_small_puts() {
+        for blocks in [2, 0] {
+            batches_many_small_puts(blocks);
+        }
+    }
+
+    fn batches_many_small_puts(blocks: usize) {
         let mock = Arc::new(Mock::default());
         let (_rx, addr) = receiver(&mock);
-        let (dev, mut t) = transport(addr);
+        let (dev, _pool, mut t) = transport_with(addr, blocks);
         let n = 2000usize;
         let src_data = pattern(n * 64, 9);
         let src = dev.alloc_from(&src_data).unwrap();
@@ -1600,7 +1736,7 @@ mod tests {
     fn transport_says_goodbye_when_dropped() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let (dev, mut t) = transport(addr);
+        let (dev, _pool, mut t) = transport(addr);
         let src = dev.alloc_from(&pattern(100, 1)).unwrap();
         let payload =
             Payload::Put { src: src.addr(), src_window: 0, bytes: 100, dst: RemoteLocation { window: 1, offset: 0 } };
@@ -1643,7 +1779,7 @@ mod tests {
             let (s, _) = listener.accept().unwrap();
             drop(s);
         });
-        let (dev, mut t) = transport(addr);
+        let (dev, _pool, mut t) = transport(addr);
         let bytes = 16 << 20;
         let src = dev.alloc::<u8>(bytes).unwrap();
         let start = Instant::now();
@@ -1718,6 +1854,112 @@ mod tests {
         drop(owners);
     }
 
+    /// A rank's GIN with TCP makes all its pinned staging at creation: a full exchange both
+    /// ways (large puts in chunks, batches of small puts, values, signals; two contexts)
+    /// allocates and frees no pinned memory, and the connections give their blocks back when
+    /// they end.
+    #[test]
+    fn a_tcp_gin_allocates_no_pinned_memory_after_creation() {
+        use crate::gin::transport::TransportKind;
+        use crate::gin::{GinMode, GinOwner, GinShape};
+        let dev = Device::open_with(Backend::Cpu, 0).unwrap();
+        let half = 5 << 20;
+        let reqs = crate::DevCommRequirements::default();
+        let (comms, windows, _handles) = crate::testing::virtual_job(&dev, 2, 2 * half + 4096, &reqs).unwrap();
+        let shape = GinShape {
+            contexts: 2,
+            signals: 1,
+            counters: 1,
+            depth: 8,
+            barriers: 0,
+            mode: Some(GinMode::Proxy),
+            transport: Some(TransportKind::Tcp),
+        };
+        let owners: Vec<GinOwner> = thread::scope(|s| {
+            let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || crate::gin::create(c, shape))).collect();
+            hs.into_iter().map(|h| h.join().unwrap().unwrap().1).collect()
+        });
+        // Two contexts × two peers reached by TCP (forced: the rank itself too): 12 blocks each.
+        let blocks = staging_blocks(2 * 2);
+        assert!(owners.iter().all(|o| o.0.kinds == [Some(TransportKind::Tcp); 2]));
+        let pools: Vec<Arc<StagingPool>> = owners.iter().map(|o| o.0.staging.clone().expect("a pool")).collect();
+        assert!(pools.iter().all(|p| p.count() == blocks && p.block_bytes() == STAGING_BLOCK));
+        let (allocs, frees) = (HostMapped::allocs(&dev), HostMapped::frees(&dev));
+        // Each rank puts the first half of its window into the second half of the other's:
+        // per context, a large put and then 64 small ones, a value (after both halves), and
+        // the signal.
+        let small = 4096;
+        let data: Vec<Vec<u8>> = (0..2).map(|r| pattern(half, 11 + r as u8)).collect();
+        for r in 0..2 {
+            windows[r].copy_from_host(0, &data[r]).unwrap();
+        }
+        thread::scope(|s| {
+            for r in 0..2 {
+                let (gin, windows) = (&owners[r].0, &windows);
+                s.spawn(move || {
+                    let peer = 1 - r;
+                    let id = windows[peer].dev_window().id;
+                    let mut t = TcpTransport::new(gin).unwrap();
+                    let mut n = 0;
+                    for context in 0..2u32 {
+                        let ring = context as usize * 2 + peer;
+                        let mut ticket = 0;
+                        let mut submit = |payload, signal| {
+                            t.submit(&Request { ring, ticket, context, peer, payload, signal }).unwrap();
+                            ticket += 1;
+                            n += 1;
+                        };
+                        // Context c moves bytes [c * half / 2, (c + 1) * half / 2).
+                        let (start, len) = (context as usize * half / 2, half / 2);
+                        let large = len - 64 * small;
+                        let src = windows[r].local_addr(start, large).unwrap();
+                        let dst = RemoteLocation { window: id, offset: (half + start) as u64 };
+                        submit(Payload::Put { src, src_window: 0, bytes: large, dst }, None);
+                        for i in 0..64 {
+                            let at = start + large + i * small;
+                            let src = windows[r].local_addr(at, small).unwrap();
+                            let dst = RemoteLocation { window: id, offset: (half + at) as u64 };
+                            submit(Payload::Put { src, src_window: 0, bytes: small, dst }, None);
+                        }
+                        let dst = RemoteLocation { window: id, offset: (2 * half) as u64 + 8 * u64::from(context) };
+                        submit(Payload::PutValue { value: 0xfeed_0000 + u64::from(context), bytes: 8, dst }, None);
+                        submit(Payload::None, Some((0, 1)));
+                    }
+                    wait_done(&mut t, n).unwrap();
+                });
+            }
+        });
+        // Signal 0 from the peer reaches 2 (one per context) once everything has landed.
+        for r in 0..2 {
+            let slot = (1 - r) * 8;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while owners[r].0.signals.read::<u64>(slot, 1).unwrap()[0] != 2 {
+                assert!(Instant::now() < deadline, "rank {r}: the signals never came");
+                thread::yield_now();
+            }
+            assert_eq!(windows[r].read::<u8>(half, half).unwrap(), data[1 - r], "rank {r}");
+            assert_eq!(windows[r].read::<u64>(2 * half, 2).unwrap(), vec![0xfeed_0000, 0xfeed_0001]);
+        }
+        assert_eq!(
+            (HostMapped::allocs(&dev), HostMapped::frees(&dev)),
+            (allocs, frees),
+            "pinned memory after creation"
+        );
+        // The transports are gone: their connections end and every block goes back.
+        for p in &pools {
+            wait_pool_full(p);
+        }
+        assert_eq!((HostMapped::allocs(&dev), HostMapped::frees(&dev)), (allocs, frees));
+        // The pools are freed with the ranks' GIN.
+        drop(pools);
+        drop(owners);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while HostMapped::frees(&dev) < frees + 2 * blocks {
+            assert!(Instant::now() < deadline, "the pools were not freed");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// A [`Deliver`] that copies puts into memory (as a device write would) and counts
     /// signals.
     struct Sink {
@@ -1784,7 +2026,8 @@ mod tests {
             let sink = Arc::new(Sink { mem: Mutex::new(vec![1u8; size]), signals: Mutex::new(0), cv: Condvar::new() });
             let d: Weak<dyn Deliver> = Arc::downgrade(&(sink.clone() as Arc<dyn Deliver>));
             let (_rx, addr) = TcpReceiver::start(JOB, 0, d).unwrap();
-            let mut t = TcpTransport::with_peers(dev.clone(), JOB, 1, vec![Some(addr), None]);
+            let pool = pool(&dev, 2);
+            let mut t = TcpTransport::with_peers(dev.clone(), Arc::downgrade(&pool), JOB, 1, vec![Some(addr), None]);
             let buf = dev.alloc_from(&src).unwrap();
             let mut done = Vec::new();
             let mut start = Instant::now();
@@ -1818,7 +2061,7 @@ mod tests {
 
     #[test]
     fn transport_refuses_a_peer_without_a_receiver() {
-        let (_dev, mut t) = transport("127.0.0.1:1".parse().unwrap());
+        let (_dev, _pool, mut t) = transport("127.0.0.1:1".parse().unwrap());
         let req = Request { ring: 1, ticket: 0, context: 0, peer: 1, payload: Payload::None, signal: Some((0, 1)) };
         let e = t.submit(&req).unwrap_err();
         assert!(e.to_string().contains("rank 1 has no GIN TCP receiver"), "{e}");
