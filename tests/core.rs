@@ -123,6 +123,33 @@ fn fault_names_its_own_cta(msg: &str) -> bool {
     matches!((after(" CTA "), after("barrier index ")), (Some(c), Some(i)) if c == i && i >= 4)
 }
 
+/// Launches `lsa_barrier_try_sync` (`cfg`'s CTAs, a device timeout of `timeout_ns`) on every
+/// rank at once; returns each rank's status words (one per CTA), to read after synchronizing.
+fn try_sync_on_every_rank(
+    comms: &[Communicator],
+    handles: &[ferrolink::DevCommHandle],
+    cfg: LaunchConfig,
+    timeout_ns: u64,
+) -> ferrolink::Result<Vec<ferrolink::DeviceBuffer<u32>>> {
+    let ctas = cfg.grid.0 as usize * cfg.grid.1 as usize * cfg.grid.2 as usize;
+    let mut status = comms.iter().map(|c| c.device().alloc::<u32>(ctas)).collect::<ferrolink::Result<Vec<_>>>()?;
+    let mut ptrs: Vec<_> = status.iter_mut().map(Some).collect();
+    ferrolink::launch_all(comms, |c| {
+        let s = ptrs[c.rank()].take().expect("once");
+        // SAFETY: `s` holds one word per CTA; each CTA uses the barrier of its index, which
+        // the device checks against the set.
+        unsafe {
+            c.stream().launch(
+                c.device().builtin_module()?,
+                &lsa::lsa_barrier_try_sync,
+                cfg,
+                (&handles[c.rank()], timeout_ns, s),
+            )
+        }
+    })?;
+    Ok(status)
+}
+
 /// Launches `lsa_barrier_try_sync` with `grid` CTAs on 2 ranks whose default barrier set has 4
 /// barriers; returns the first rank's error. Also checks a library's own set is disjoint.
 fn barrier_index_case(dev: &Device, grid: u32) -> ferrolink::Result<()> {
@@ -132,21 +159,9 @@ fn barrier_index_case(dev: &Device, grid: u32) -> ferrolink::Result<()> {
     let set = handles[0].lsa_barriers(lib)?;
     check(set.first == 4 && set.count == 3, || format!("{set:?}"))?;
     check(handles[0].dev_comm().lsa_barrier_total == 7, || "total barriers".into())?;
-    let mut status =
-        comms.iter().map(|c| c.device().alloc::<u32>(grid as usize)).collect::<ferrolink::Result<Vec<_>>>()?;
-    let mut ptrs: Vec<_> = status.iter_mut().map(Some).collect();
-    ferrolink::launch_all(&comms, |c| {
-        let s = ptrs[c.rank()].take().expect("once");
-        // SAFETY: `s` holds `grid` words; the barrier index is checked on the device.
-        unsafe {
-            c.stream().launch(
-                c.device().builtin_module()?,
-                &lsa::lsa_barrier_try_sync,
-                LaunchConfig::linear(grid, block(dev)).with_emulator_timeout(Duration::from_secs(20)),
-                (&handles[c.rank()], 1_000_000_000u64, s),
-            )
-        }
-    })?;
+    let cfg = LaunchConfig::linear(grid, block(dev)).with_emulator_timeout(Duration::from_secs(20));
+    // The barrier index (= CTA) is checked on the device: CTAs past the set fault.
+    try_sync_on_every_rank(&comms, &handles, cfg, 1_000_000_000)?;
     let results: Vec<_> = comms.iter().map(|c| c.synchronize()).collect();
     results.into_iter().collect::<ferrolink::Result<Vec<()>>>().map(drop)
 }
@@ -275,20 +290,7 @@ fn recover_after_a_timeout_makes_the_communicator_usable_again() {
         for (r, w) in windows.iter().enumerate() {
             w.copy_from_host(0, &vec![r as u32 + 1; words])?;
         }
-        let mut st = comms.iter().map(|c| c.device().alloc::<u32>(4)).collect::<ferrolink::Result<Vec<_>>>()?;
-        let mut ptrs: Vec<_> = st.iter_mut().map(Some).collect();
-        ferrolink::launch_all(&comms, |c| {
-            let s = ptrs[c.rank()].take().expect("once");
-            // SAFETY: 4 CTAs, 4 barriers; `s` holds 4 words.
-            unsafe {
-                c.stream().launch(
-                    c.device().builtin_module()?,
-                    &lsa::lsa_barrier_try_sync,
-                    LaunchConfig::linear(4, block(dev)),
-                    (&handles[c.rank()], 30_000_000_000u64, s),
-                )
-            }
-        })?;
+        let st = try_sync_on_every_rank(&comms, &handles, LaunchConfig::linear(4, block(dev)), 30_000_000_000)?;
         for c in &comms {
             c.synchronize()?;
         }

@@ -1349,6 +1349,26 @@ mod tests {
         }
     }
 
+    /// Every rank's GIN of `comms` (created together, on threads), every peer through the
+    /// proxy over TCP: `contexts` contexts, `signals` signals, one counter, depth 8.
+    fn tcp_gins(comms: &[crate::Communicator], contexts: u32, signals: u32) -> Vec<crate::gin::GinOwner> {
+        use crate::gin::transport::TransportKind;
+        use crate::gin::{GinMode, GinShape};
+        let shape = GinShape {
+            contexts,
+            signals,
+            counters: 1,
+            depth: 8,
+            barriers: 0,
+            mode: Some(GinMode::Proxy),
+            transport: Some(TransportKind::Tcp),
+        };
+        thread::scope(|s| {
+            let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || crate::gin::create(c, shape))).collect();
+            hs.into_iter().map(|h| h.join().unwrap().unwrap().1).collect()
+        })
+    }
+
     fn pattern(n: usize, seed: u8) -> Vec<u8> {
         (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
     }
@@ -1810,25 +1830,11 @@ mod tests {
     /// 1's transport putting from its window into rank 0's, then raising rank 0's signal.
     #[test]
     fn transport_delivers_into_a_ranks_window_then_its_signal() {
-        use crate::gin::transport::TransportKind;
-        use crate::gin::{GinMode, GinOwner, GinShape};
         let dev = Device::open_with(Backend::Cpu, 0).unwrap();
         let bytes = 6 << 20;
         let reqs = crate::DevCommRequirements::default();
         let (comms, windows, _handles) = crate::testing::virtual_job(&dev, 2, bytes, &reqs).unwrap();
-        let shape = GinShape {
-            contexts: 1,
-            signals: 2,
-            counters: 1,
-            depth: 8,
-            barriers: 0,
-            mode: Some(GinMode::Proxy),
-            transport: Some(TransportKind::Tcp),
-        };
-        let owners: Vec<GinOwner> = thread::scope(|s| {
-            let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || crate::gin::create(c, shape))).collect();
-            hs.into_iter().map(|h| h.join().unwrap().unwrap().1).collect()
-        });
+        let owners = tcp_gins(&comms, 1, 2);
         let (g0, g1) = (&owners[0].0, &owners[1].0);
         let data = pattern(bytes - 4096, 5);
         windows[1].copy_from_host(0, &data).unwrap();
@@ -1860,28 +1866,14 @@ mod tests {
     /// they end.
     #[test]
     fn a_tcp_gin_allocates_no_pinned_memory_after_creation() {
-        use crate::gin::transport::TransportKind;
-        use crate::gin::{GinMode, GinOwner, GinShape};
         let dev = Device::open_with(Backend::Cpu, 0).unwrap();
         let half = 5 << 20;
         let reqs = crate::DevCommRequirements::default();
         let (comms, windows, _handles) = crate::testing::virtual_job(&dev, 2, 2 * half + 4096, &reqs).unwrap();
-        let shape = GinShape {
-            contexts: 2,
-            signals: 1,
-            counters: 1,
-            depth: 8,
-            barriers: 0,
-            mode: Some(GinMode::Proxy),
-            transport: Some(TransportKind::Tcp),
-        };
-        let owners: Vec<GinOwner> = thread::scope(|s| {
-            let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || crate::gin::create(c, shape))).collect();
-            hs.into_iter().map(|h| h.join().unwrap().unwrap().1).collect()
-        });
+        let owners = tcp_gins(&comms, 2, 1);
         // Two contexts × two peers reached by TCP (forced: the rank itself too): 12 blocks each.
         let blocks = staging_blocks(2 * 2);
-        assert!(owners.iter().all(|o| o.0.kinds == [Some(TransportKind::Tcp); 2]));
+        assert!(owners.iter().all(|o| o.0.kinds == [Some(crate::TransportKind::Tcp); 2]));
         let pools: Vec<Arc<StagingPool>> = owners.iter().map(|o| o.0.staging.clone().expect("a pool")).collect();
         assert!(pools.iter().all(|p| p.count() == blocks && p.block_bytes() == STAGING_BLOCK));
         let (allocs, frees) = (HostMapped::allocs(&dev), HostMapped::frees(&dev));
