@@ -15,6 +15,7 @@
 use super::GinRank;
 use super::transport::{Payload, RemoteLocation, Request, Transport, TransportKind};
 use crate::Result;
+use crate::mem::window::Window;
 use ferrolink_device::gin::{GinDescriptor, desc_flags, op};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -47,13 +48,15 @@ struct Proxy {
     transports: HashMap<TransportKind, Box<dyn Transport>>,
     /// Per ring, the next ticket to execute.
     next: Vec<u64>,
-    /// Counter to raise when `(ring, ticket)` completes locally.
-    counters: HashMap<(usize, u64), u32>,
+    /// What `(ring, ticket)` leaves to do or hold until it completes locally: the counter to
+    /// raise, and the source window, kept alive while a transport may still read it (the
+    /// kernel may have ended, and its windows been dropped, before the proxy ran the put).
+    holds: HashMap<(usize, u64), (Option<u32>, Option<Window>)>,
     done: Vec<(usize, u64)>,
 }
 
 fn run(weak: Weak<GinRank>) {
-    let mut p = Proxy { transports: HashMap::new(), next: Vec::new(), counters: HashMap::new(), done: Vec::new() };
+    let mut p = Proxy { transports: HashMap::new(), next: Vec::new(), holds: HashMap::new(), done: Vec::new() };
     let mut last_work = Instant::now();
     let mut stopping_since: Option<Instant> = None;
     loop {
@@ -77,6 +80,7 @@ fn run(weak: Weak<GinRank>) {
             if since.elapsed() > DRAIN_LIMIT {
                 tracing::error!(target: "ferrolink::gin", rank = gin.rank, in_flight, "the GIN proxy stops with requests in flight; their memory is leaked");
                 std::mem::forget(std::mem::take(&mut p.transports));
+                std::mem::forget(std::mem::take(&mut p.holds));
                 return;
             }
         }
@@ -115,10 +119,11 @@ impl Proxy {
                 let d: GinDescriptor = bytemuck::cast(words);
                 self.next[ring] = t + 1;
                 worked = true;
-                let req =
+                let (req, source) =
                     request(gin, ring, t, &d).map_err(|e| format!("bad descriptor on the ring to rank {peer}: {e}"))?;
-                if d.flags() & desc_flags::LOCAL_COUNTER_INC != 0 {
-                    self.counters.insert((ring, t), d.counter_id);
+                let counter = (d.flags() & desc_flags::LOCAL_COUNTER_INC != 0).then_some(d.counter_id);
+                if counter.is_some() || source.is_some() {
+                    self.holds.insert((ring, t), (counter, source));
                 }
                 let tr = match self.transports.entry(kind) {
                     std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -143,7 +148,7 @@ impl Proxy {
             self.done.clear();
             tr.poll(&mut self.done).map_err(|e| format!("{} transport: {e}", tr.name()))?;
             for &(ring, ticket) in &self.done {
-                if let Some(id) = self.counters.remove(&(ring, ticket))
+                if let Some((Some(id), _source)) = self.holds.remove(&(ring, ticket))
                     && id < gin.counter_count
                 {
                     gin.counter(id).fetch_add(1, Ordering::Release);
@@ -166,8 +171,9 @@ fn make(kind: TransportKind, gin: &Arc<GinRank>) -> Result<Box<dyn Transport>> {
     })
 }
 
-/// The request a descriptor describes, with its source resolved to a device address here.
-fn request(gin: &GinRank, ring: usize, ticket: u64, d: &GinDescriptor) -> Result<Request> {
+/// The request a descriptor describes, with its source resolved to a device address here,
+/// and the source window (a put's) to keep alive until the request completes locally.
+fn request(gin: &GinRank, ring: usize, ticket: u64, d: &GinDescriptor) -> Result<(Request, Option<Window>)> {
     let peer = ring % gin.nranks;
     let context = (ring / gin.nranks) as u32;
     if d.peer as usize != peer {
@@ -177,6 +183,7 @@ fn request(gin: &GinRank, ring: usize, ticket: u64, d: &GinDescriptor) -> Result
         )));
     }
     let dst = RemoteLocation { window: d.dst_window, offset: d.dst_offset };
+    let mut source = None;
     let payload = match d.op() {
         op::PUT => {
             let bytes = d.bytes_or_value as usize;
@@ -184,6 +191,7 @@ fn request(gin: &GinRank, ring: usize, ticket: u64, d: &GinDescriptor) -> Result
                 crate::Error::InvalidArgument(format!("source window {} is not registered", d.src_window))
             })?;
             let src = src_window.local_addr(d.src_offset as usize, bytes)?;
+            source = Some(src_window);
             Payload::Put { src, src_window: d.src_window, bytes, dst }
         }
         op::PUT_VALUE => Payload::PutValue { value: d.bytes_or_value, bytes: d.value_bytes(), dst },
@@ -195,5 +203,5 @@ fn request(gin: &GinRank, ring: usize, ticket: u64, d: &GinDescriptor) -> Result
         desc_flags::REMOTE_SIGNAL_ADD => Some((d.signal_id, d.signal_value)),
         _ => None,
     };
-    Ok(Request { ring, ticket, context, peer, payload, signal })
+    Ok((Request { ring, ticket, context, peer, payload, signal }, source))
 }
