@@ -679,10 +679,20 @@ pub fn gin_rank(
     let mut ns = dev.alloc::<u64>(1)?;
     let mut figures = GinFigures::default();
     let mut bw: Vec<Vec<(GinPath, f64)>> = vec![Vec::new(); sizes.len()];
+    // Every window and device communicator of the run is made before the first kernel and
+    // dropped after the last: on CUDA, allocating or freeing (pinned) memory may wait for the
+    // device's running kernels, here a peer's kernel that waits for this rank.
+    let mut made = Vec::new();
     for &path in paths {
         let src = comm.register_window(comm.mem_alloc(max)?)?;
         let dst = comm.register_window(comm.mem_alloc(max)?)?;
         let handle = comm.create_dev_comm(&path.requirements())?;
+        made.push((path, src, dst, handle));
+    }
+    let window = comm.register_window(comm.mem_alloc(max)?)?;
+    comm.barrier()?;
+    for (path, src, dst, handle) in &made {
+        let path = *path;
         let (warmup, iters) = if gpu { (1000u32, 10_000u32) } else { (5, 50) };
         let mut lat = Vec::new();
         for t in 0..trials.max(1) as u64 {
@@ -695,17 +705,14 @@ pub fn gin_rank(
                     module,
                     &gin_ping_pong,
                     LaunchConfig::linear(1, 1),
-                    (&handle, &dst, &src, 0u32, 1u32, 8u32, warmup, iters, base, &mut ns),
+                    (handle, dst, src, 0u32, 1u32, 8u32, warmup, iters, base, &mut ns),
                 )?
             };
             comm.synchronize()?;
             lat.push(ns.to_vec()?[0] as f64 / f64::from(iters) / 2.0 / 1e3);
         }
         figures.latency_us.push((path, median(&mut lat)));
-        // The bandwidth kernel uses signals 2 and 3, which start at 0. (Not a fresh device
-        // communicator: dropping one frees pinned memory, and on CUDA freeing pinned memory
-        // may wait for the device's running kernels, here the peer's bandwidth kernel,
-        // which waits for this rank.)
+        // The bandwidth kernel uses signals 2 and 3, which start at 0.
         let mut round = 0u32;
         for (i, &bytes) in sizes.iter().enumerate() {
             let n = gin_iters(bytes, gpu);
@@ -720,7 +727,7 @@ pub fn gin_rank(
                         module,
                         &gin_put_bandwidth,
                         LaunchConfig::linear(1, if gpu { threads } else { threads.min(8) }),
-                        (&handle, &dst, &src, 0u32, 1u32, bytes as u64, n, 2u32, round, &mut ns),
+                        (handle, dst, src, 0u32, 1u32, bytes as u64, n, 2u32, round, &mut ns),
                     )?
                 };
                 comm.synchronize()?;
@@ -733,7 +740,6 @@ pub fn gin_rank(
     // Baselines, in the same run.
     let tcp = plain_tcp_gbps(comm, sizes, gpu, trials)?;
     let mut copy = vec![0.0; sizes.len()];
-    let window = comm.register_window(comm.mem_alloc(max)?)?;
     if comm.rank() == 0 && comm.lsa_size() >= 2 {
         let src = dev.alloc::<u8>(max)?;
         let peer_addr = window.dev_window().lsa_ptr::<u8>(0, 1) as u64;
