@@ -77,7 +77,7 @@ fn gin_suite(comm: &Communicator, path: Path) -> ferrolink::Result<()> {
     let win = |b: usize| -> ferrolink::Result<Window> { comm.register_window(comm.mem_alloc(b)?) };
     let dst = win(CONTEXTS as usize * n * bytes)?;
     let src = win(CONTEXTS as usize * bytes)?;
-    let values = win(n * 12)?;
+    let values = win(n * 24 + 16)?;
     let stream = win(512)?;
     let marks = win(n * 4)?;
     let mut errors = (0..5).map(|_| dev.alloc::<u32>(1)).collect::<ferrolink::Result<Vec<_>>>()?;
@@ -192,7 +192,7 @@ fn signal_out_of_range(dev: &Device) -> ferrolink::Result<Vec<ferrolink::Result<
         let values = c.register_window(c.mem_alloc(64)?)?;
         let mut errors = c.device().alloc::<u32>(1)?;
         let handle = c.create_dev_comm(&reqs(DIRECT))?;
-        // SAFETY: the window holds 2 * 12 bytes; the kernel faults before it touches it.
+        // SAFETY: the window holds 2 * 24 + 16 bytes; the kernel faults at its first signal.
         unsafe {
             c.stream().launch(
                 c.device().builtin_module()?,

@@ -26,7 +26,7 @@ pub const DEV_COMM_MAGIC: u32 = u32::from_le_bytes(*b"FLDC");
 /// The layout version of [`DevComm`] and the structures it points to ([`DevControl`],
 /// [`WaitRecord`]). Raised whenever any of them changes, so that a kernel built against one
 /// version rejects a `DevComm` made by a host built against another.
-pub const DEV_COMM_ABI_VERSION: u32 = 3;
+pub const DEV_COMM_ABI_VERSION: u32 = 4;
 
 /// The first 16 bytes of a [`DevComm`]: what it is, its layout version and its size. Kernels
 /// check it when they open a barrier session ([`DevComm::check_header`]); the host checks it

@@ -91,6 +91,10 @@ pub struct DevGin {
     /// Host-mapped address of `u64[context][nranks]`: descriptors the proxy has completed
     /// locally (their sources may be reused) per ring.
     pub consumed: u64,
+    /// Device address of `u64[context][nranks]`: per ring, the latest `consumed` value a
+    /// device thread has read (a lower bound of it). A post reads host memory (a PCIe round
+    /// trip) only when this copy shows no free slot.
+    pub consumed_seen: u64,
     /// Device address of `u64[barrier_count][1 + nranks]`: per GIN barrier, its round count
     /// (the epoch), then per world rank the barrier signals expected from it so far.
     pub barrier_epochs: u64,
@@ -358,7 +362,34 @@ impl<'a> Gin<'a> {
                 self.local_direct(local);
             }
         } else if coop.thread_rank() == 0 {
-            {
+            let src_ptr: *const u8 = src.local_ptr(src_offset);
+            let inline =
+                matches!(bytes, 4 | 8) && dst_offset.is_multiple_of(bytes) && (src_ptr as usize).is_multiple_of(bytes);
+            if inline {
+                // A small aligned put travels as a value in its descriptor: the proxy need not
+                // read the source (no copy to queue; the copy engine writes a value). Reading
+                // it now is allowed: the source may not change until local completion.
+                // SAFETY: the range was checked against the source window; aligned for `bytes`.
+                let value = unsafe {
+                    if bytes == 8 {
+                        (src_ptr as *const u64).read_volatile()
+                    } else {
+                        u64::from((src_ptr as *const u32).read_volatile())
+                    }
+                };
+                let d = GinDescriptor {
+                    kind: GinDescriptor::kind(op::PUT_VALUE, remote_flags(remote) | local_flags(local), bytes as u32),
+                    peer: world,
+                    dst_window: dst.id,
+                    signal_id: remote_id(remote),
+                    counter_id: local_id(local),
+                    dst_offset: dst_offset as u64,
+                    bytes_or_value: value,
+                    signal_value: remote_value(remote),
+                    ..GinDescriptor::default()
+                };
+                self.post(world, d);
+            } else {
                 let d = GinDescriptor {
                     kind: GinDescriptor::kind(op::PUT, remote_flags(remote) | local_flags(local), 0),
                     peer: world,
@@ -673,14 +704,30 @@ impl<'a> Gin<'a> {
         // SAFETY: `produced` holds a word per ring; only this rank's threads claim from it.
         let ticket = unsafe { atomic::fetch_add(self.produced(ring), 1, RmwOrder::Relaxed, Scope::Gpu) };
         // Credit: the slot is free once the proxy has completed the descriptor `depth` back.
-        let _ = self.poll(
-            || {
-                // SAFETY: `consumed` holds a word per ring, written by the proxy only.
-                let c = unsafe { atomic::load(self.consumed(ring), LoadOrder::Relaxed, Scope::Sys) };
-                ticket.wrapping_sub(c) < depth
-            },
-            None,
-        );
+        // The device's copy of the consumed word first (L2); host memory only when that
+        // shows no credit. Ordering: the proxy stores `consumed` with a release after it has
+        // read the slot; the load below acquires it (system scope), and the copy is stored
+        // with a release and read with an acquire at GPU scope, so a thread that takes its
+        // credit from the copy is ordered after the proxy's read of the slot as well.
+        let seen = (self.g().consumed_seen as *mut u64).wrapping_add(ring);
+        // SAFETY: `consumed_seen` holds a word per ring (device memory).
+        let cached = unsafe { atomic::load(seen, LoadOrder::Acquire, Scope::Gpu) };
+        if ticket.wrapping_sub(cached) >= depth {
+            let _ = self.poll(
+                || {
+                    // SAFETY: `consumed` holds a word per ring, written by the proxy only.
+                    let c = unsafe { atomic::load(self.consumed(ring), LoadOrder::Acquire, Scope::Sys) };
+                    let free = ticket.wrapping_sub(c) < depth;
+                    if free {
+                        // SAFETY: as above. A racing thread may store an older value: the copy
+                        // only ever needs to be a lower bound (a stale one costs a host read).
+                        unsafe { atomic::store(seen, c, StoreOrder::Release, Scope::Gpu) };
+                    }
+                    free
+                },
+                None,
+            );
+        }
         let slot =
             (self.g().queues as *mut GinDescriptor).wrapping_add(ring * depth as usize + (ticket % depth) as usize);
         d.seq = 0;
@@ -979,7 +1026,7 @@ mod tests {
     #[test]
     fn descriptors_are_64_bytes_and_gin_state_is_stable() {
         assert_eq!(core::mem::size_of::<GinDescriptor>(), 64);
-        assert_eq!(core::mem::size_of::<DevGin>(), 32 + 40 + 72);
+        assert_eq!(core::mem::size_of::<DevGin>(), 32 + 40 + 80);
         assert_eq!(core::mem::size_of::<GinWaitRecord>(), 32);
         assert!(seq_reached64(5, 5) && seq_reached64(0, u64::MAX) && !seq_reached64(4, 5));
     }

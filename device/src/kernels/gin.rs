@@ -132,15 +132,17 @@ pub const fn put_value_of(rank: u32, round: u32) -> u64 {
 }
 
 kernel! {
-    /// `put_value` and SignalAdd: every round, every rank stores a 4-byte value (no signal)
-    /// then an 8-byte value with SignalAdd(`signal`, me + 1) into every other rank's `dst`
-    /// (4-byte values at `nranks * 8 + me * 4`, 8-byte at `me * 8`), waits for its signal to
-    /// grow by the sum of the others' `p + 1`, checks both values of every peer (the 4-byte
-    /// one landed before the signal of the later 8-byte one: same context), and meets the
-    /// others at GIN barrier 0. One CTA.
+    /// `put_value`, small puts and SignalAdd: every round, every rank puts the round's value
+    /// into every other rank's `dst` four ways — `put_value` of 4 bytes (at `nranks * 8 + me
+    /// * 4`, no signal), `put` of 4 and of 8 bytes from its own `dst` (at `nranks * 20 + me *
+    /// 4` and `nranks * 12 + me * 8`; the source words at `nranks * 24`; through the proxy
+    /// these travel inline), then `put_value` of 8 bytes (at `me * 8`) with SignalAdd(`signal`,
+    /// me + 1) — waits for its signal to grow by the sum of the others' `p + 1`, checks all
+    /// four values of every peer (they landed before the signal of the later one: same
+    /// context), and meets the others at GIN barrier 0. One CTA.
     ///
     /// # Safety
-    /// `comm` and `dst` (≥ `nranks * 12` bytes) from live handles; `errors` is valid.
+    /// `comm` and `dst` (≥ `nranks * 24 + 16` bytes) from live handles; `errors` is valid.
     pub unsafe fn gin_put_values(comm: DevComm, dst: DevWindow, rounds: u32, signal: u32, errors: *mut u32) {
         let coop = CoopCta;
         let gin = Gin::new(&comm, 0);
@@ -149,16 +151,30 @@ kernel! {
         let mut barrier = GinBarrierSession::new(coop, gin, world, 0);
         let others: u64 = (0..n).filter(|&p| p != me).map(|p| u64::from(p) + 1).sum();
         let mut bad = 0u32;
+        let n_us = n as usize;
+        let (src8, src4) = (n_us * 24, n_us * 24 + 8);
         for round in 1..=rounds {
+            let v = put_value_of(me, round);
+            // The sources of the small puts: the last round's puts have completed locally.
+            gin.flush(coop);
+            if coop.thread_rank() == 0 {
+                // SAFETY: inside this rank's `dst` (contract), aligned; no put reads them now.
+                unsafe {
+                    dst.local_ptr::<u64>(src8).write_volatile(v);
+                    dst.local_ptr::<u32>(src4).write_volatile(v as u32);
+                }
+            }
             for p in 0..n {
                 if p == me {
                     continue;
                 }
-                let v = put_value_of(me, round);
+                let m = me as usize;
                 // SAFETY: offsets inside `dst` (contract, checked), naturally aligned; one writer each.
                 unsafe {
-                    gin.put_value(coop, world, p, dst, (n * 8 + me * 4) as usize, v as u32 as u64, 4, RemoteAction::None);
-                    gin.put_value(coop, world, p, dst, (me * 8) as usize, v, 8, RemoteAction::SignalAdd(signal, u64::from(me) + 1));
+                    gin.put_value(coop, world, p, dst, n_us * 8 + m * 4, v as u32 as u64, 4, RemoteAction::None);
+                    gin.put(coop, world, p, dst, n_us * 20 + m * 4, dst, src4, 4, RemoteAction::None, LocalAction::None);
+                    gin.put(coop, world, p, dst, n_us * 12 + m * 8, dst, src8, 8, RemoteAction::None, LocalAction::None);
+                    gin.put_value(coop, world, p, dst, m * 8, v, 8, RemoteAction::SignalAdd(signal, u64::from(me) + 1));
                 }
             }
             if gin.wait_signal(coop, signal, u64::from(round) * others).is_err() {
@@ -170,14 +186,21 @@ kernel! {
                     if p == me {
                         continue;
                     }
+                    let q = p as usize;
                     // SAFETY: inside this rank's `dst`; written before the signal.
-                    let (v8, v4) = unsafe {
+                    let (v8, v4, p8, p4) = unsafe {
                         (
-                            dst.local_ptr::<u64>((p * 8) as usize).read_volatile(),
-                            dst.local_ptr::<u32>((n * 8 + p * 4) as usize).read_volatile(),
+                            dst.local_ptr::<u64>(q * 8).read_volatile(),
+                            dst.local_ptr::<u32>(n_us * 8 + q * 4).read_volatile(),
+                            dst.local_ptr::<u64>(n_us * 12 + q * 8).read_volatile(),
+                            dst.local_ptr::<u32>(n_us * 20 + q * 4).read_volatile(),
                         )
                     };
-                    bad += u32::from(v8 != put_value_of(p, round)) + u32::from(v4 != put_value_of(p, round) as u32);
+                    let want = put_value_of(p, round);
+                    bad += u32::from(v8 != want)
+                        + u32::from(v4 != want as u32)
+                        + u32::from(p8 != want)
+                        + u32::from(p4 != want as u32);
                 }
             }
             if barrier.sync().is_err() {

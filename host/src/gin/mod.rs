@@ -327,8 +327,9 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
     } else {
         None
     };
-    // Device words: produced[rings] | signal_base[signals] | counters[counters] | counter_base[counters].
-    let words = dev.alloc::<u64>(rings + signal_count.max(1) as usize + 2 * counter_count as usize)?;
+    // Device words: produced[rings] | signal_base[signals] | counters[counters] |
+    // counter_base[counters] | consumed_seen[rings].
+    let words = dev.alloc::<u64>(2 * rings + signal_count.max(1) as usize + 2 * counter_count as usize)?;
     let epochs = dev.alloc::<u64>(shape.barriers.max(1) as usize * (1 + n))?;
     let signals = comm.register_window(comm.mem_alloc((signal_count.max(1) as usize * n * 8).max(8))?)?;
     let words_addr = words.addr();
@@ -350,6 +351,7 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
         queues: host.device_addr(),
         produced: words_addr,
         consumed: host.device_addr() + consumed_off as u64,
+        consumed_seen: words_addr + (rings + signal_slots + 2 * counter_count as usize) as u64 * 8,
         barrier_epochs: epochs.addr(),
         wait_records: host.device_addr() + records_off as u64,
     };

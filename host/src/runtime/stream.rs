@@ -321,6 +321,33 @@ impl Stream {
         Ok(())
     }
 
+    /// Queues the copy `(dst, src, bytes)` if any, then the writes `(addr, value, bytes)` in
+    /// order, as one untracked piece of work with one completion (the GIN copy engine's put:
+    /// data, then its signal). One event for all of it: each event costs a driver call to
+    /// make and one to record, on the proxy's latency path.
+    ///
+    /// # Safety
+    /// As [`Stream::copy_raw`] for the copy and [`Stream::write_value_raw`] for each write.
+    pub(crate) unsafe fn copy_then_write_raw(
+        &self,
+        copy: Option<(u64, u64, usize)>,
+        writes: &[(u64, u64, u32)],
+    ) -> Result<Completion> {
+        let mut t = LaunchTracking::new(&self.dev);
+        t.untracked = true;
+        self.enqueue_tracked(t, |b| {
+            if let Some((dst, src, bytes)) = copy {
+                // SAFETY: the caller's contract.
+                unsafe { b.copy_dtod(dst, src, bytes)? };
+            }
+            for &(addr, value, bytes) in writes {
+                // SAFETY: the caller's contract.
+                unsafe { b.write_value(addr, value, bytes)? };
+            }
+            Ok(())
+        })
+    }
+
     /// Records an event: a point in the stream, with the time the stream reached it.
     pub fn record_event(&self) -> Result<Event> {
         Ok(Event { dev: self.dev.clone(), event: self.core.backend().record(true)? })

@@ -7,14 +7,19 @@
 use super::{Payload, Request, Transport};
 use crate::gin::GinRank;
 use crate::mem::window::Window;
-use crate::runtime::stream::{Event, Stream};
+use crate::runtime::lifetime::Completion;
+use crate::runtime::stream::Stream;
 use crate::{Error, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-/// A request the copy engine has queued: its ring and ticket, the event after its work, and
-/// the windows it writes (kept alive until the event).
-type InFlight = (usize, u64, Event, Vec<Window>);
+/// A request the copy engine has queued: its ring and ticket, the completion of its work,
+/// and the window it writes (kept alive until then).
+type InFlight = (usize, u64, Completion, Option<Window>);
+
+/// Polls between two looks at the streams' failure (a driver call each): a failed stream
+/// also shows as a finished completion, which makes the proxy look at once.
+const FAILURE_CHECK_POLLS: u32 = 1024;
 
 pub(crate) struct CopyEngine {
     gin: Arc<GinRank>,
@@ -23,11 +28,12 @@ pub(crate) struct CopyEngine {
     sent: HashMap<(usize, u32), u64>,
     /// Requests in flight per peer, in order, with the windows they use (kept alive).
     pending: HashMap<usize, VecDeque<InFlight>>,
+    polls: u32,
 }
 
 impl CopyEngine {
     pub(crate) fn new(gin: Arc<GinRank>) -> CopyEngine {
-        CopyEngine { gin, streams: HashMap::new(), sent: HashMap::new(), pending: HashMap::new() }
+        CopyEngine { gin, streams: HashMap::new(), sent: HashMap::new(), pending: HashMap::new(), polls: 0 }
     }
 }
 
@@ -49,38 +55,33 @@ impl Transport for CopyEngine {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => v.insert(g.device.create_stream()?),
         };
-        let mut keep = Vec::new();
+        // What goes on the stream: the data (a copy, or a value written by the GPU's front
+        // end), then the signal's new total; one completion for both.
+        let mut copy = None;
+        let mut writes: [(u64, u64, u32); 2] = [(0, 0, 0); 2];
+        let mut n = 0;
+        let mut keep = None;
+        let mut target = |dst: super::RemoteLocation, bytes: u64| -> Result<u64> {
+            let w =
+                g.window(dst.window).ok_or_else(|| Error::InvalidArgument(format!("window {} is gone", dst.window)))?;
+            let dw = w.dev_window();
+            if dst.offset.checked_add(bytes).is_none_or(|e| e > dw.size) {
+                return Err(Error::InvalidArgument(format!("a write past the end of window {}", dst.window)));
+            }
+            let to = dw.lsa_ptr::<u8>(dst.offset as usize, lsa_peer) as u64;
+            keep = Some(w);
+            Ok(to)
+        };
         match req.payload {
             Payload::Put { src, bytes, dst, .. } => {
-                let w = g
-                    .window(dst.window)
-                    .ok_or_else(|| Error::InvalidArgument(format!("window {} is gone", dst.window)))?;
-                let dw = w.dev_window();
-                if dst.offset.checked_add(bytes as u64).is_none_or(|e| e > dw.size) {
-                    return Err(Error::InvalidArgument(format!("a put past the end of window {}", dst.window)));
-                }
-                let to = dw.lsa_ptr::<u8>(dst.offset as usize, lsa_peer) as u64;
+                let to = target(dst, bytes as u64)?;
                 if bytes > 0 {
-                    // SAFETY: `to` lies in the peer's slot of this GPU's mapping of window `w`
-                    // (checked), `src` in this rank's source window (checked by the proxy);
-                    // `keep` holds both windows until the copy has run; the GIN contract keeps
-                    // others off the ranges.
-                    unsafe { stream.copy_raw(to, src, bytes)? };
+                    copy = Some((to, src, bytes));
                 }
-                keep.push(w);
             }
             Payload::PutValue { value, bytes, dst } => {
-                let w = g
-                    .window(dst.window)
-                    .ok_or_else(|| Error::InvalidArgument(format!("window {} is gone", dst.window)))?;
-                let dw = w.dev_window();
-                if dst.offset.checked_add(u64::from(bytes)).is_none_or(|e| e > dw.size) {
-                    return Err(Error::InvalidArgument(format!("a value past the end of window {}", dst.window)));
-                }
-                let to = dw.lsa_ptr::<u8>(dst.offset as usize, lsa_peer) as u64;
-                // SAFETY: as above; the device checked the alignment.
-                unsafe { stream.write_value_raw(to, value, bytes)? };
-                keep.push(w);
+                writes[n] = (target(dst, u64::from(bytes))?, value, bytes);
+                n += 1;
             }
             Payload::None => {}
         }
@@ -89,25 +90,34 @@ impl Transport for CopyEngine {
             *total = total.wrapping_add(inc);
             let sw = g.signals.dev_window();
             let slot = sw.lsa_ptr::<u64>((id as usize * g.nranks + g.rank) * 8, lsa_peer) as u64;
-            // SAFETY: the peer's slot `[id][me]` of this GPU's mapping of the signal window
-            // (`g.signals` keeps it); only this rank writes it; after the data on this stream.
-            unsafe { stream.write_value_raw(slot, *total, 8)? };
+            writes[n] = (slot, *total, 8);
+            n += 1;
         }
-        let event = stream.record_event()?;
-        self.pending.entry(req.peer).or_default().push_back((req.ring, req.ticket, event, keep));
+        // SAFETY: the copy's target and each value's lie in the peer's slot of this GPU's
+        // mapping of their window (checked above), the source in this rank's source window
+        // (checked by the proxy, which keeps it alive until this request completes); `keep`
+        // holds the target window and `g.signals` the signal window until then. The signal
+        // slot `[id][me]` is only written by this rank, after the data on this stream; the
+        // GIN contract keeps others off the ranges; the device checked the values' alignment.
+        let done = unsafe { stream.copy_then_write_raw(copy, &writes[..n])? };
+        self.pending.entry(req.peer).or_default().push_back((req.ring, req.ticket, done, keep));
         Ok(())
     }
 
     fn poll(&mut self, done: &mut Vec<(usize, u64)>) -> Result<()> {
+        let before = done.len();
         for q in self.pending.values_mut() {
-            while q.front().is_some_and(|(_, _, e, _)| e.is_reached()) {
+            while q.front().is_some_and(|(_, _, c, _)| c.finished()) {
                 let (ring, ticket, _, _) = q.pop_front().expect("front exists");
                 done.push((ring, ticket));
             }
         }
-        for s in self.streams.values() {
-            if let Some(e) = s.failure() {
-                return Err(e);
+        self.polls = self.polls.wrapping_add(1);
+        if done.len() > before || self.polls.is_multiple_of(FAILURE_CHECK_POLLS) {
+            for s in self.streams.values() {
+                if let Some(e) = s.failure() {
+                    return Err(e);
+                }
             }
         }
         Ok(())
