@@ -77,7 +77,7 @@ if [ "${REF:-1}" = 1 ]; then
       [ -e "$src" ] || continue
       exe="$here/ref/$(basename "$src" .cu)"
       echo "== reference $(basename "$src") (nvcc -O3 -arch=sm_90)" | tee -a "$summary"
-      if "$nvcc" -O3 -arch=sm_90 -o "$exe" "$src" >> "$out/perf.log" 2>&1; then
+      if "$nvcc" -O3 -arch=sm_90 -o "$exe" "$src" -lcuda >> "$out/perf.log" 2>&1; then
         timeout 120 "$exe" 2>&1 | tee -a "$out/perf.log" | tee -a "$summary" || status=1
       else
         echo "nvcc failed (see perf.log)" | tee -a "$summary"; status=1

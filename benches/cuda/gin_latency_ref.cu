@@ -14,6 +14,9 @@
 //                        into the peer's memory (the floor of a CPU proxy without a copy)
 //   proxy memcpy       : as above with cuMemcpyAsync of the 8 bytes, then the signal write
 //                        (the floor of a CPU proxy over the copy engine)
+//   relaxed poll+fence.acquire / .acq_rel : store+fence+signal, but the waiter polls two
+//                        words relaxed (signal and base) and fences once (ferrolink's wait)
+//   loaded source      : store+fence+signal with the data loaded from memory first
 //
 // Build: nvcc -O3 -arch=sm_90 -o gin_latency_ref gin_latency_ref.cu -lcuda
 // Run:   ./gin_latency_ref [iters]      (needs two GPUs with peer access)
@@ -65,7 +68,26 @@ __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
   asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-enum Mode { kStoreFenceSignal = 0, kSignalOnly = 1, kLlPacket = 2, kProxy = 3 };
+enum Mode { kStoreFenceSignal = 0, kSignalOnly = 1, kLlPacket = 2, kProxy = 3, kRelaxedPollFence = 4, kRelaxedPollFenceAcqRel = 5, kLoadedSource = 6 };
+
+// The waits: an acquire load per poll (the reference), or relaxed polls of the signal word
+// and of a second word (a per-signal base, as a rolling signal reads) then one fence.
+__device__ __forceinline__ void wait_for(int mode, u64* local, u64 k) {
+  if (mode == kLlPacket) {
+    while (ld_relaxed_sys(&local[1]) != k) {
+    }
+  } else if (mode == kRelaxedPollFence || mode == kRelaxedPollFenceAcqRel) {
+    while (ld_relaxed_sys(&local[2]) - ld_relaxed_sys(&local[5]) < k) {
+    }
+    if (mode == kRelaxedPollFence)
+      asm volatile("fence.acquire.sys;" ::: "memory");
+    else
+      asm volatile("fence.acq_rel.sys;" ::: "memory");
+  } else {
+    while (ld_acquire_sys(&local[2]) < k) {
+    }
+  }
+}
 
 // `local` and `peer` are {data[2], signal, pad} lines on this GPU and on the peer (mapped).
 // Proxy mode: `doorbell` is pinned host memory the host proxy polls (value = round + 1).
@@ -75,18 +97,16 @@ __global__ void ping_pong(int mode, int first, u64* local, u64* peer, u64* doorb
   for (int i = 0; i < warmup + iters; ++i) {
     if (i == warmup) t0 = global_timer();
     const u64 k = (u64)i + 1;
-    if (!first) {
-      if (mode == kLlPacket) {
-        while (ld_relaxed_sys(&local[1]) != k) {
-        }
-      } else {
-        while (ld_acquire_sys(&local[2]) < k) {
-        }
-      }
-    }
+    if (!first) wait_for(mode, local, k);
     switch (mode) {
       case kStoreFenceSignal:
+      case kRelaxedPollFence:
+      case kRelaxedPollFenceAcqRel:
         *(volatile u64*)&peer[0] = k;
+        red_release_sys(&peer[2], 1);
+        break;
+      case kLoadedSource:
+        *(volatile u64*)&peer[0] = *(volatile u64*)&local[4];
         red_release_sys(&peer[2], 1);
         break;
       case kSignalOnly:
@@ -99,15 +119,7 @@ __global__ void ping_pong(int mode, int first, u64* local, u64* peer, u64* doorb
         st_release_sys(doorbell, k);
         break;
     }
-    if (first) {
-      if (mode == kLlPacket) {
-        while (ld_relaxed_sys(&local[1]) != k) {
-        }
-      } else {
-        while (ld_acquire_sys(&local[2]) < k) {
-        }
-      }
-    }
+    if (first) wait_for(mode, local, k);
   }
   if (first) *out_ns = global_timer() - t0;
 }
@@ -203,9 +215,12 @@ int main(int argc, char** argv) {
     CHECK(cudaSetDevice(d));
     CHECK(cudaDeviceEnablePeerAccess(1 - d, 0));
   }
-  const char* names[] = {"store+fence+signal", "signal only", "LL packet", "proxy memops", "proxy memcpy"};
-  for (int m = 0; m < 5; ++m) {
-    const int mode = m < 4 ? m : kProxy;
+  const char* names[] = {"store+fence+signal", "signal only", "LL packet", "proxy memops", "proxy memcpy",
+                         "relaxed poll+fence.acquire", "relaxed poll+fence.acq_rel", "loaded source"};
+  const int modes[] = {kStoreFenceSignal, kSignalOnly, kLlPacket, kProxy, kProxy, kRelaxedPollFence,
+                       kRelaxedPollFenceAcqRel, kLoadedSource};
+  for (int m = 0; m < 8; ++m) {
+    const int mode = modes[m];
     const int it = mode == kProxy ? iters / 4 : iters;
     double best = 1e30;
     for (int trial = 0; trial < 3; ++trial) {

@@ -133,9 +133,9 @@ pub const fn put_value_of(rank: u32, round: u32) -> u64 {
 
 kernel! {
     /// `put_value`, small puts and SignalAdd: every round, every rank puts the round's value
-    /// into every other rank's `dst` four ways — `put_value` of 4 bytes (at `nranks * 8 + me
+    /// into every other rank's `dst` four ways — `put_value` of 4 bytes (at `nranks * 16 + me
     /// * 4`, no signal), `put` of 4 and of 8 bytes from its own `dst` (at `nranks * 20 + me *
-    /// 4` and `nranks * 12 + me * 8`; the source words at `nranks * 24`; through the proxy
+    /// 4` and `nranks * 8 + me * 8`; the source words at `nranks * 24`; through the proxy
     /// these travel inline), then `put_value` of 8 bytes (at `me * 8`) with SignalAdd(`signal`,
     /// me + 1) — waits for its signal to grow by the sum of the others' `p + 1`, checks all
     /// four values of every peer (they landed before the signal of the later one: same
@@ -171,9 +171,9 @@ kernel! {
                 let m = me as usize;
                 // SAFETY: offsets inside `dst` (contract, checked), naturally aligned; one writer each.
                 unsafe {
-                    gin.put_value(coop, world, p, dst, n_us * 8 + m * 4, v as u32 as u64, 4, RemoteAction::None);
+                    gin.put_value(coop, world, p, dst, n_us * 16 + m * 4, v as u32 as u64, 4, RemoteAction::None);
                     gin.put(coop, world, p, dst, n_us * 20 + m * 4, dst, src4, 4, RemoteAction::None, LocalAction::None);
-                    gin.put(coop, world, p, dst, n_us * 12 + m * 8, dst, src8, 8, RemoteAction::None, LocalAction::None);
+                    gin.put(coop, world, p, dst, n_us * 8 + m * 8, dst, src8, 8, RemoteAction::None, LocalAction::None);
                     gin.put_value(coop, world, p, dst, m * 8, v, 8, RemoteAction::SignalAdd(signal, u64::from(me) + 1));
                 }
             }
@@ -191,8 +191,8 @@ kernel! {
                     let (v8, v4, p8, p4) = unsafe {
                         (
                             dst.local_ptr::<u64>(q * 8).read_volatile(),
-                            dst.local_ptr::<u32>(n_us * 8 + q * 4).read_volatile(),
-                            dst.local_ptr::<u64>(n_us * 12 + q * 8).read_volatile(),
+                            dst.local_ptr::<u32>(n_us * 16 + q * 4).read_volatile(),
+                            dst.local_ptr::<u64>(n_us * 8 + q * 8).read_volatile(),
                             dst.local_ptr::<u32>(n_us * 20 + q * 4).read_volatile(),
                         )
                     };

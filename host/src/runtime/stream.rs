@@ -340,11 +340,8 @@ impl Stream {
                 // SAFETY: the caller's contract.
                 unsafe { b.copy_dtod(dst, src, bytes)? };
             }
-            for &(addr, value, bytes) in writes {
-                // SAFETY: the caller's contract.
-                unsafe { b.write_value(addr, value, bytes)? };
-            }
-            Ok(())
+            // SAFETY: the caller's contract.
+            unsafe { b.write_values(writes) }
         })
     }
 

@@ -164,6 +164,18 @@ pub(crate) trait StreamBackend: Send + Sync {
     /// `addr` is device memory this device can write, aligned to `bytes`, valid until the
     /// write has run.
     unsafe fn write_value(&self, addr: u64, value: u64, bytes: u32) -> Result<()>;
+    /// Queues the writes `(addr, value, bytes)` in order, as [`StreamBackend::write_value`]
+    /// each (a backend may hand them to the device in one call).
+    ///
+    /// # Safety
+    /// As [`StreamBackend::write_value`] for each.
+    unsafe fn write_values(&self, writes: &[(u64, u64, u32)]) -> Result<()> {
+        for &(addr, value, bytes) in writes {
+            // SAFETY: the caller's contract.
+            unsafe { self.write_value(addr, value, bytes)? };
+        }
+        Ok(())
+    }
     /// Records the current end of the stream; `timing` events can be compared with
     /// [`EventBackend::elapsed_ms_since`].
     fn record(&self, timing: bool) -> Result<Arc<dyn EventBackend>>;

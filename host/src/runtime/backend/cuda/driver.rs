@@ -256,6 +256,50 @@ pub(super) unsafe fn write_value_async(
     }
 }
 
+/// Queues 4- and 8-byte writes `(addr, value, bytes)` in order with one
+/// `cuStreamBatchMemOp` (one driver call instead of one per write: the GIN copy engine's
+/// value-then-signal pair is on the proxy's latency path).
+///
+/// # Safety
+/// Each address is device memory writable by the stream's device, aligned to its size.
+pub(super) unsafe fn write_values_batched(writes: &[(u64, u64, u32)], stream: sys::CUstream) -> Result<()> {
+    let mut params: Vec<sys::CUstreamBatchMemOpParams> = writes
+        .iter()
+        .map(|&(addr, value, bytes)| {
+            let (operation, v) = if bytes == 4 {
+                (
+                    sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
+                    sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
+                        value: value as u32,
+                    },
+                )
+            } else {
+                (
+                    sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_64,
+                    sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
+                        value64: value,
+                    },
+                )
+            };
+            sys::CUstreamBatchMemOpParams {
+                writeValue: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
+                    operation,
+                    address: addr,
+                    __bindgen_anon_1: v,
+                    flags: 0,
+                    alias: 0,
+                },
+            }
+        })
+        .collect();
+    let count = u32::try_from(params.len()).map_err(|_| Error::InvalidArgument("too many stream writes".into()))?;
+    // SAFETY: `params` holds `count` initialized write operations; the caller's contract
+    // covers their addresses.
+    unsafe { sys::cuStreamBatchMemOp_v2(stream, count, params.as_mut_ptr(), 0) }
+        .result()
+        .map_err(cuda_err("cuStreamBatchMemOp"))
+}
+
 /// Queues a device-to-device copy.
 ///
 /// # Safety

@@ -392,6 +392,19 @@ impl StreamBackend for CudaStream {
         unsafe { driver::write_value_async(addr, value, bytes, self.stream) }
     }
 
+    unsafe fn write_values(&self, writes: &[(u64, u64, u32)]) -> Result<()> {
+        let _g = self.ctx.bind()?;
+        if writes.len() > 1 && writes.iter().all(|w| matches!(w.2, 4 | 8)) {
+            // SAFETY: the caller's contract.
+            return unsafe { driver::write_values_batched(writes, self.stream) };
+        }
+        for &(addr, value, bytes) in writes {
+            // SAFETY: the caller's contract.
+            unsafe { driver::write_value_async(addr, value, bytes, self.stream)? };
+        }
+        Ok(())
+    }
+
     fn record(&self, timing: bool) -> Result<Arc<dyn EventBackend>> {
         let _g = self.ctx.bind()?;
         let event = CudaEvent { ctx: self.ctx.clone(), event: driver::event_create(timing)? };

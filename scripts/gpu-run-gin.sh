@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GIN part of the GPU bundle on nvidia-h200-x2 (scripts/gpu-bundle.sh copies it as gin.sh),
+# in priority order under an overall deadline (DEADLINE seconds, default 530), each step with
+# its own limit, so that one hang costs a step, not the lease. STEPS picks and orders the
+# steps (default: ref perf2 perfdom test-gin ex perf1 lsa):
+#   ref      CUDA C++ latency references (ref/gin_latency_ref.cu, nvcc) — the floors
+#   perf2    ferrolink-perf gin as two processes (LSA node: direct, CE and TCP forced)
+#   perfdom  the same with every process its own LSA domain (FERROLINK_LSA=process: TCP)
+#   test-gin tests/gin.rs on CUDA;  ex  examples 07 and 08 as 2-process jobs
+#   perf1    ferrolink-perf gin in one process over two GPUs;  lsa  test-lsa/core/device/guide
+# Output: $OUT/summary.txt (what passed, the figures) and $OUT/run.log (everything).
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+[ -d "$here/bin" ] || tar xzf "$here/bin.tgz" -C "$here"
+out="${OUT:-$here/gpu-out}"; mkdir -p "$out"
+export LD_LIBRARY_PATH="/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}" NCCL_NVLS_ENABLE=0 FERROLINK_BOOTSTRAP_TIMEOUT=60
+export FERROLINK_REQUIRE_GPU=1 FERROLINK_TEST_BACKENDS=cuda FERROLINK_TIMEOUT=${FERROLINK_TIMEOUT:-40} FERROLINK_PROGRESS_SECS=5
+bin="$here/bin"; sum="$out/summary.txt"; log="$out/run.log"
+start=$(date +%s)
+{ echo "bundle commit: $(cat "$here/COMMIT")"; echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader; } > "$sum"
+step() { # limit name cmd...
+  local lim="$1" name="$2"; shift 2
+  local el=$(( $(date +%s) - start ))
+  if [ $(( el + 20 )) -gt "${DEADLINE:-530}" ]; then echo "SKIP $name (deadline, at ${el}s)" | tee -a "$sum"; return; fi
+  [ $(( el + lim )) -gt "${DEADLINE:-530}" ] && lim=$(( ${DEADLINE:-530} - el ))
+  echo "===== $name" >> "$log"
+  local t0=$(date +%s)
+  if timeout -k 5 "$lim" "$@" > "$here/last.log" 2>&1; then res=PASS; else res="FAIL($?)"; fi
+  cat "$here/last.log" >> "$log"
+  echo "$res $name ($(( $(date +%s) - t0 ))s)" | tee -a "$sum"
+  [ "$res" = PASS ] || grep -E "panicked|error|Error|waits|failed" "$here/last.log" | head -12 | sed 's/^/  ! /' >> "$sum"
+}
+gin_out() { sed -n '/== gin/,$p' "$here/last.log" | sed 's/^/    /' >> "$sum"; }
+for s in ${STEPS:-ref perf2 perfdom test-gin ex perf1 lsa}; do case $s in
+ref) nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+  step 90 "nvcc gin_latency_ref" "$nvcc" -O3 -arch=sm_90 -o "$here/ref/gin_latency_ref" "$here/ref/gin_latency_ref.cu" -lcuda
+  step 60 "gin_latency_ref" "$here/ref/gin_latency_ref"
+  grep "reference" "$here/last.log" | sed 's/^/    /' >> "$sum" ;;
+perf2) step 150 "gin two-process (LSA node: direct, CE forced proxy, TCP forced)" "$bin/ferrolink-run" -n 2 --devices 0,1 "$bin/ferrolink-perf" gin ${GIN_ARGS:-}; gin_out ;;
+perfdom) step 90 "gin two-process, own LSA domains (TCP)" env FERROLINK_LSA=process "$bin/ferrolink-run" -n 2 --devices 0,1 "$bin/ferrolink-perf" gin --paths tcp; gin_out ;;
+test-gin) step 200 "test-gin (cuda)" "$bin/test-gin" --test-threads=1
+  grep -E "^test |test result|panicked|failed on" "$here/last.log" | sed 's/^/    /' >> "$sum" ;;
+perf1) step 120 "gin one-process" "$bin/ferrolink-perf" gin ${GIN_ARGS:-}; gin_out ;;
+ex) for ex in 07_gin_ping_pong 08_all_to_all; do
+  step 40 "ferrolink-run -n 2 $ex" "$bin/ferrolink-run" -n 2 --devices 0,1 "$bin/example-$ex"
+  grep -E "round trips|intact|one way" "$here/last.log" | sed 's/^/    /' >> "$sum"
+done ;;
+lsa) for t in lsa core device guide; do
+  step 90 "test-$t (cuda)" "$bin/test-$t" --test-threads=1
+  grep -E "test result|panicked|failed on" "$here/last.log" | sed 's/^/    /' >> "$sum"
+done ;;
+*) echo "unknown step $s" | tee -a "$sum" ;;
+esac; done
+echo "total $(( $(date +%s) - start ))s" | tee -a "$sum"
