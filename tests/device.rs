@@ -35,7 +35,7 @@ fn check_copy(dev: &Device, bytes: usize, dst_off: usize, src_off: usize, seed: 
 fn copy_kernel_copies_every_size_and_alignment() {
     for_each_backend("copy_kernel_copies_every_size_and_alignment", |dev| {
         let sizes = [0usize, 1, 3, 15, 16, 17, 255, 4096, 4097, 65_537, 1_000_003];
-        let offsets = [(0usize, 0usize), (1, 1), (3, 7), (16, 5), (8, 8)];
+        let offsets = [(0usize, 0usize), (1, 1), (3, 7), (16, 5), (8, 8), (4, 12), (9, 1)];
         for (i, &bytes) in sizes.iter().enumerate() {
             for (j, &(d, s)) in offsets.iter().enumerate() {
                 check_copy(dev, bytes, d, s, (i * 16 + j) as u64)?;
