@@ -17,6 +17,8 @@
 //   relaxed poll+fence.acquire / .acq_rel : store+fence+signal, but the waiter polls two
 //                        words relaxed (signal and base) and fences once (ferrolink's wait)
 //   loaded source      : store+fence+signal with the data loaded from memory first
+//   data in the next line / 512 KiB away : store+fence+signal with the data 128 bytes or
+//                        512 KiB from the signal word (the modes above share one line)
 //
 // Build: nvcc -O3 -arch=sm_90 -o gin_latency_ref gin_latency_ref.cu -lcuda
 // Run:   ./gin_latency_ref [iters]      (needs two GPUs with peer access)
@@ -46,6 +48,10 @@
 
 typedef unsigned long long u64;
 
+// Lines are 1 MiB allocations: the far-data mode puts its data 512 KiB from the signal.
+static constexpr size_t kLineBytes = 1 << 20;
+static constexpr size_t kFarWords = (512 << 10) / 8;
+
 __device__ __forceinline__ u64 global_timer() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -68,7 +74,7 @@ __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
   asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-enum Mode { kStoreFenceSignal = 0, kSignalOnly = 1, kLlPacket = 2, kProxy = 3, kRelaxedPollFence = 4, kRelaxedPollFenceAcqRel = 5, kLoadedSource = 6 };
+enum Mode { kStoreFenceSignal = 0, kSignalOnly = 1, kLlPacket = 2, kProxy = 3, kRelaxedPollFence = 4, kRelaxedPollFenceAcqRel = 5, kLoadedSource = 6, kNextLine = 7, kFarData = 8 };
 
 // The waits: an acquire load per poll (the reference), or relaxed polls of the signal word
 // and of a second word (a per-signal base, as a rolling signal reads) then one fence.
@@ -109,6 +115,14 @@ __global__ void ping_pong(int mode, int first, u64* local, u64* peer, u64* doorb
         *(volatile u64*)&peer[0] = *(volatile u64*)&local[4];
         red_release_sys(&peer[2], 1);
         break;
+      case kNextLine:
+        *(volatile u64*)&peer[16] = k;
+        red_release_sys(&peer[2], 1);
+        break;
+      case kFarData:
+        *(volatile u64*)&peer[kFarWords] = k;
+        red_release_sys(&peer[2], 1);
+        break;
       case kSignalOnly:
         red_release_sys(&peer[2], 1);
         break;
@@ -147,6 +161,36 @@ static void proxy(CUcontext ctx, volatile u64* doorbell, u64 total, CUdeviceptr 
   CHECK_CU(cuStreamDestroy(s));
 }
 
+// With GIN_REF_VMM=1 the lines are VMM allocations (cuMemCreate on their GPU, mapped, both
+// GPUs given read-write access), as ferrolink's windows are; else cudaMalloc + peer access.
+static bool use_vmm() {
+  const char* v = std::getenv("GIN_REF_VMM");
+  return v && v[0] == '1';
+}
+
+static u64* vmm_alloc(int dev, size_t bytes) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  size_t gran = 0;
+  CHECK_CU(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  size_t size = (bytes + gran - 1) / gran * gran;
+  CUmemGenericAllocationHandle h;
+  CHECK_CU(cuMemCreate(&h, size, &prop, 0));
+  CUdeviceptr va;
+  CHECK_CU(cuMemAddressReserve(&va, size, gran, 0, 0));
+  CHECK_CU(cuMemMap(va, size, 0, h, 0));
+  CUmemAccessDesc access[2] = {};
+  for (int d = 0; d < 2; ++d) {
+    access[d].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[d].location.id = d;
+    access[d].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  CHECK_CU(cuMemSetAccess(va, size, access, 2));
+  return (u64*)va;
+}
+
 static double run(int mode, bool memcpy_data, int iters) {
   const int warmup = iters / 10;
   u64* line[2];
@@ -155,8 +199,11 @@ static double run(int mode, bool memcpy_data, int iters) {
   cudaStream_t stream[2];
   for (int d = 0; d < 2; ++d) {
     CHECK(cudaSetDevice(d));
-    CHECK(cudaMalloc(&line[d], 64));
-    CHECK(cudaMemset(line[d], 0, 64));
+    if (use_vmm())
+      line[d] = vmm_alloc(d, kLineBytes);
+    else
+      CHECK(cudaMalloc(&line[d], kLineBytes));
+    CHECK(cudaMemset(line[d], 0, kLineBytes));
     CHECK(cudaStreamCreateWithFlags(&stream[d], cudaStreamNonBlocking));
     CHECK(cudaHostAlloc(&doorbell[d], 64, cudaHostAllocMapped | cudaHostAllocPortable));
     *doorbell[d] = 0;
@@ -194,7 +241,7 @@ static double run(int mode, bool memcpy_data, int iters) {
   CHECK(cudaMemcpy(&ns, out, 8, cudaMemcpyDeviceToHost));
   for (int d = 0; d < 2; ++d) {
     CHECK(cudaSetDevice(d));
-    CHECK(cudaFree(line[d]));
+    if (!use_vmm()) CHECK(cudaFree(line[d]));  // (VMM lines are left mapped: a benchmark)
     CHECK(cudaFreeHost(doorbell[d]));
     CHECK(cudaStreamDestroy(stream[d]));
   }
@@ -216,10 +263,11 @@ int main(int argc, char** argv) {
     CHECK(cudaDeviceEnablePeerAccess(1 - d, 0));
   }
   const char* names[] = {"store+fence+signal", "signal only", "LL packet", "proxy memops", "proxy memcpy",
-                         "relaxed poll+fence.acquire", "relaxed poll+fence.acq_rel", "loaded source"};
+                         "relaxed poll+fence.acquire", "relaxed poll+fence.acq_rel", "loaded source",
+                         "data in the next line", "data 512 KiB away"};
   const int modes[] = {kStoreFenceSignal, kSignalOnly, kLlPacket, kProxy, kProxy, kRelaxedPollFence,
-                       kRelaxedPollFenceAcqRel, kLoadedSource};
-  for (int m = 0; m < 8; ++m) {
+                       kRelaxedPollFenceAcqRel, kLoadedSource, kNextLine, kFarData};
+  for (int m = 0; m < 10; ++m) {
     const int mode = modes[m];
     const int it = mode == kProxy ? iters / 4 : iters;
     double best = 1e30;
@@ -227,7 +275,8 @@ int main(int argc, char** argv) {
       double us = run(mode, m == 4, it);
       if (us < best) best = us;
     }
-    std::printf("gin reference ping-pong, 8 B, %-20s: %.2f us one way (best of 3 x %d)\n", names[m], best, it);
+    std::printf("gin reference ping-pong, 8 B, %-20s: %.2f us one way (best of 3 x %d)%s\n", names[m], best, it,
+                use_vmm() ? ", VMM memory" : "");
   }
   return 0;
 }
