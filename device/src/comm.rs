@@ -177,6 +177,9 @@ pub mod error_code {
     pub const GIN_RANGE: u32 = 7;
     /// A GIN barrier index out of range: `a` = index, `b` = GIN barrier count.
     pub const GIN_BARRIER_INDEX: u32 = 8;
+    /// Collective arguments the kernel does not know: `a` = `kind << 32 | algo`, `b` =
+    /// `dtype << 32 | op`.
+    pub const COLL_ARGS: u32 = 9;
 }
 
 /// What one slow barrier wait is waiting for (one record per barrier of the communicator,

@@ -144,6 +144,10 @@ unsafe impl KernelParam for crate::DevComm {
 unsafe impl KernelParam for crate::DevWindow {
     const HOLDS_ADDRESS: bool = true;
 }
+// SAFETY: a `#[repr(C)]` Pod struct of u32/u64 words (checked in the PTX), no addresses.
+unsafe impl KernelParam for crate::coll::CollArgs {
+    const HOLDS_ADDRESS: bool = false;
+}
 // SAFETY: a `#[repr(C)]` Pod struct of three u32 words, no addresses.
 unsafe impl KernelParam for crate::comm::Team {
     const HOLDS_ADDRESS: bool = false;

@@ -29,6 +29,7 @@ extern crate std;
 
 pub mod arch;
 pub mod barrier;
+pub mod coll;
 pub mod comm;
 pub mod coop;
 #[cfg(not(target_arch = "nvptx64"))]

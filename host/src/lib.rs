@@ -38,6 +38,7 @@
 //! [`create_dev_comms`] gives each rank its device communicator (docs/device-api.md).
 #![warn(missing_docs)]
 
+pub mod coll;
 pub mod comm;
 pub mod devcomm;
 pub mod error;

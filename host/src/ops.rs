@@ -119,7 +119,7 @@ pub fn copy_with_kernel<T: Pod>(
 }
 
 /// Launches a copy kernel on checked ranges.
-fn launch_copy(
+pub(crate) fn launch_copy(
     stream: &Stream,
     kernel: &CopyKernel,
     dst: TrackedPtr<'_, *mut u8>,

@@ -10,6 +10,7 @@
 //! * [`selftest`] — kernels the test suite uses to check the arch layer on each backend:
 //!   message passing litmus, contended CAS counters, warp operations, timed waits.
 
+pub mod coll;
 pub mod copy;
 pub mod gin;
 pub mod lsa;

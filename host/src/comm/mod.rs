@@ -53,6 +53,8 @@ pub(crate) struct CommShared {
     config: CommConfig,
     /// File-descriptor exchange with this machine's other processes, opened on first need.
     fds: std::sync::OnceLock<Arc<fdpass::FdExchange>>,
+    /// The collectives' device communicator and staging windows (made by the first call).
+    pub(crate) coll: std::sync::Mutex<Option<crate::coll::CollState>>,
 }
 
 /// One rank of a communicator. Cheap to clone (the rank's stream is shared).
@@ -265,6 +267,7 @@ impl Communicator {
             collectives: AtomicU64::new(0),
             config,
             fds: std::sync::OnceLock::new(),
+            coll: std::sync::Mutex::new(None),
         });
         if rank == 0 {
             tracing::debug!(target: "ferrolink::comm", comm = id, nranks, lsa_size = layout.size, "communicator created");

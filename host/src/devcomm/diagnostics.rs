@@ -60,6 +60,14 @@ pub(crate) fn describe_fault(r: &DevErrorRecord) -> String {
              DevCommRequirements::gin_barrier_count",
             r.a, r.b
         ),
+        error_code::COLL_ARGS => format!(
+            "{at}: collective arguments the kernel does not know: kind {}, algorithm {}, type {}, op {} \
+             (or a root outside the LSA domain); use the host API (Communicator::collective), which checks them",
+            r.a >> 32,
+            r.a & 0xffff_ffff,
+            r.b >> 32,
+            r.b & 0xffff_ffff
+        ),
         code => format!("{at}: device fault code {code} (a = {:#x}, b = {:#x})", r.a, r.b),
     }
 }

@@ -19,6 +19,7 @@ use crate::runtime::backend::{AddressRange, DeviceKey, PhysicalMemory};
 use crate::runtime::device::Device;
 use crate::runtime::launch::{LaunchArg, LaunchTracking, sealed::Sealed};
 use crate::runtime::lifetime::{self, Completion, Uses, lock};
+use crate::runtime::memory::TrackedPtr;
 use crate::{Error, Result};
 use bytemuck::Pod;
 use ferrolink_device::DevWindow;
@@ -374,6 +375,17 @@ impl Window {
     /// `bytes`).
     pub(crate) fn local_addr(&self, offset: usize, bytes: usize) -> Result<u64> {
         self.check_range::<u8>(offset, bytes)
+    }
+
+    /// `bytes` at `offset` of this rank's buffer as a pointer launch argument (`P`: `*const
+    /// u8` or `*mut u8`). The launch keeps the window alive but is not ordered after other
+    /// ranks' kernels on the window: this process's ranks share its use records, and their
+    /// kernels hold the window while they wait at barriers for this rank, so ordering after
+    /// them would deadlock. The caller's protocol orders the access (the collectives: a rank
+    /// leaves a collective only after every peer has finished with its slot).
+    pub(crate) fn slot_ptr<P>(&self, offset: usize, bytes: usize) -> Result<TrackedPtr<'_, P>> {
+        let addr = self.local_addr(offset, bytes)?;
+        Ok(TrackedPtr::held(addr, &self.shared.dev, &self.shared.local.uses))
     }
 
     /// Reads words of this rank's buffer that kernels may be updating atomically right now

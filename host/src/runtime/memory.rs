@@ -158,7 +158,7 @@ impl<T: Pod> DeviceBuffer<T> {
                 self.bytes()
             )));
         }
-        Ok(TrackedPtr { addr: self.addr + byte_offset as u64, buf: self.as_untyped(), write, _p: PhantomData })
+        Ok(TrackedPtr { addr: self.addr + byte_offset as u64, buf: self.as_untyped(), write, hold: false, _p: PhantomData })
     }
 
     fn as_untyped(&self) -> UntypedBuffer<'_> {
@@ -202,13 +202,30 @@ pub struct TrackedPtr<'a, P> {
     addr: u64,
     buf: UntypedBuffer<'a>,
     write: bool,
+    /// Kept alive only, not ordered against other streams' uses (memory that a protocol of
+    /// its own orders: a window slot that peers' kernels use under barriers).
+    hold: bool,
     _p: PhantomData<P>,
 }
 
-impl<P> TrackedPtr<'_, P> {
+impl<'a, P> TrackedPtr<'a, P> {
+    /// A pointer at `addr` into memory whose uses `uses` records (a window's buffer, shared
+    /// by the ranks of this process), on `dev`: the launch keeps the memory alive but is not
+    /// ordered after other streams' uses of it (peers' kernels hold the window for as long
+    /// as they run; ordering against them is the window protocol's, e.g. barriers).
+    pub(crate) fn held(addr: u64, dev: &'a Device, uses: &'a Arc<Uses>) -> TrackedPtr<'a, P> {
+        TrackedPtr { addr, buf: UntypedBuffer { dev, uses }, write: false, hold: true, _p: PhantomData }
+    }
+
     fn track_into(&self, t: &mut LaunchTracking) {
         t.expect_device(self.buf.dev, "buffer");
-        let list = if self.write { &mut t.writes } else { &mut t.reads };
+        let list = if self.hold {
+            &mut t.holds
+        } else if self.write {
+            &mut t.writes
+        } else {
+            &mut t.reads
+        };
         list.push(self.buf.uses.clone());
     }
 }

@@ -1,0 +1,613 @@
+//! Collectives over LSA, written on the public primitives (windows, coops, LSA barriers):
+//! all-reduce (one-shot and two-shot), reduce-scatter, all-gather, broadcast, reduce and
+//! all-to-all, for every element type and reduction of [`DataType`] and [`RedOp`].
+//!
+//! One kernel, [`crate::kernels::coll::coll_lsa`], runs them all from a [`CollArgs`]. Every
+//! algorithm has the same shape: CTA `b` of every rank meets the others at LSA barrier `b`
+//! (every rank's inputs are complete: its stream reached the kernel), works on part `b` of the
+//! data (the same cut on every rank), and meets them again (no rank leaves, and so overwrites
+//! its inputs or reads its outputs, while a peer may still read or write them).
+//!
+//! # Ordering
+//! The barriers are acquire-release at system scope (see [`crate::barrier`]): each CTA's
+//! reads of peers' inputs come after the first barrier, which acquires what the peers' earlier
+//! work released; each CTA's writes (its own output, or its peers' for two-shot) are
+//! released by the second barrier, which the CTA of the same index on every peer acquires.
+//! A rank's part `b` is written only by CTAs `b` (the cut is the same everywhere), so when
+//! every CTA of a rank has passed its second barrier, every write into that rank's output
+//! is visible to it.
+//!
+//! Results are the same bitwise on every rank: sources are reduced in LSA rank order
+//! (0, 1, …) whoever computes them.
+
+use crate::arch::{self, U32x4};
+use crate::barrier::LsaBarrierSession;
+use crate::comm::{DevComm, error_code};
+use crate::coop::{Coop, CoopCta};
+use crate::lsa;
+use crate::window::DevWindow;
+use bytemuck::{Pod, Zeroable};
+
+/// Element types (NCCL's `ncclDataType_t`, the subset we support).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DataType {
+    /// `f32`.
+    F32 = 0,
+    /// IEEE half (`half::f16`).
+    F16 = 1,
+    /// bfloat16 (`half::bf16`).
+    Bf16 = 2,
+    /// `f64`.
+    F64 = 3,
+    /// `i32`.
+    I32 = 4,
+    /// `i64`.
+    I64 = 5,
+    /// `u8`.
+    U8 = 6,
+}
+
+impl DataType {
+    /// Every type, in code order.
+    pub const ALL: [DataType; 7] =
+        [DataType::F32, DataType::F16, DataType::Bf16, DataType::F64, DataType::I32, DataType::I64, DataType::U8];
+
+    /// The type of code `code` (`DataType as u32`).
+    pub fn from_code(code: u32) -> Option<DataType> {
+        DataType::ALL.get(code as usize).copied()
+    }
+
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DataType::F32 | DataType::I32 => 4,
+            DataType::F16 | DataType::Bf16 => 2,
+            DataType::F64 | DataType::I64 => 8,
+            DataType::U8 => 1,
+        }
+    }
+
+    /// Its name as nccl-tests prints it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DataType::F32 => "float",
+            DataType::F16 => "half",
+            DataType::Bf16 => "bfloat16",
+            DataType::F64 => "double",
+            DataType::I32 => "int32",
+            DataType::I64 => "int64",
+            DataType::U8 => "uint8",
+        }
+    }
+}
+
+/// Reductions (NCCL's `ncclRedOp_t`), with NCCL 2.28's semantics: `Avg` of floats multiplies
+/// every input by `1 / nranks` (rounded to the element type) and sums; of integers, sums
+/// (wrapping) and divides, rounding toward zero. `Min` and `Max` of floats ignore a NaN
+/// beside a number (as `fminf` / `fmaxf`): NaN only when both are NaN. Sum and product
+/// propagate NaN.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RedOp {
+    /// Sum (integers wrap).
+    Sum = 0,
+    /// Product (integers wrap).
+    Prod = 1,
+    /// Minimum.
+    Min = 2,
+    /// Maximum.
+    Max = 3,
+    /// Average.
+    Avg = 4,
+}
+
+impl RedOp {
+    /// Every reduction, in code order.
+    pub const ALL: [RedOp; 5] = [RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max, RedOp::Avg];
+
+    /// The reduction of code `code` (`RedOp as u32`).
+    pub fn from_code(code: u32) -> Option<RedOp> {
+        RedOp::ALL.get(code as usize).copied()
+    }
+
+    /// Its name as nccl-tests prints it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            RedOp::Sum => "sum",
+            RedOp::Prod => "prod",
+            RedOp::Min => "min",
+            RedOp::Max => "max",
+            RedOp::Avg => "avg",
+        }
+    }
+}
+
+/// Which collective a [`CollArgs`] runs. Counts follow NCCL: see [`CollArgs::count`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CollKind {
+    /// Every rank gets the reduction of every rank's `count` elements.
+    AllReduce = 0,
+    /// Rank `r` gets the reduction of elements `[r * count, (r + 1) * count)` of every rank.
+    ReduceScatter = 1,
+    /// Every rank gets every rank's `count` elements, rank `p`'s at `p * count`.
+    AllGather = 2,
+    /// Every rank gets the root's `count` elements.
+    Broadcast = 3,
+    /// The root gets the reduction of every rank's `count` elements.
+    Reduce = 4,
+    /// Rank `r` gets block `r` (`count` elements) of every rank `p`, at `p * count`.
+    AllToAll = 5,
+}
+
+impl CollKind {
+    /// Every collective, in code order.
+    pub const ALL: [CollKind; 6] = [
+        CollKind::AllReduce,
+        CollKind::ReduceScatter,
+        CollKind::AllGather,
+        CollKind::Broadcast,
+        CollKind::Reduce,
+        CollKind::AllToAll,
+    ];
+
+    /// The collective of code `code`.
+    pub fn from_code(code: u32) -> Option<CollKind> {
+        CollKind::ALL.get(code as usize).copied()
+    }
+}
+
+/// All-reduce algorithms over LSA ([`CollArgs::algo`]).
+pub mod algo {
+    /// Every rank reads every peer's whole input and reduces it into its own output: one
+    /// pass, `nranks` reads per element per rank. Best for small messages.
+    pub const ONE_SHOT: u32 = 0;
+    /// Rank `r` reduces part `r` of every peer's input and writes the result into every
+    /// peer's output (reduce-scatter then all-gather in one kernel): each element is read
+    /// `nranks` times in all. Best for large messages. Needs the output in a window.
+    pub const TWO_SHOT: u32 = 1;
+}
+
+/// What [`crate::kernels::coll::coll_lsa`] runs: the same on every rank. Plain numbers: the
+/// windows are separate kernel parameters (so that the host tracks them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct CollArgs {
+    /// [`CollKind`] code.
+    pub kind: u32,
+    /// [`algo`] code (all-reduce only).
+    pub algo: u32,
+    /// [`DataType`] code.
+    pub dtype: u32,
+    /// [`RedOp`] code (reductions only).
+    pub op: u32,
+    /// The root's LSA rank (broadcast, reduce).
+    pub root: u32,
+    /// The first of the grid's LSA barriers: CTA `b` uses `barrier + b`.
+    pub barrier: u32,
+    /// Elements: of each rank's input for all-reduce, broadcast and reduce; of each rank's
+    /// output for reduce-scatter; of each rank's input for all-gather; per peer for
+    /// all-to-all (NCCL's counts).
+    pub count: u64,
+    /// Byte offset of the inputs in the send window (every rank's at this offset of its slot).
+    pub send_offset: u64,
+    /// Byte offset of the outputs in the receive window (two-shot all-reduce only: peers write
+    /// them; otherwise the kernel's `recv` pointer is the output).
+    pub recv_offset: u64,
+}
+
+/// An element type the collectives reduce.
+pub trait CollElem: Copy + Pod {
+    /// Its [`DataType`].
+    const DTYPE: DataType;
+    /// `a + b` (integers wrap).
+    fn sum(a: Self, b: Self) -> Self;
+    /// `a * b` (integers wrap).
+    fn prod(a: Self, b: Self) -> Self;
+    /// The smaller (a NaN beside a number gives the number).
+    fn min(a: Self, b: Self) -> Self;
+    /// The larger (a NaN beside a number gives the number).
+    fn max(a: Self, b: Self) -> Self;
+    /// Avg's step before the sum: floats times `1 / n` (rounded to the type); integers as is.
+    fn avg_pre(self, n: u32) -> Self;
+    /// Avg's step after the sum: integers divided by `n` (toward zero); floats as is.
+    fn avg_post(self, n: u32) -> Self;
+}
+
+macro_rules! float_elem {
+    ($t:ty, $code:expr) => {
+        impl CollElem for $t {
+            const DTYPE: DataType = $code;
+            #[inline(always)]
+            fn sum(a: Self, b: Self) -> Self {
+                a + b
+            }
+            #[inline(always)]
+            fn prod(a: Self, b: Self) -> Self {
+                a * b
+            }
+            #[inline(always)]
+            fn min(a: Self, b: Self) -> Self {
+                if b.is_nan() || a < b { a } else { b }
+            }
+            #[inline(always)]
+            fn max(a: Self, b: Self) -> Self {
+                if b.is_nan() || a > b { a } else { b }
+            }
+            #[inline(always)]
+            fn avg_pre(self, n: u32) -> Self {
+                self * ((1.0f64 / n as f64) as $t)
+            }
+            #[inline(always)]
+            fn avg_post(self, _n: u32) -> Self {
+                self
+            }
+        }
+    };
+}
+float_elem!(f32, DataType::F32);
+float_elem!(f64, DataType::F64);
+
+macro_rules! int_elem {
+    ($t:ty, $code:expr) => {
+        impl CollElem for $t {
+            const DTYPE: DataType = $code;
+            #[inline(always)]
+            fn sum(a: Self, b: Self) -> Self {
+                a.wrapping_add(b)
+            }
+            #[inline(always)]
+            fn prod(a: Self, b: Self) -> Self {
+                a.wrapping_mul(b)
+            }
+            #[inline(always)]
+            fn min(a: Self, b: Self) -> Self {
+                if a < b { a } else { b }
+            }
+            #[inline(always)]
+            fn max(a: Self, b: Self) -> Self {
+                if a > b { a } else { b }
+            }
+            #[inline(always)]
+            fn avg_pre(self, _n: u32) -> Self {
+                self
+            }
+            #[inline(always)]
+            fn avg_post(self, n: u32) -> Self {
+                // NCCL divides the wrapped sum as is (unsigned types) or its magnitude
+                // (signed), rounding toward zero: what `/` does.
+                self / (n as $t)
+            }
+        }
+    };
+}
+int_elem!(i32, DataType::I32);
+int_elem!(i64, DataType::I64);
+int_elem!(u8, DataType::U8);
+
+macro_rules! half_elem {
+    ($t:ty, $code:expr) => {
+        // Each operation in f32, rounded once to the type: the correctly rounded result, as
+        // native half arithmetic gives.
+        impl CollElem for $t {
+            const DTYPE: DataType = $code;
+            #[inline(always)]
+            fn sum(a: Self, b: Self) -> Self {
+                <$t>::from_f32(a.to_f32() + b.to_f32())
+            }
+            #[inline(always)]
+            fn prod(a: Self, b: Self) -> Self {
+                <$t>::from_f32(a.to_f32() * b.to_f32())
+            }
+            #[inline(always)]
+            fn min(a: Self, b: Self) -> Self {
+                if b.is_nan() || a.to_f32() < b.to_f32() { a } else { b }
+            }
+            #[inline(always)]
+            fn max(a: Self, b: Self) -> Self {
+                if b.is_nan() || a.to_f32() > b.to_f32() { a } else { b }
+            }
+            #[inline(always)]
+            fn avg_pre(self, n: u32) -> Self {
+                // The scale rounded to the type first, then the product rounded: as NCCL.
+                let scale = <$t>::from_f32(1.0 / n as f32);
+                <$t>::from_f32(self.to_f32() * scale.to_f32())
+            }
+            #[inline(always)]
+            fn avg_post(self, _n: u32) -> Self {
+                self
+            }
+        }
+    };
+}
+half_elem!(half::f16, DataType::F16);
+half_elem!(half::bf16, DataType::Bf16);
+
+/// A reduction as a type, so that the inner loops are specialized.
+pub trait Op {
+    /// `a ∘ b`.
+    fn apply<T: CollElem>(a: T, b: T) -> T;
+}
+
+/// [`RedOp::Sum`] (and [`RedOp::Avg`] before its division).
+pub struct SumOp;
+/// [`RedOp::Prod`].
+pub struct ProdOp;
+/// [`RedOp::Min`].
+pub struct MinOp;
+/// [`RedOp::Max`].
+pub struct MaxOp;
+
+impl Op for SumOp {
+    #[inline(always)]
+    fn apply<T: CollElem>(a: T, b: T) -> T {
+        T::sum(a, b)
+    }
+}
+impl Op for ProdOp {
+    #[inline(always)]
+    fn apply<T: CollElem>(a: T, b: T) -> T {
+        T::prod(a, b)
+    }
+}
+impl Op for MinOp {
+    #[inline(always)]
+    fn apply<T: CollElem>(a: T, b: T) -> T {
+        T::min(a, b)
+    }
+}
+impl Op for MaxOp {
+    #[inline(always)]
+    fn apply<T: CollElem>(a: T, b: T) -> T {
+        T::max(a, b)
+    }
+}
+
+/// `f` on each of the `16 / size_of::<T>()` lanes of two 16-byte vectors.
+#[inline(always)]
+fn lanes<T: CollElem>(a: U32x4, b: U32x4, f: impl Fn(T, T) -> T) -> U32x4 {
+    let size = core::mem::size_of::<T>();
+    let mut x: [u8; 16] = bytemuck::cast(a.0);
+    let y: [u8; 16] = bytemuck::cast(b.0);
+    let mut i = 0;
+    while i < 16 {
+        let r = f(bytemuck::pod_read_unaligned(&x[i..i + size]), bytemuck::pod_read_unaligned(&y[i..i + size]));
+        x[i..i + size].copy_from_slice(bytemuck::bytes_of(&r));
+        i += size;
+    }
+    U32x4(bytemuck::cast(x))
+}
+
+/// Element-wise `O` of `nsrcs` sources (`src(s)`, in order, each element through `pre`
+/// first), then `finish`, into every
+/// pointer of `dsts`, over `count` elements: part `part` of `parts` (cut at 16-byte
+/// multiples), split among the coop's threads. 16-byte vectors where every pointer allows.
+///
+/// # Safety
+/// Every source valid for reads and every destination for writes of `count` elements of `T`,
+/// aligned to `T`; destinations overlap no source; nothing else writes them meanwhile; every
+/// thread of the coop calls with the same arguments.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
+    coop: C,
+    dsts: &[*mut T],
+    nsrcs: usize,
+    src: impl Fn(usize) -> *const T,
+    count: usize,
+    part: usize,
+    parts: usize,
+    pre: impl Fn(T) -> T,
+    finish: impl Fn(T) -> T,
+) {
+    let size = core::mem::size_of::<T>();
+    let (start_b, len_b) = lsa::split_16(count * size, part, parts);
+    let (start, n) = (start_b / size, len_b / size);
+    let aligned = (0..nsrcs).all(|s| (src(s) as usize + start_b) & 15 == 0)
+        && dsts.iter().all(|p| (*p as usize + start_b) & 15 == 0);
+    let (rank, nthreads) = (coop.thread_rank(), coop.size());
+    let per_vec = 16 / size;
+    let vectors = if aligned { n / per_vec } else { 0 };
+    // SAFETY: every access is at an element index in [start, start + n) of the caller's
+    // ranges; the vector path runs only when all pointers are 16-byte aligned there.
+    unsafe {
+        let mut v = rank;
+        while v < vectors {
+            let off = start + v * per_vec;
+            let load = |s: usize| {
+                let v = arch::load_v4(src(s).add(off) as *const U32x4);
+                lanes::<T>(v, v, |a, _| pre(a))
+            };
+            let mut acc = load(0);
+            for s in 1..nsrcs {
+                acc = lanes::<T>(acc, load(s), O::apply);
+            }
+            acc = lanes::<T>(acc, acc, |a, _| finish(a));
+            for d in dsts {
+                arch::store_v4(d.add(off) as *mut U32x4, acc);
+            }
+            v += nthreads;
+        }
+        let mut i = vectors * per_vec + rank;
+        while i < n {
+            let off = start + i;
+            let mut acc = pre(src(0).add(off).read());
+            for s in 1..nsrcs {
+                acc = O::apply(acc, pre(src(s).add(off).read()));
+            }
+            let acc = finish(acc);
+            for d in dsts {
+                d.add(off).write(acc);
+            }
+            i += nthreads;
+        }
+    }
+}
+
+/// Runs `args` as CTA `part` of `parts` of this rank (see the module docs): the body of
+/// [`crate::kernels::coll::coll_lsa`]. `recv` is this rank's output (any device memory)
+/// for every algorithm but two-shot all-reduce.
+///
+/// # Safety
+/// Every rank of the LSA domain calls it with the same `args` (but `recv`) and grid; every
+/// rank's input lies at `args.send_offset` of its slot of `send_win` and is not written
+/// until every rank's call has ended; `recv` (or, for two-shot, every slot of `recv_win` at
+/// `args.recv_offset`) holds the output, overlaps no input, and is not touched by others
+/// meanwhile; LSA barriers `args.barrier .. args.barrier + parts` are this call's.
+pub unsafe fn run_lsa(
+    comm: &DevComm,
+    send_win: &DevWindow,
+    recv_win: &DevWindow,
+    args: &CollArgs,
+    recv: *mut u8,
+    part: usize,
+    parts: usize,
+) {
+    let coop = CoopCta;
+    let (Some(kind), Some(dtype), Some(op)) =
+        (CollKind::from_code(args.kind), DataType::from_code(args.dtype), RedOp::from_code(args.op))
+    else {
+        comm.fail(
+            error_code::COLL_ARGS,
+            u64::from(args.kind) << 32 | u64::from(args.algo),
+            u64::from(args.dtype) << 32 | u64::from(args.op),
+        );
+    };
+    if args.algo > algo::TWO_SHOT || args.root >= comm.lsa_size {
+        comm.fail(
+            error_code::COLL_ARGS,
+            u64::from(args.kind) << 32 | u64::from(args.algo),
+            u64::from(args.dtype) << 32 | u64::from(args.op),
+        );
+    }
+    // SAFETY: barrier `args.barrier + part` is this CTA's (contract).
+    let mut bar = unsafe { LsaBarrierSession::new(coop, comm, args.barrier + part as u32) };
+    bar.sync();
+    let (me, n) = (comm.lsa_rank as usize, comm.lsa_size as usize);
+    let count = args.count as usize;
+    let size = dtype.size();
+    let send = |p: usize, elem: usize| send_win.lsa_ptr::<u8>(args.send_offset as usize + elem * size, p as u32);
+    // SAFETY: (all arms) the ranges are the ones the contract describes; parts of them are
+    // cut the same way on every rank.
+    unsafe {
+        match kind {
+            CollKind::AllGather => {
+                for p in 0..n {
+                    lsa::copy(coop, recv.add(p * count * size), send(p, 0), count * size, part, parts);
+                }
+            }
+            CollKind::AllToAll => {
+                for p in 0..n {
+                    lsa::copy(coop, recv.add(p * count * size), send(p, me * count), count * size, part, parts);
+                }
+            }
+            CollKind::Broadcast => {
+                lsa::copy(coop, recv, send(args.root as usize, 0), count * size, part, parts);
+            }
+            CollKind::Reduce if me != args.root as usize => {}
+            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
+                reduce_dispatch(comm, send_win, recv_win, args, kind, dtype, op, recv, part, parts);
+            }
+        }
+    }
+    bar.sync();
+}
+
+/// The reductions of [`run_lsa`], with the element type and the reduction made static.
+///
+/// # Safety
+/// As [`run_lsa`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn reduce_dispatch(
+    comm: &DevComm,
+    send_win: &DevWindow,
+    recv_win: &DevWindow,
+    args: &CollArgs,
+    kind: CollKind,
+    dtype: DataType,
+    op: RedOp,
+    recv: *mut u8,
+    part: usize,
+    parts: usize,
+) {
+    macro_rules! by_op {
+        ($t:ty) => {
+            match op {
+                RedOp::Sum | RedOp::Avg => {
+                    reduce_kind::<$t, SumOp>(comm, send_win, recv_win, args, kind, op, recv, part, parts)
+                }
+                RedOp::Prod => reduce_kind::<$t, ProdOp>(comm, send_win, recv_win, args, kind, op, recv, part, parts),
+                RedOp::Min => reduce_kind::<$t, MinOp>(comm, send_win, recv_win, args, kind, op, recv, part, parts),
+                RedOp::Max => reduce_kind::<$t, MaxOp>(comm, send_win, recv_win, args, kind, op, recv, part, parts),
+            }
+        };
+    }
+    // SAFETY: forwarded contract.
+    unsafe {
+        match dtype {
+            DataType::F32 => by_op!(f32),
+            DataType::F16 => by_op!(half::f16),
+            DataType::Bf16 => by_op!(half::bf16),
+            DataType::F64 => by_op!(f64),
+            DataType::I32 => by_op!(i32),
+            DataType::I64 => by_op!(i64),
+            DataType::U8 => by_op!(u8),
+        }
+    }
+}
+
+/// # Safety
+/// As [`run_lsa`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn reduce_kind<T: CollElem, O: Op>(
+    comm: &DevComm,
+    send_win: &DevWindow,
+    recv_win: &DevWindow,
+    args: &CollArgs,
+    kind: CollKind,
+    op: RedOp,
+    recv: *mut u8,
+    part: usize,
+    parts: usize,
+) {
+    let coop = CoopCta;
+    let (me, n) = (comm.lsa_rank as usize, comm.lsa_size as usize);
+    let count = args.count as usize;
+    let nranks = comm.lsa_size;
+    let avg = op == RedOp::Avg;
+    let pre = |x: T| if avg { x.avg_pre(nranks) } else { x };
+    let finish = |x: T| if avg { x.avg_post(nranks) } else { x };
+    let send = |first: usize| {
+        move |p: usize| {
+            send_win.lsa_ptr::<T>(args.send_offset as usize + first * core::mem::size_of::<T>(), p as u32) as *const T
+        }
+    };
+    // SAFETY: forwarded contract: every range below is one the contract describes.
+    unsafe {
+        match kind {
+            CollKind::AllReduce if args.algo == algo::TWO_SHOT => {
+                // This rank's share of the elements, cut at 16-byte multiples, and within it
+                // this CTA's part; the result goes to every rank's output.
+                let (first_b, len_b) = lsa::split_16(count * core::mem::size_of::<T>(), me, n);
+                let (first, len) = (first_b / core::mem::size_of::<T>(), len_b / core::mem::size_of::<T>());
+                let mut dsts = [core::ptr::null_mut::<T>(); MAX_LSA_PEERS];
+                for (p, d) in dsts.iter_mut().enumerate().take(n) {
+                    *d = recv_win.lsa_ptr::<T>(args.recv_offset as usize + first_b, p as u32);
+                }
+                reduce::<T, O, _>(coop, &dsts[..n], n, send(first), len, part, parts, pre, finish);
+            }
+            CollKind::AllReduce | CollKind::Reduce => {
+                reduce::<T, O, _>(coop, &[recv as *mut T], n, send(0), count, part, parts, pre, finish);
+            }
+            _ => {
+                reduce::<T, O, _>(coop, &[recv as *mut T], n, send(me * count), count, part, parts, pre, finish);
+            }
+        }
+    }
+}
+
+/// The most LSA peers two-shot all-reduce serves (its destination list lives in registers).
+pub const MAX_LSA_PEERS: usize = 72;

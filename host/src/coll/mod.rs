@@ -1,0 +1,473 @@
+//! Collectives per rank, NCCL-shaped, on the rank's stream: all-reduce, reduce-scatter,
+//! all-gather, broadcast, reduce and all-to-all, for `f32`, `f16`, `bf16`, `f64`, `i32`, `i64`
+//! and `u8` with sum, prod, min, max and avg, in place or out of place.
+//!
+//! They run as one kernel per call written on the public device API (`ferrolink_device::coll`,
+//! LSA barriers and windows): every rank launches the same grid, CTA `b` meets its peers at
+//! LSA barrier `b`, reads (or, two-shot, writes) their memory directly, and meets them again.
+//! Inputs and outputs are any device buffers; those in registered windows
+//! ([`Input::Window`], [`Output::Window`]) are used where they are (zero copy), the others are
+//! staged through the communicator's own windows (a device copy before and after).
+//!
+//! Today every rank of the communicator must be in one LSA domain (one node, or one NVLink
+//! domain): across domains the collectives need GIN ring and tree algorithms, which are not
+//! built yet (the call says so).
+//!
+//! ```
+//! # fn main() -> ferrolink::Result<()> {
+//! use ferrolink::coll::ReduceOp;
+//! use ferrolink::{Communicator, Device, run_ranks};
+//! let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+//! let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+//! let sums = run_ranks(&comms, |c| {
+//!     let send = c.device().alloc_from(&[c.rank() as f32 + 1.0; 5])?;
+//!     let mut recv = c.device().alloc::<f32>(5)?;
+//!     c.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+//!     recv.to_vec()
+//! })?;
+//! assert_eq!(sums[1], vec![3.0; 5]);
+//! # Ok(()) }
+//! ```
+
+use crate::comm::Communicator;
+use crate::devcomm::{DevCommHandle, DevCommRequirements};
+use crate::mem::window::Window;
+use crate::ops::launch_copy;
+use crate::runtime::launch::LaunchConfig;
+use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
+use crate::{Backend, Error, Result};
+use ferrolink_device::coll::{CollArgs, MAX_LSA_PEERS};
+pub use ferrolink_device::coll::{CollElem, CollKind, DataType, RedOp as ReduceOp, algo};
+use ferrolink_device::kernels::coll::coll_lsa;
+use ferrolink_device::kernels::copy::ferrolink_copy;
+pub use half::{bf16, f16};
+
+/// The most CTAs a collective's grid has (each needs an LSA barrier of its own).
+pub const MAX_CTAS: u32 = 32;
+
+/// Where a collective reads this rank's input.
+pub enum Input<'a, T: bytemuck::Pod> {
+    /// A device buffer (staged through the communicator's window when not in one).
+    Buffer(&'a DeviceBuffer<T>),
+    /// Elements at byte `offset` of this rank's buffer of a registered window (zero copy).
+    Window(&'a Window, usize),
+    /// The output holds the input (NCCL's `sendbuff == recvbuff`, with NCCL's offsets for
+    /// all-gather and reduce-scatter: this rank's part of the output).
+    InPlace,
+}
+
+/// Where a collective writes this rank's output.
+pub enum Output<'a, T: bytemuck::Pod> {
+    /// A device buffer.
+    Buffer(&'a mut DeviceBuffer<T>),
+    /// Elements at byte `offset` of this rank's buffer of a registered window.
+    Window(&'a Window, usize),
+}
+
+/// One collective call: what it does and with how many elements (NCCL's counts: see
+/// [`CollKind`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Collective {
+    /// Which collective.
+    pub kind: CollKind,
+    /// Elements: per rank's input for all-reduce, broadcast, reduce and all-gather; per rank's
+    /// output for reduce-scatter; per peer for all-to-all.
+    pub count: usize,
+    /// The reduction (reductions only; ignored otherwise).
+    pub op: ReduceOp,
+    /// The root rank (broadcast and reduce; ignored otherwise).
+    pub root: usize,
+    /// Forces an all-reduce algorithm ([`algo`]); `None` lets the tuner pick (by size;
+    /// `FERROLINK_ALGO=one_shot|two_shot` overrides it).
+    pub algo: Option<u32>,
+    /// Whether to compare this call with every rank's first (an all-gather on the host);
+    /// `None`: in debug builds, or with `FERROLINK_COLL_CHECK=1`.
+    pub check: Option<bool>,
+}
+
+impl Collective {
+    /// `kind` over `count` elements with sum, root 0 and the tuner's algorithm.
+    pub fn new(kind: CollKind, count: usize) -> Collective {
+        Collective { kind, count, op: ReduceOp::Sum, root: 0, algo: None, check: None }
+    }
+
+    /// (elements of the input, elements of the output) per rank, for `nranks` ranks.
+    pub fn lengths(&self, nranks: usize) -> (usize, usize) {
+        let c = self.count;
+        match self.kind {
+            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => (c, c),
+            CollKind::ReduceScatter => (c * nranks, c),
+            CollKind::AllGather => (c, c * nranks),
+            CollKind::AllToAll => (c * nranks, c * nranks),
+        }
+    }
+
+    /// The element offset of the input inside the output for [`Input::InPlace`] on `rank`.
+    fn in_place_offset(&self, rank: usize) -> usize {
+        match self.kind {
+            CollKind::AllGather => rank * self.count,
+            _ => 0,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self.kind {
+            CollKind::AllReduce => "all_reduce",
+            CollKind::ReduceScatter => "reduce_scatter",
+            CollKind::AllGather => "all_gather",
+            CollKind::Broadcast => "broadcast",
+            CollKind::Reduce => "reduce",
+            CollKind::AllToAll => "all_to_all",
+        }
+    }
+}
+
+/// The communicator's collective resources, made by the first collective call (every rank
+/// makes them in the same call: the calls are collective).
+pub(crate) struct CollState {
+    handle: Option<DevCommHandle>,
+    /// Staging for inputs (`send`) and outputs (`recv`), grown (collectively) on demand.
+    send: Option<Window>,
+    recv: Option<Window>,
+}
+
+impl Communicator {
+    /// Out-of-place all-reduce of `send` into `recv` (same length) with `op`.
+    pub fn all_reduce<T: CollElem>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let c = Collective { op, ..Collective::new(CollKind::AllReduce, send.len()) };
+        self.collective(&c, Input::Buffer(send), Output::Buffer(recv))
+    }
+
+    /// In-place all-reduce of `buf` with `op`.
+    pub fn all_reduce_in_place<T: CollElem>(&self, buf: &mut DeviceBuffer<T>, op: ReduceOp) -> Result<()> {
+        let c = Collective { op, ..Collective::new(CollKind::AllReduce, buf.len()) };
+        self.collective(&c, Input::InPlace, Output::Buffer(buf))
+    }
+
+    /// Reduce-scatter: `recv` (its length is the count) gets the reduction of part
+    /// `rank` of every rank's `send` (`nranks` times as long).
+    pub fn reduce_scatter<T: CollElem>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let c = Collective { op, ..Collective::new(CollKind::ReduceScatter, recv.len()) };
+        self.collective(&c, Input::Buffer(send), Output::Buffer(recv))
+    }
+
+    /// All-gather: `recv` (`nranks` times `send`'s length) gets every rank's `send`, in rank
+    /// order.
+    pub fn all_gather<T: CollElem>(&self, send: &DeviceBuffer<T>, recv: &mut DeviceBuffer<T>) -> Result<()> {
+        let c = Collective::new(CollKind::AllGather, send.len());
+        self.collective(&c, Input::Buffer(send), Output::Buffer(recv))
+    }
+
+    /// Broadcast of the root's `send` into every rank's `recv` (`send` is read on the root
+    /// only, but every rank passes one of the same length).
+    pub fn broadcast<T: CollElem>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        root: usize,
+    ) -> Result<()> {
+        let c = Collective { root, ..Collective::new(CollKind::Broadcast, send.len()) };
+        self.collective(&c, Input::Buffer(send), Output::Buffer(recv))
+    }
+
+    /// Reduce of every rank's `send` into the root's `recv` with `op` (other ranks' `recv` is
+    /// left as it is).
+    pub fn reduce<T: CollElem>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let c = Collective { op, root, ..Collective::new(CollKind::Reduce, send.len()) };
+        self.collective(&c, Input::Buffer(send), Output::Buffer(recv))
+    }
+
+    /// All-to-all: block `p` of `send` (each `send.len() / nranks` elements) goes to rank `p`,
+    /// into block `rank` of its `recv`.
+    pub fn all_to_all<T: CollElem>(&self, send: &DeviceBuffer<T>, recv: &mut DeviceBuffer<T>) -> Result<()> {
+        let n = self.nranks();
+        if !send.len().is_multiple_of(n) {
+            return Err(Error::InvalidArgument(format!(
+                "all_to_all: the send buffer's {} elements do not split into {n} equal blocks",
+                send.len()
+            )));
+        }
+        let c = Collective::new(CollKind::AllToAll, send.len() / n);
+        self.collective(&c, Input::Buffer(send), Output::Buffer(recv))
+    }
+
+    /// Runs `coll` on this rank's stream with `input` and `output` (the general form of the
+    /// methods above). Every rank of the communicator must make the same call (same kind,
+    /// count, type, op and root; in debug builds, or with `FERROLINK_COLL_CHECK=1`, a mismatch
+    /// is an error naming the ranks). Returns when the work is queued.
+    pub fn collective<T: CollElem>(&self, coll: &Collective, input: Input<'_, T>, output: Output<'_, T>) -> Result<()> {
+        let n = self.nranks();
+        let name = coll.name();
+        if self.lsa_size() != n {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: the communicator spans {} LSA domains; collectives across LSA domains (GIN ring and tree) are not built yet",
+                n / self.lsa_size()
+            )));
+        }
+        if matches!(coll.kind, CollKind::Broadcast | CollKind::Reduce) && coll.root >= n {
+            return Err(Error::InvalidArgument(format!("{name}: root {} is not a rank of {n}", coll.root)));
+        }
+        let size = std::mem::size_of::<T>();
+        let (in_len, out_len) = coll.lengths(n);
+        let out_elems = match &output {
+            Output::Buffer(b) => b.len(),
+            Output::Window(w, off) => w.size().saturating_sub(*off) / size,
+        };
+        if out_elems < out_len {
+            return Err(Error::InvalidArgument(format!(
+                "{name} of {} x {}: the output holds {out_elems} elements, {out_len} needed",
+                coll.count,
+                T::DTYPE.name()
+            )));
+        }
+        match &input {
+            Input::Buffer(b) if b.len() < in_len => {
+                return Err(Error::InvalidArgument(format!(
+                    "{name} of {} x {}: the input holds {} elements, {in_len} needed",
+                    coll.count,
+                    T::DTYPE.name(),
+                    b.len()
+                )));
+            }
+            Input::Window(w, off) if w.size().saturating_sub(*off) / size < in_len => {
+                return Err(Error::InvalidArgument(format!(
+                    "{name}: the input window holds {} bytes from offset {off}, {} needed",
+                    w.size(),
+                    in_len * size
+                )));
+            }
+            Input::InPlace if matches!(coll.kind, CollKind::ReduceScatter | CollKind::AllToAll) => {
+                return Err(Error::InvalidArgument(format!("{name}: in place is not supported (give an input)")));
+            }
+            _ => {}
+        }
+        if coll.check.unwrap_or_else(check_calls) {
+            self.check_same_call(coll, T::DTYPE)?;
+        }
+        if coll.count == 0 {
+            return Ok(());
+        }
+        let algo = self.pick_algo(coll, size)?;
+        let (in_bytes, out_bytes) = (in_len * size, out_len * size);
+        let mut guard = crate::runtime::lifetime::lock(&self.shared.coll);
+        let state = guard.get_or_insert_with(|| CollState { handle: None, send: None, recv: None });
+        let stream = self.stream();
+        let dev = self.device();
+        // The input: in a window where it is, else staged into the send window.
+        let staged_in = !matches!(input, Input::Window(..));
+        let mut grew = false;
+        if staged_in {
+            grew |= grow(self, &mut state.send, in_bytes)?;
+        }
+        // The output: the kernel writes it directly unless two-shot (peers write it: it must
+        // lie in a window) or in place from a window (the input must stay as it is while peers
+        // read it): then through the receive window, copied out after.
+        let in_place_window = matches!((&input, &output), (Input::InPlace, Output::Window(..)));
+        let out_via_recv = in_place_window || (algo == algo::TWO_SHOT && !matches!(output, Output::Window(..)));
+        if out_via_recv {
+            grew |= grow(self, &mut state.recv, out_bytes)?;
+        }
+        // The device communicator after the windows (windows first, as for every device
+        // communicator); a replaced one stays alive until its kernels have run.
+        if grew || state.handle.is_none() {
+            state.handle =
+                Some(self.create_dev_comm(&DevCommRequirements { lsa_barrier_count: MAX_CTAS, ..Default::default() })?);
+        }
+        let handle = state.handle.as_ref().expect("made above");
+        let copy_cfg = |bytes: usize| match dev.backend() {
+            Backend::Cuda => crate::ops::copy_launch_config(dev, bytes),
+            Backend::Cpu => LaunchConfig::linear(1, 8),
+        };
+        // Split the output (no borrow of `output` outlives this).
+        let (out_window, mut out_buf): (Option<(&Window, usize)>, Option<&mut DeviceBuffer<T>>) = match output {
+            Output::Window(w, off) => (Some((w, off)), None),
+            Output::Buffer(b) => (None, Some(b)),
+        };
+        // Stage the input.
+        let (send_win, send_off): (&Window, usize) = match input {
+            Input::Window(w, off) => (w, off),
+            Input::Buffer(b) => {
+                let s = state.send.as_ref().expect("grown above");
+                launch_copy(
+                    stream,
+                    &ferrolink_copy,
+                    s.slot_ptr(0, in_bytes)?,
+                    b.bytes_at(0)?,
+                    in_bytes,
+                    copy_cfg(in_bytes),
+                )?;
+                (s, 0)
+            }
+            Input::InPlace => {
+                let s = state.send.as_ref().expect("grown above");
+                let at = coll.in_place_offset(self.rank()) * size;
+                let src = match (&out_buf, out_window) {
+                    (Some(b), _) => b.bytes_at(at)?,
+                    (None, Some((w, off))) => w.slot_ptr(off + at, in_bytes)?,
+                    (None, None) => unreachable!("an output is a buffer or a window"),
+                };
+                launch_copy(stream, &ferrolink_copy, s.slot_ptr(0, in_bytes)?, src, in_bytes, copy_cfg(in_bytes))?;
+                (s, 0)
+            }
+        };
+        let recv_staging = state.recv.as_ref();
+        let (recv_win, recv_offset): (&Window, usize) = match (out_via_recv, out_window) {
+            (true, _) => (recv_staging.expect("grown above"), 0),
+            (false, Some((w, off))) => (w, off),
+            // Unused by the kernel (it writes through `recv`): any window.
+            (false, None) => (send_win, 0),
+        };
+        let ctas = grid(dev, out_bytes.max(in_bytes));
+        let args = CollArgs {
+            kind: coll.kind as u32,
+            algo,
+            dtype: T::DTYPE as u32,
+            op: coll.op as u32,
+            root: coll.root as u32,
+            barrier: 0,
+            count: coll.count as u64,
+            send_offset: send_off as u64,
+            recv_offset: recv_offset as u64,
+        };
+        let cfg = LaunchConfig::linear(ctas, threads(dev));
+        let module = dev.builtin_module()?;
+        {
+            let out_ptr: TrackedPtr<'_, *mut u8> = match (&mut out_buf, out_via_recv || out_window.is_some()) {
+                (_, true) => recv_win.slot_ptr(recv_offset, out_bytes)?,
+                (Some(b), false) => b.bytes_at_mut(0)?,
+                (None, false) => unreachable!("an output is a buffer or a window"),
+            };
+            // SAFETY: the kernel's contract: every rank launches the same args and grid (the
+            // call is collective; the debug check verifies it); the input lies at `send_off` of
+            // every rank's slot of `send_win` (lengths checked) and nothing writes it until
+            // the kernel ends on every rank (its exit barrier); the output holds `out_bytes`
+            // (checked) and overlaps no input (a staged copy, or distinct windows: in place
+            // from a window goes through the staging windows); barriers 0..ctas of the default
+            // set (MAX_CTAS of them) are used by this stream only, one collective at a time.
+            unsafe { stream.launch(module, &coll_lsa, cfg, (handle, send_win, recv_win, args, out_ptr))? };
+        }
+        // (A reduce leaves non-root outputs as they are.)
+        if out_via_recv && !(coll.kind == CollKind::Reduce && coll.root != self.rank()) {
+            let r = recv_staging.expect("grown above");
+            let src = r.slot_ptr(0, out_bytes)?;
+            let dst = match (out_buf, out_window) {
+                (Some(b), _) => b.bytes_at_mut(0)?,
+                (None, Some((w, off))) => w.slot_ptr(off, out_bytes)?,
+                (None, None) => unreachable!("an output is a buffer or a window"),
+            };
+            launch_copy(stream, &ferrolink_copy, dst, src, out_bytes, copy_cfg(out_bytes))?;
+        }
+        Ok(())
+    }
+
+    /// The all-reduce algorithm for `coll` (one-shot below 256 KiB, else two-shot;
+    /// `coll.algo`, then `FERROLINK_ALGO`, override).
+    fn pick_algo(&self, coll: &Collective, size: usize) -> Result<u32> {
+        if coll.kind != CollKind::AllReduce {
+            return Ok(algo::ONE_SHOT);
+        }
+        let forced = match coll.algo {
+            Some(a) => Some(a),
+            None => match std::env::var("FERROLINK_ALGO").ok().as_deref() {
+                None | Some("") => None,
+                Some("one_shot") => Some(algo::ONE_SHOT),
+                Some("two_shot") => Some(algo::TWO_SHOT),
+                Some(other) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "FERROLINK_ALGO={other}: expected one_shot or two_shot"
+                    )));
+                }
+            },
+        };
+        let a = forced.unwrap_or(if coll.count * size < (256 << 10) { algo::ONE_SHOT } else { algo::TWO_SHOT });
+        if a > algo::TWO_SHOT {
+            return Err(Error::InvalidArgument(format!("all_reduce: unknown algorithm {a}")));
+        }
+        if a == algo::TWO_SHOT && self.lsa_size() > MAX_LSA_PEERS {
+            return Ok(algo::ONE_SHOT);
+        }
+        Ok(a)
+    }
+
+    /// Compares this call with every rank's (an all-gather on the host): an error naming the
+    /// first rank whose call differs.
+    fn check_same_call(&self, coll: &Collective, dtype: DataType) -> Result<()> {
+        let mine = [coll.kind as u64, coll.count as u64, dtype as u64, coll.op as u64, coll.root as u64];
+        let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let all = self.all_gather_bytes(&bytes)?;
+        for (r, theirs) in all.iter().enumerate() {
+            if theirs != &bytes {
+                let w = |b: &[u8], i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+                let describe = |b: &[u8]| {
+                    format!(
+                        "{:?} of {} x {} (op {:?}, root {})",
+                        CollKind::from_code(w(b, 0) as u32),
+                        w(b, 1),
+                        DataType::from_code(w(b, 2) as u32).map_or("?", DataType::name),
+                        ReduceOp::from_code(w(b, 3) as u32),
+                        w(b, 4)
+                    )
+                };
+                return Err(Error::InvalidArgument(format!(
+                    "mismatched collective calls: rank {} calls {} but rank {r} calls {}",
+                    self.rank(),
+                    describe(&bytes),
+                    describe(theirs)
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether calls are compared across ranks (debug builds, or `FERROLINK_COLL_CHECK=1`).
+fn check_calls() -> bool {
+    match std::env::var("FERROLINK_COLL_CHECK").ok().as_deref() {
+        Some("1") => true,
+        Some("0") => false,
+        _ => cfg!(debug_assertions),
+    }
+}
+
+/// Makes `win` hold at least `bytes` (a collective registration when it grows: every rank
+/// grows in the same call, as the calls match); whether it grew.
+fn grow(comm: &Communicator, win: &mut Option<Window>, bytes: usize) -> Result<bool> {
+    if win.as_ref().is_some_and(|w| w.size() >= bytes) {
+        return Ok(false);
+    }
+    let want = bytes.max(1 << 20).next_power_of_two();
+    *win = Some(comm.register_window(comm.mem_alloc(want)?)?);
+    Ok(true)
+}
+
+/// CTAs for a collective moving `bytes` per rank: about 256 KiB each, at most [`MAX_CTAS`].
+fn grid(dev: &crate::Device, bytes: usize) -> u32 {
+    let per = match dev.backend() {
+        Backend::Cuda => 256 << 10,
+        Backend::Cpu => 1 << 20,
+    };
+    (bytes.div_ceil(per) as u32).clamp(1, MAX_CTAS)
+}
+
+fn threads(dev: &crate::Device) -> u32 {
+    match dev.backend() {
+        Backend::Cuda => 512,
+        Backend::Cpu => 8,
+    }
+}

@@ -1,0 +1,330 @@
+//! Collectives (issue 12): every collective × element type × reduction, in place and out of
+//! place, from device buffers (staged) and from windows (zero copy), one-shot and two-shot,
+//! at sizes 0, 1, odd and large, against a host reference — on every backend.
+
+use ferrolink::coll::{CollElem, CollKind, Collective, Input, Output, ReduceOp, algo, bf16, f16};
+use ferrolink::{Communicator, Device, Window};
+use ferrolink_tests::check;
+
+/// Element types built from small integers (so that every reduction is exact where it must
+/// be, and the same on every rank).
+trait Val: CollElem + PartialEq + std::fmt::Debug + Send + Sync {
+    fn of(v: u8) -> Self;
+}
+impl Val for f32 {
+    fn of(v: u8) -> Self {
+        f32::from(v)
+    }
+}
+impl Val for f64 {
+    fn of(v: u8) -> Self {
+        f64::from(v)
+    }
+}
+impl Val for i32 {
+    fn of(v: u8) -> Self {
+        i32::from(v) - 3
+    }
+}
+impl Val for i64 {
+    fn of(v: u8) -> Self {
+        i64::from(v) - 3
+    }
+}
+impl Val for u8 {
+    fn of(v: u8) -> Self {
+        v
+    }
+}
+impl Val for f16 {
+    fn of(v: u8) -> Self {
+        f16::from_f32(f32::from(v))
+    }
+}
+impl Val for bf16 {
+    fn of(v: u8) -> Self {
+        bf16::from_f32(f32::from(v))
+    }
+}
+
+/// Rank `r`'s input element `i`.
+fn input<T: Val>(r: usize, i: usize) -> T {
+    T::of(((r * 7 + i * 3) % 5 + 1) as u8)
+}
+
+/// The host's reduction of `vals` (in rank order) with `op`, as NCCL defines it.
+fn reduce<T: Val>(vals: &[T], op: ReduceOp) -> T {
+    let n = vals.len() as u32;
+    let pre = |x: T| if op == ReduceOp::Avg { x.avg_pre(n) } else { x };
+    let mut acc = pre(vals[0]);
+    for &v in &vals[1..] {
+        let v = pre(v);
+        acc = match op {
+            ReduceOp::Sum | ReduceOp::Avg => T::sum(acc, v),
+            ReduceOp::Prod => T::prod(acc, v),
+            ReduceOp::Min => T::min(acc, v),
+            ReduceOp::Max => T::max(acc, v),
+        };
+    }
+    if op == ReduceOp::Avg { acc.avg_post(n) } else { acc }
+}
+
+/// What rank `me` of `n` must hold after `c` (`None`: untouched).
+fn expected<T: Val>(c: &Collective, n: usize, me: usize) -> Option<Vec<T>> {
+    let k = c.count;
+    let col = |i: usize| (0..n).map(|r| input::<T>(r, i)).collect::<Vec<T>>();
+    Some(match c.kind {
+        CollKind::AllReduce => (0..k).map(|i| reduce(&col(i), c.op)).collect(),
+        CollKind::Reduce if me == c.root => (0..k).map(|i| reduce(&col(i), c.op)).collect(),
+        CollKind::Reduce => return None,
+        CollKind::ReduceScatter => (0..k).map(|i| reduce(&col(me * k + i), c.op)).collect(),
+        CollKind::AllGather => (0..n * k).map(|j| input(j / k, j % k)).collect(),
+        CollKind::Broadcast => (0..k).map(|i| input(c.root, i)).collect(),
+        CollKind::AllToAll => (0..n * k).map(|j| input(j / k, me * k + j % k)).collect(),
+    })
+}
+
+/// How a case passes its buffers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Form {
+    /// Device buffers, out of place (staged).
+    Buffers,
+    /// One device buffer, in place.
+    InPlace,
+    /// Windows, out of place (zero copy), at odd element offsets.
+    Windows,
+    /// One window, in place.
+    WindowInPlace,
+}
+
+/// Runs `c` with `form` on every rank and checks every rank's output.
+fn run_case<T: Val>(comms: &[Communicator], c: Collective, form: Form) -> ferrolink::Result<()> {
+    let n = comms.len();
+    let (in_len, out_len) = c.lengths(n);
+    let size = std::mem::size_of::<T>();
+    let sentinel = T::of(200);
+    let outs = ferrolink::run_ranks(comms, |comm| {
+        let me = comm.rank();
+        let dev = comm.device();
+        let mut mine: Vec<T> = (0..in_len).map(|i| input(me, i)).collect();
+        let in_place_at = if c.kind == CollKind::AllGather { me * c.count } else { 0 };
+        let mut out_init = vec![sentinel; out_len];
+        let win = |bytes: usize| -> ferrolink::Result<Window> { comm.register_window(comm.mem_alloc(bytes.max(1))?) };
+        match form {
+            Form::Buffers => {
+                let send = dev.alloc_from(&mine)?;
+                let mut recv = dev.alloc_from(&out_init)?;
+                comm.collective(&c, Input::Buffer(&send), Output::Buffer(&mut recv))?;
+                recv.to_vec()
+            }
+            Form::InPlace => {
+                out_init[in_place_at..in_place_at + in_len].copy_from_slice(&mine);
+                let mut buf = dev.alloc_from(&out_init)?;
+                comm.collective(&c, Input::InPlace, Output::Buffer(&mut buf))?;
+                buf.to_vec()
+            }
+            Form::Windows => {
+                // Odd offsets (a whole number of elements): unaligned for the vector path.
+                let (so, ro) = (3 * size, 5 * size);
+                let send = win(so + in_len * size)?;
+                let recv = win(ro + out_len * size)?;
+                send.copy_from_host(so, &mine)?;
+                recv.copy_from_host(ro, &out_init)?;
+                // Host writes wait for this process's kernels on the window (every rank's):
+                // no rank launches before all have filled theirs.
+                comm.barrier()?;
+                comm.collective::<T>(&c, Input::Window(&send, so), Output::Window(&recv, ro))?;
+                comm.stream().synchronize()?;
+                mine.clear();
+                let out = recv.read::<T>(ro, out_len);
+                // Nobody drops (frees) a window a peer's kernel may still read.
+                comm.barrier()?;
+                out
+            }
+            Form::WindowInPlace => {
+                out_init[in_place_at..in_place_at + in_len].copy_from_slice(&mine);
+                let buf = win(out_len * size)?;
+                buf.copy_from_host(0, &out_init)?;
+                comm.barrier()?;
+                comm.collective::<T>(&c, Input::InPlace, Output::Window(&buf, 0))?;
+                comm.stream().synchronize()?;
+                let out = buf.read::<T>(0, out_len);
+                comm.barrier()?;
+                out
+            }
+        }
+    })?;
+    for (me, got) in outs.iter().enumerate() {
+        let want = expected::<T>(&c, n, me);
+        let untouched = || {
+            let mut v = vec![sentinel; out_len];
+            if matches!(form, Form::InPlace | Form::WindowInPlace) {
+                v[..in_len].copy_from_slice(&(0..in_len).map(|i| input::<T>(me, i)).collect::<Vec<T>>());
+            }
+            v
+        };
+        let want = want.unwrap_or_else(untouched);
+        if let Some(i) = (0..out_len).find(|&i| got[i] != want[i]) {
+            return check(false, || {
+                format!(
+                    "{c:?} of {:?} on {n} ranks ({form:?}): rank {me} element {i} is {:?}, expected {:?}",
+                    T::DTYPE,
+                    got[i],
+                    want[i]
+                )
+            });
+        }
+    }
+    Ok(())
+}
+
+fn all_forms<T: Val>(comms: &[Communicator], c: Collective) -> ferrolink::Result<()> {
+    for form in [Form::Buffers, Form::InPlace, Form::Windows, Form::WindowInPlace] {
+        if matches!(form, Form::InPlace | Form::WindowInPlace)
+            && matches!(c.kind, CollKind::ReduceScatter | CollKind::AllToAll)
+        {
+            continue;
+        }
+        run_case::<T>(comms, c, form)?;
+    }
+    Ok(())
+}
+
+/// Every reduction and both all-reduce algorithms for element type `T`.
+fn reductions<T: Val>(comms: &[Communicator], sizes: &[usize]) -> ferrolink::Result<()> {
+    for &count in sizes {
+        for op in ReduceOp::ALL {
+            for a in [algo::ONE_SHOT, algo::TWO_SHOT] {
+                let c = Collective { op, algo: Some(a), ..Collective::new(CollKind::AllReduce, count) };
+                all_forms::<T>(comms, c)?;
+            }
+            all_forms::<T>(comms, Collective { op, ..Collective::new(CollKind::ReduceScatter, count) })?;
+            let root = comms.len() - 1;
+            all_forms::<T>(comms, Collective { op, root, ..Collective::new(CollKind::Reduce, count) })?;
+        }
+    }
+    Ok(())
+}
+
+/// The data-movement collectives for element type `T`.
+fn movements<T: Val>(comms: &[Communicator], sizes: &[usize]) -> ferrolink::Result<()> {
+    for &count in sizes {
+        for kind in [CollKind::AllGather, CollKind::AllToAll] {
+            all_forms::<T>(comms, Collective::new(kind, count))?;
+        }
+        for root in [0, comms.len() - 1] {
+            all_forms::<T>(comms, Collective { root, ..Collective::new(CollKind::Broadcast, count) })?;
+        }
+    }
+    Ok(())
+}
+
+fn comms_of(dev: &Device, n: usize) -> ferrolink::Result<Vec<Communicator>> {
+    Communicator::init_all(&vec![dev.clone(); n])
+}
+
+#[test]
+fn every_reduction_of_every_type_on_two_and_three_ranks() {
+    ferrolink::testing::for_each_backend("every_reduction_of_every_type_on_two_and_three_ranks", |dev| {
+        let sizes = [0usize, 1, 37, 1029];
+        for n in [2, 3] {
+            let comms = comms_of(dev, n)?;
+            reductions::<f32>(&comms, &sizes)?;
+            reductions::<f16>(&comms, &sizes)?;
+            reductions::<bf16>(&comms, &sizes)?;
+            reductions::<f64>(&comms, &sizes)?;
+            reductions::<i32>(&comms, &sizes)?;
+            reductions::<i64>(&comms, &sizes)?;
+            reductions::<u8>(&comms, &sizes)?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn every_movement_of_every_type_on_two_and_three_ranks() {
+    ferrolink::testing::for_each_backend("every_movement_of_every_type_on_two_and_three_ranks", |dev| {
+        let sizes = [0usize, 1, 37, 1029];
+        for n in [2, 3] {
+            let comms = comms_of(dev, n)?;
+            movements::<f32>(&comms, &sizes)?;
+            movements::<f16>(&comms, &sizes)?;
+            movements::<bf16>(&comms, &sizes)?;
+            movements::<f64>(&comms, &sizes)?;
+            movements::<i32>(&comms, &sizes)?;
+            movements::<i64>(&comms, &sizes)?;
+            movements::<u8>(&comms, &sizes)?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn large_all_reduce_both_algorithms() {
+    ferrolink::testing::for_each_backend("large_all_reduce_both_algorithms", |dev| {
+        let count = if dev.backend() == ferrolink::Backend::Cuda { 3 << 20 } else { 300_007 };
+        let comms = comms_of(dev, 4)?;
+        for a in [algo::ONE_SHOT, algo::TWO_SHOT] {
+            for form in [Form::Buffers, Form::Windows] {
+                let c = Collective { algo: Some(a), ..Collective::new(CollKind::AllReduce, count) };
+                run_case::<f32>(&comms, c, form)?;
+            }
+        }
+        run_case::<bf16>(&comms, Collective::new(CollKind::AllGather, count / 4), Form::Buffers)?;
+        Ok(())
+    });
+}
+
+#[test]
+fn nan_follows_nccl() {
+    ferrolink::testing::for_each_backend("nan_follows_nccl", |dev| {
+        let comms = comms_of(dev, 2)?;
+        let got = ferrolink::run_ranks(&comms, |c| {
+            // Rank 0: [NaN, NaN, 1], rank 1: [2, NaN, NaN].
+            let v = if c.rank() == 0 { [f32::NAN, f32::NAN, 1.0] } else { [2.0, f32::NAN, f32::NAN] };
+            let send = c.device().alloc_from(&v)?;
+            let mut out = Vec::new();
+            for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+                let mut recv = c.device().alloc::<f32>(3)?;
+                c.all_reduce(&send, &mut recv, op)?;
+                out.push(recv.to_vec()?);
+            }
+            Ok(out)
+        })?;
+        let [sum, min, max] = [&got[0][0], &got[0][1], &got[0][2]];
+        check(sum.iter().all(|x| x.is_nan()), || format!("sum with a NaN: {sum:?}, all NaN expected"))?;
+        // As NCCL (fminf / fmaxf): a NaN beside a number gives the number.
+        check(min[0] == 2.0 && min[1].is_nan() && min[2] == 1.0, || format!("min: {min:?}"))?;
+        check(max[0] == 2.0 && max[1].is_nan() && max[2] == 1.0, || format!("max: {max:?}"))
+    });
+}
+
+#[test]
+fn bad_calls_are_clear_errors() {
+    ferrolink::testing::for_each_backend("bad_calls_are_clear_errors", |dev| {
+        let comms = comms_of(dev, 2)?;
+        let errs = ferrolink::run_ranks(&comms, |c| {
+            let send = c.device().alloc::<f32>(8)?;
+            let mut short = c.device().alloc::<f32>(4)?;
+            let short_err = c.all_reduce(&send, &mut short, ReduceOp::Sum).expect_err("a short output").to_string();
+            let mut recv = c.device().alloc::<f32>(8)?;
+            let root_err = c.broadcast(&send, &mut recv, 5).expect_err("root 5 of 2").to_string();
+            // Mismatched counts across ranks: caught by the call check.
+            let count = if c.rank() == 0 { 8 } else { 4 };
+            let send2 = c.device().alloc::<f32>(count)?;
+            let mut recv2 = c.device().alloc::<f32>(count)?;
+            let coll = Collective { check: Some(true), ..Collective::new(CollKind::AllReduce, count) };
+            let mismatch = c
+                .collective(&coll, Input::Buffer(&send2), Output::Buffer(&mut recv2))
+                .expect_err("mismatched counts")
+                .to_string();
+            Ok((short_err, root_err, mismatch))
+        })?;
+        let (short, root, mismatch) = &errs[0];
+        check(short.contains("output holds 4 elements, 8 needed"), || format!("short output: {short}"))?;
+        check(root.contains("root 5 is not a rank of 2"), || format!("bad root: {root}"))?;
+        check(mismatch.contains("mismatched collective calls") && mismatch.contains("rank 1"), || {
+            format!("mismatch: {mismatch}")
+        })
+    });
+}
