@@ -8,6 +8,10 @@
 #   perfdom  the same with every process its own LSA domain (FERROLINK_LSA=process: TCP)
 #   test-gin tests/gin.rs on CUDA;  ex  examples 07 and 08 as 2-process jobs
 #   perf1    ferrolink-perf gin in one process over two GPUs;  lsa  test-lsa/core/device/guide
+#   test-coll tests/coll.rs on CUDA
+#   coll     NCCL's collectives (ref/nccl_coll_ref.cu, nvcc) and `ferrolink-perf <coll>` with the
+#            same arguments (COLL_ARGS), one process over the GPUs; then all_reduce as one
+#            process per GPU
 # Output: $OUT/summary.txt (what passed, the figures) and $OUT/run.log (everything).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -49,6 +53,20 @@ lsa) for t in lsa core device guide; do
   step 90 "test-$t (cuda)" "$bin/test-$t" --test-threads=1
   grep -E "test result|panicked|failed on" "$here/last.log" | sed 's/^/    /' >> "$sum"
 done ;;
+test-coll) step 200 "test-coll (cuda)" "$bin/test-coll" --test-threads=1
+  grep -E "^test |test result|panicked|failed on" "$here/last.log" | sed 's/^/    /' >> "$sum" ;;
+coll) nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+  NV=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])")
+  step 120 "nvcc nccl_coll_ref" "$nvcc" -O3 -std=c++17 -arch=sm_90 -I"$NV/include" -o "$here/ref/nccl_coll_ref" "$here/ref/nccl_coll_ref.cu" -L"$NV/lib" -l:libnccl.so.2
+  for c in ${COLLS:-all_reduce all_gather reduce_scatter all_to_all}; do
+    a="${COLL_ARGS:--b 1K -e 256M -f 4 -d bf16 -o sum -n 20 -w 5 -c 1}"
+    step 60 "nccl $c" env LD_LIBRARY_PATH="$NV/lib:$LD_LIBRARY_PATH" "$here/ref/nccl_coll_ref" $c $a -g 2
+    grep -vE "^#|WARN|^$" "$here/last.log" | sed "s/^/    nccl      /" >> "$sum"
+    step 90 "ferrolink $c" "$bin/ferrolink-perf" $c $a -g 2
+    grep -vE "^#|WARN|^$" "$here/last.log" | sed "s/^/    ferrolink /" >> "$sum"
+  done
+  step 90 "ferrolink all_reduce, one process per GPU" "$bin/ferrolink-run" -n 2 --devices 0,1 "$bin/ferrolink-perf" all_reduce ${COLL_ARGS:--b 1K -e 256M -f 4 -d bf16 -o sum -n 20 -w 5 -c 1}
+  grep -vE "#|WARN|^$" "$here/last.log" | sed "s/^/    ferrolink-2p /" >> "$sum" ;;
 *) echo "unknown step $s" | tee -a "$sum" ;;
 esac; done
 echo "total $(( $(date +%s) - start ))s" | tee -a "$sum"

@@ -772,3 +772,204 @@ pub fn gin_rank(
         .collect();
     Ok(Some(figures))
 }
+
+/// Options of a collective benchmark in nccl-tests form (`ferrolink-perf all_reduce -b 8 -e
+/// 256M -f 2 -d bf16 -o sum -n 20 -w 5 -c 1`).
+#[derive(Clone, Debug)]
+pub struct CollBench {
+    /// Which collective.
+    pub kind: ferrolink::coll::CollKind,
+    /// Element type.
+    pub dtype: ferrolink::coll::DataType,
+    /// Reduction.
+    pub op: ferrolink::coll::ReduceOp,
+    /// Smallest and largest size in bytes (nccl-tests' sizes: see [`coll_counts`]), and the
+    /// factor between sizes.
+    pub min_bytes: usize,
+    /// Largest size.
+    pub max_bytes: usize,
+    /// Factor between sizes.
+    pub factor: usize,
+    /// Timed calls per size.
+    pub iters: usize,
+    /// Untimed calls before.
+    pub warmup: usize,
+    /// Check the results (the last out-of-place call per size).
+    pub check: bool,
+    /// Force an all-reduce algorithm (`None`: the tuner's).
+    pub algo: Option<u32>,
+}
+
+/// One row of a collective benchmark (nccl-tests' columns).
+#[derive(Clone, Debug)]
+pub struct CollRow {
+    /// Bytes as nccl-tests counts them.
+    pub bytes: usize,
+    /// Elements per rank as NCCL's count argument.
+    pub count: usize,
+    /// Out-of-place: microseconds per call, algbw, busbw (GB/s), wrong elements (None: not
+    /// checked).
+    pub out_of_place: (f64, f64, f64, Option<usize>),
+    /// In place, when the collective has it.
+    pub in_place: Option<(f64, f64, f64)>,
+}
+
+/// nccl-tests' count for `bytes` of `kind` on `n` ranks (0 when it rounds down to none).
+pub fn coll_counts(kind: ferrolink::coll::CollKind, bytes: usize, size: usize, n: usize) -> usize {
+    use ferrolink::coll::CollKind as K;
+    match kind {
+        K::AllReduce | K::Broadcast | K::Reduce => bytes / size,
+        K::AllGather | K::ReduceScatter | K::AllToAll => bytes / size / n,
+    }
+}
+
+/// nccl-tests' bus bandwidth factor.
+pub fn bus_factor(kind: ferrolink::coll::CollKind, n: usize) -> f64 {
+    use ferrolink::coll::CollKind as K;
+    let n = n as f64;
+    match kind {
+        K::AllReduce => 2.0 * (n - 1.0) / n,
+        K::AllGather | K::ReduceScatter | K::AllToAll => (n - 1.0) / n,
+        K::Broadcast | K::Reduce => 1.0,
+    }
+}
+
+/// One rank's part of a collective benchmark (every rank calls it; rank 0 returns the rows).
+/// Inputs and outputs live in windows (zero copy); the in-place column runs from the output
+/// window. Time: wall clock on rank 0 from a host barrier to the end of `iters` calls on
+/// every rank (a second barrier after each rank's stream synchronize), divided by `iters`.
+pub fn coll_rank(comm: &ferrolink::Communicator, b: &CollBench) -> Result<Option<Vec<CollRow>>> {
+    use ferrolink::coll::DataType as D;
+    match b.dtype {
+        D::F32 => coll_rank_t::<f32>(comm, b),
+        D::F16 => coll_rank_t::<ferrolink::coll::f16>(comm, b),
+        D::Bf16 => coll_rank_t::<ferrolink::coll::bf16>(comm, b),
+        D::F64 => coll_rank_t::<f64>(comm, b),
+        D::I32 => coll_rank_t::<i32>(comm, b),
+        D::I64 => coll_rank_t::<i64>(comm, b),
+        D::U8 => coll_rank_t::<u8>(comm, b),
+    }
+}
+
+/// Small integers that every type holds exactly (`(r * 7 + i * 3) % 5 + 1`).
+fn coll_value<T: ferrolink::coll::CollElem>(r: usize, i: usize) -> T {
+    let v = ((r * 7 + i * 3) % 5 + 1) as f64;
+    // Every supported type reads a little-endian small integer from its own encoding.
+    let bytes: Vec<u8> = match T::DTYPE {
+        ferrolink::coll::DataType::F32 => (v as f32).to_le_bytes().to_vec(),
+        ferrolink::coll::DataType::F64 => v.to_le_bytes().to_vec(),
+        ferrolink::coll::DataType::F16 => ferrolink::coll::f16::from_f64(v).to_le_bytes().to_vec(),
+        ferrolink::coll::DataType::Bf16 => ferrolink::coll::bf16::from_f64(v).to_le_bytes().to_vec(),
+        ferrolink::coll::DataType::I32 => (v as i32).to_le_bytes().to_vec(),
+        ferrolink::coll::DataType::I64 => (v as i64).to_le_bytes().to_vec(),
+        ferrolink::coll::DataType::U8 => vec![v as u8],
+    };
+    bytemuck::pod_read_unaligned(&bytes)
+}
+
+fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
+    comm: &ferrolink::Communicator,
+    b: &CollBench,
+) -> Result<Option<Vec<CollRow>>> {
+    use ferrolink::coll::{CollKind as K, Collective, Input, Output};
+    let n = comm.nranks();
+    let me = comm.rank();
+    let size = std::mem::size_of::<T>();
+    let max_count = coll_counts(b.kind, b.max_bytes, size, n).max(1);
+    let probe = Collective::new(b.kind, max_count);
+    let (in_max, out_max) = probe.lengths(n);
+    // Windows first, then nothing is allocated while collectives run.
+    let send = comm.register_window(comm.mem_alloc(in_max * size)?)?;
+    let recv = comm.register_window(comm.mem_alloc(out_max * size)?)?;
+    let input: Vec<T> = (0..in_max).map(|i| coll_value::<T>(me, i)).collect();
+    send.copy_from_host(0, &input)?;
+    comm.barrier()?;
+    let mut rows = Vec::new();
+    let mut bytes = b.min_bytes.max(size);
+    let has_in_place = !matches!(b.kind, K::ReduceScatter | K::AllToAll);
+    loop {
+        let count = coll_counts(b.kind, bytes, size, n);
+        if count > 0 {
+            let c =
+                Collective { op: b.op, root: 0, algo: b.algo, check: Some(false), ..Collective::new(b.kind, count) };
+            let time = |in_place: bool| -> Result<f64> {
+                let run = || -> Result<()> {
+                    if in_place {
+                        comm.collective::<T>(&c, Input::InPlace, Output::Window(&recv, 0))
+                    } else {
+                        comm.collective::<T>(&c, Input::Window(&send, 0), Output::Window(&recv, 0))
+                    }
+                };
+                for _ in 0..b.warmup {
+                    run()?;
+                }
+                comm.stream().synchronize()?;
+                comm.barrier()?;
+                let t = std::time::Instant::now();
+                for _ in 0..b.iters.max(1) {
+                    run()?;
+                }
+                comm.stream().synchronize()?;
+                comm.barrier()?;
+                Ok(t.elapsed().as_secs_f64() * 1e6 / b.iters.max(1) as f64)
+            };
+            let oop = time(false)?;
+            let mut wrong = None;
+            if b.check {
+                comm.collective::<T>(&c, Input::Window(&send, 0), Output::Window(&recv, 0))?;
+                comm.stream().synchronize()?;
+                let (_, out_len) = c.lengths(n);
+                let got = recv.read::<T>(0, out_len)?;
+                let want = coll_expected::<T>(&c, n, me);
+                wrong = Some(match want {
+                    Some(w) => got.iter().zip(&w).filter(|(g, w)| g != w).count(),
+                    None => 0,
+                });
+                comm.barrier()?;
+            }
+            let ip = if has_in_place { Some(time(true)?) } else { None };
+            let bw = |us: f64| {
+                let alg = bytes as f64 / (us * 1e3);
+                (us, alg, alg * bus_factor(b.kind, n))
+            };
+            let (t, a, bb) = bw(oop);
+            rows.push(CollRow { bytes, count, out_of_place: (t, a, bb, wrong), in_place: ip.map(bw) });
+        }
+        if bytes >= b.max_bytes {
+            break;
+        }
+        bytes = (bytes * b.factor.max(2)).min(b.max_bytes);
+    }
+    comm.barrier()?;
+    Ok((me == 0).then_some(rows))
+}
+
+/// What rank `me` must hold after `c` with [`coll_value`] inputs (None: nothing to check).
+fn coll_expected<T: ferrolink::coll::CollElem>(c: &ferrolink::coll::Collective, n: usize, me: usize) -> Option<Vec<T>> {
+    use ferrolink::coll::{CollKind as K, ReduceOp as O};
+    let k = c.count;
+    let red = |i: usize| {
+        let nn = n as u32;
+        let pre = |x: T| if c.op == O::Avg { x.avg_pre(nn) } else { x };
+        let mut acc = pre(coll_value::<T>(0, i));
+        for r in 1..n {
+            let v = pre(coll_value::<T>(r, i));
+            acc = match c.op {
+                O::Sum | O::Avg => T::sum(acc, v),
+                O::Prod => T::prod(acc, v),
+                O::Min => T::min(acc, v),
+                O::Max => T::max(acc, v),
+            };
+        }
+        if c.op == O::Avg { acc.avg_post(nn) } else { acc }
+    };
+    Some(match c.kind {
+        K::AllReduce => (0..k).map(red).collect(),
+        K::Reduce if me == c.root => (0..k).map(red).collect(),
+        K::Reduce => return None,
+        K::ReduceScatter => (0..k).map(|i| red(me * k + i)).collect(),
+        K::AllGather => (0..n * k).map(|j| coll_value(j / k, j % k)).collect(),
+        K::Broadcast => (0..k).map(|i| coll_value(c.root, i)).collect(),
+        K::AllToAll => (0..n * k).map(|j| coll_value(j / k, me * k + j % k)).collect(),
+    })
+}

@@ -4,6 +4,7 @@
 //! ```text
 //! ferrolink-perf info
 //! ferrolink-perf copy --sizes 256M,1G [--iters 20] [--trials 5] [--sweep]
+//! ferrolink-perf all_reduce -b 8 -e 256M -f 2 -d bf16 -o sum -n 20 -w 5 -c 1 [-g 2] [--json]
 //! ```
 //! `--backend cpu|cuda` (or `FERROLINK_BACKEND`) picks the backend; the default is CUDA when
 //! a GPU is present, else the CPU emulator (whose figures are not GPU figures).
@@ -112,14 +113,69 @@ enum Command {
         /// Paths to measure (direct, ce, tcp). Default: all three.
         #[arg(long, value_delimiter = ',')]
         paths: Vec<String>,
-        /// Threads of the bandwidth kernel's one CTA per rank. (1024 hung on the H200 in the
-        /// first run, 2026-11-30, cause not found yet; 256 is what the all-to-all example ran
-        /// with there.)
+        /// Threads of the bandwidth kernel's one CTA per rank.
         #[arg(long, default_value_t = 256)]
         threads: u32,
     },
+    /// all_reduce in nccl-tests form (sizes, time, algbw, busbw, #wrong; out of place and in
+    /// place). Alone: one process over `-g` GPUs (all by default); under `ferrolink-run`: one
+    /// process per rank.
+    #[command(name = "all_reduce")]
+    AllReduce(CollCli),
+    /// all_gather in nccl-tests form.
+    #[command(name = "all_gather")]
+    AllGather(CollCli),
+    /// reduce_scatter in nccl-tests form.
+    #[command(name = "reduce_scatter")]
+    ReduceScatter(CollCli),
+    /// broadcast (root 0) in nccl-tests form.
+    Broadcast(CollCli),
+    /// reduce (root 0) in nccl-tests form.
+    Reduce(CollCli),
+    /// all_to_all in nccl-tests form.
+    #[command(name = "all_to_all")]
+    AllToAll(CollCli),
     /// Everything above with default settings (scale, bootstrap and pair only by name).
     All,
+}
+
+/// nccl-tests' options.
+#[derive(clap::Args, Clone, Debug)]
+struct CollCli {
+    /// Smallest size (bytes; K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = perf::parse_size)]
+    min_bytes: usize,
+    /// Largest size.
+    #[arg(short = 'e', long = "maxbytes", default_value = "256M", value_parser = perf::parse_size)]
+    max_bytes: usize,
+    /// Factor between sizes.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    factor: usize,
+    /// Element type: float, half, bfloat16, double, int32, int64, uint8 (or f32, f16, bf16,
+    /// f64, i32, i64, u8).
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    dtype: String,
+    /// Reduction: sum, prod, min, max, avg.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    op: String,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    iters: usize,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    warmup: usize,
+    /// Check results (1) or not (0).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    check: u32,
+    /// GPUs in one process (default: every device of the backend) when not launched.
+    #[arg(short = 'g', long = "ngpus")]
+    ngpus: Option<usize>,
+    /// All-reduce algorithm: one_shot or two_shot (default: the tuner's).
+    #[arg(long)]
+    algo: Option<String>,
+    /// Print JSON lines instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 fn main() {
@@ -159,6 +215,12 @@ fn run(cli: Cli) -> ferrolink::Result<()> {
         Command::Scale { ranks } => scale(&dev, &ranks),
         Command::Pair { rounds, bytes, trials } => pair(&dev, rounds, bytes, trials),
         Command::Gin { sizes, trials, paths, threads } => gin(&dev, sizes, trials, &paths, threads),
+        Command::AllReduce(c) => coll(&dev, ferrolink::coll::CollKind::AllReduce, c),
+        Command::AllGather(c) => coll(&dev, ferrolink::coll::CollKind::AllGather, c),
+        Command::ReduceScatter(c) => coll(&dev, ferrolink::coll::CollKind::ReduceScatter, c),
+        Command::Broadcast(c) => coll(&dev, ferrolink::coll::CollKind::Broadcast, c),
+        Command::Reduce(c) => coll(&dev, ferrolink::coll::CollKind::Reduce, c),
+        Command::AllToAll(c) => coll(&dev, ferrolink::coll::CollKind::AllToAll, c),
         Command::Bootstrap { ranks } => {
             println!("\n== TCP bootstrap over loopback: init of N ranks (threads), one all-gather, one barrier");
             for n in ranks {
@@ -275,6 +337,119 @@ fn gin(dev: &Device, sizes: Vec<usize>, trials: usize, paths: &[String], threads
             );
             println!("{line}");
         }
+    }
+    Ok(())
+}
+
+fn coll(dev: &Device, kind: ferrolink::coll::CollKind, c: CollCli) -> ferrolink::Result<()> {
+    use ferrolink::coll::{DataType as D, ReduceOp as O, algo};
+    let bad = |what: &str, v: &str| ferrolink::Error::InvalidArgument(format!("{what} {v:?} is not known"));
+    let dtype = match c.dtype.as_str() {
+        "float" | "f32" | "float32" => D::F32,
+        "half" | "f16" | "float16" => D::F16,
+        "bfloat16" | "bf16" => D::Bf16,
+        "double" | "f64" | "float64" => D::F64,
+        "int32" | "i32" | "int" => D::I32,
+        "int64" | "i64" => D::I64,
+        "uint8" | "u8" => D::U8,
+        other => return Err(bad("-d", other)),
+    };
+    let op = match c.op.as_str() {
+        "sum" => O::Sum,
+        "prod" => O::Prod,
+        "min" => O::Min,
+        "max" => O::Max,
+        "avg" => O::Avg,
+        other => return Err(bad("-o", other)),
+    };
+    let forced = match c.algo.as_deref() {
+        None => None,
+        Some("one_shot") => Some(algo::ONE_SHOT),
+        Some("two_shot") => Some(algo::TWO_SHOT),
+        Some(other) => return Err(bad("--algo", other)),
+    };
+    let bench = perf::CollBench {
+        kind,
+        dtype,
+        op,
+        min_bytes: c.min_bytes,
+        max_bytes: c.max_bytes,
+        factor: c.factor,
+        iters: c.iters,
+        warmup: c.warmup,
+        check: c.check != 0,
+        algo: forced,
+    };
+    let launched = ferrolink::comm::launch::LaunchEnv::detect()?.is_some();
+    let (rows, n) = if launched {
+        let comm = ferrolink::Communicator::from_env(dev)?;
+        let n = comm.nranks();
+        (perf::coll_rank(&comm, &bench)?, n)
+    } else {
+        let g = c.ngpus.unwrap_or_else(|| ferrolink::runtime::device_count(dev.backend()).unwrap_or(1).max(1));
+        let devs = (0..g).map(|i| Device::open_with(dev.backend(), i)).collect::<ferrolink::Result<Vec<_>>>()?;
+        let comms = ferrolink::Communicator::init_all(&devs)?;
+        (ferrolink::run_ranks(&comms, |cm| perf::coll_rank(cm, &bench))?.into_iter().flatten().next(), g)
+    };
+    let Some(rows) = rows else { return Ok(()) };
+    let name = format!("{kind:?}");
+    let redop = if matches!(
+        kind,
+        ferrolink::coll::CollKind::AllGather
+            | ferrolink::coll::CollKind::AllToAll
+            | ferrolink::coll::CollKind::Broadcast
+    ) {
+        "none"
+    } else {
+        op.name()
+    };
+    let root = if matches!(kind, ferrolink::coll::CollKind::Broadcast | ferrolink::coll::CollKind::Reduce) {
+        "0"
+    } else {
+        "-1"
+    };
+    if c.json {
+        for r in &rows {
+            let (t, a, b, w) = r.out_of_place;
+            let ip = r.in_place.map_or("null".to_string(), |(t, a, b)| {
+                format!("{{\"time_us\":{t:.2},\"algbw\":{a:.2},\"busbw\":{b:.2}}}")
+            });
+            println!(
+                "{{\"collective\":\"{name}\",\"nranks\":{n},\"bytes\":{},\"count\":{},\"type\":\"{}\",\"redop\":\"{redop}\",\"out_of_place\":{{\"time_us\":{t:.2},\"algbw\":{a:.2},\"busbw\":{b:.2},\"wrong\":{}}},\"in_place\":{ip}}}",
+                r.bytes,
+                r.count,
+                dtype.name(),
+                w.map_or("null".to_string(), |w| w.to_string())
+            );
+        }
+        return Ok(());
+    }
+    println!("# ferrolink {name}: {n} ranks, {} ({:?})", dev.name(), dev.backend());
+    println!("#                                                       out-of-place                       in-place");
+    println!(
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw"
+    );
+    println!(
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"
+    );
+    for r in &rows {
+        let (t, a, b, w) = r.out_of_place;
+        let ip =
+            r.in_place.map_or("     N/A     N/A     N/A".to_string(), |(t, a, b)| format!("{t:8.2} {a:7.2} {b:7.2}"));
+        println!(
+            "{:12} {:13} {:>9} {:>7} {:>7} {t:8.2} {a:7.2} {b:7.2} {:>6} {ip}",
+            r.bytes,
+            r.count,
+            dtype.name(),
+            redop,
+            root,
+            w.map_or("N/A".to_string(), |w| w.to_string())
+        );
+    }
+    let avg = rows.iter().map(|r| r.out_of_place.2).sum::<f64>() / rows.len().max(1) as f64;
+    println!("# Avg bus bandwidth    : {avg:.3}");
+    if rows.iter().any(|r| r.out_of_place.3.is_some_and(|w| w > 0)) {
+        return Err(ferrolink::Error::InvalidArgument(format!("{name}: wrong results (#wrong > 0)")));
     }
     Ok(())
 }
