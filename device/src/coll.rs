@@ -213,6 +213,10 @@ pub trait CollElem: Copy + Pod {
     fn avg_pre(self, n: u32) -> Self;
     /// Avg's step after the sum: integers divided by `n` (toward zero); floats as is.
     fn avg_post(self, n: u32) -> Self;
+    /// The element from the low `size_of::<Self>()` bytes of `w` (a bit cast).
+    fn from_bits64(w: u64) -> Self;
+    /// The element's bits, zero-extended (a bit cast).
+    fn to_bits64(self) -> u64;
 }
 
 macro_rules! float_elem {
@@ -242,6 +246,14 @@ macro_rules! float_elem {
             #[inline(always)]
             fn avg_post(self, _n: u32) -> Self {
                 self
+            }
+            #[inline(always)]
+            fn from_bits64(w: u64) -> Self {
+                <$t>::from_bits(w as _)
+            }
+            #[inline(always)]
+            fn to_bits64(self) -> u64 {
+                self.to_bits() as u64
             }
         }
     };
@@ -278,6 +290,15 @@ macro_rules! int_elem {
                 // NCCL divides the wrapped sum as is (unsigned types) or its magnitude
                 // (signed), rounding toward zero: what `/` does.
                 self / (n as $t)
+            }
+            #[inline(always)]
+            fn from_bits64(w: u64) -> Self {
+                w as $t
+            }
+            #[inline(always)]
+            fn to_bits64(self) -> u64 {
+                // Zero-extended: only the low bytes are used.
+                (self as u64) & (u64::MAX >> (64 - 8 * core::mem::size_of::<$t>()))
             }
         }
     };
@@ -317,6 +338,14 @@ macro_rules! half_elem {
             #[inline(always)]
             fn avg_post(self, _n: u32) -> Self {
                 self
+            }
+            #[inline(always)]
+            fn from_bits64(w: u64) -> Self {
+                <$t>::from_bits(w as u16)
+            }
+            #[inline(always)]
+            fn to_bits64(self) -> u64 {
+                u64::from(self.to_bits())
             }
         }
     };
@@ -364,19 +393,49 @@ impl Op for MaxOp {
     }
 }
 
-/// `f` on each of the `16 / size_of::<T>()` lanes of two 16-byte vectors.
+/// `f` on each of the `16 / size_of::<T>()` lanes of two 16-byte vectors, lanes taken from
+/// the 32-bit words by shifts (the size is a constant per type, so one arm remains).
 #[inline(always)]
 fn lanes<T: CollElem>(a: U32x4, b: U32x4, f: impl Fn(T, T) -> T) -> U32x4 {
-    let size = core::mem::size_of::<T>();
-    let mut x: [u8; 16] = bytemuck::cast(a.0);
-    let y: [u8; 16] = bytemuck::cast(b.0);
-    let mut i = 0;
-    while i < 16 {
-        let r = f(bytemuck::pod_read_unaligned(&x[i..i + size]), bytemuck::pod_read_unaligned(&y[i..i + size]));
-        x[i..i + size].copy_from_slice(bytemuck::bytes_of(&r));
-        i += size;
+    let mut r = [0u32; 4];
+    match core::mem::size_of::<T>() {
+        8 => {
+            for k in 0..2 {
+                let w = |v: U32x4| u64::from(v.0[2 * k]) | (u64::from(v.0[2 * k + 1]) << 32);
+                let x = f(T::from_bits64(w(a)), T::from_bits64(w(b))).to_bits64();
+                r[2 * k] = x as u32;
+                r[2 * k + 1] = (x >> 32) as u32;
+            }
+        }
+        4 => {
+            for k in 0..4 {
+                r[k] = f(T::from_bits64(u64::from(a.0[k])), T::from_bits64(u64::from(b.0[k]))).to_bits64() as u32;
+            }
+        }
+        2 => {
+            for k in 0..4 {
+                let (x, y) = (a.0[k], b.0[k]);
+                let lo = f(T::from_bits64(u64::from(x & 0xffff)), T::from_bits64(u64::from(y & 0xffff))).to_bits64();
+                let hi = f(T::from_bits64(u64::from(x >> 16)), T::from_bits64(u64::from(y >> 16))).to_bits64();
+                r[k] = (lo as u32 & 0xffff) | ((hi as u32) << 16);
+            }
+        }
+        _ => {
+            for k in 0..4 {
+                let (x, y) = (a.0[k], b.0[k]);
+                let mut out = 0u32;
+                for j in 0..4 {
+                    let e = f(
+                        T::from_bits64(u64::from((x >> (8 * j)) & 0xff)),
+                        T::from_bits64(u64::from((y >> (8 * j)) & 0xff)),
+                    );
+                    out |= ((e.to_bits64() as u32) & 0xff) << (8 * j);
+                }
+                r[k] = out;
+            }
+        }
     }
-    U32x4(bytemuck::cast(x))
+    U32x4(r)
 }
 
 /// Element-wise `O` of `nsrcs` sources (`src(s)`, in order, each element through `pre`
@@ -392,7 +451,8 @@ fn lanes<T: CollElem>(a: U32x4, b: U32x4, f: impl Fn(T, T) -> T) -> U32x4 {
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
     coop: C,
-    dsts: &[*mut T],
+    ndsts: usize,
+    dst: impl Fn(usize) -> *mut T,
     nsrcs: usize,
     src: impl Fn(usize) -> *const T,
     count: usize,
@@ -405,7 +465,7 @@ pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
     let (start_b, len_b) = lsa::split_16(count * size, part, parts);
     let (start, n) = (start_b / size, len_b / size);
     let aligned = (0..nsrcs).all(|s| (src(s) as usize + start_b) & 15 == 0)
-        && dsts.iter().all(|p| (*p as usize + start_b) & 15 == 0);
+        && (0..ndsts).all(|d| (dst(d) as usize + start_b) & 15 == 0);
     let (rank, nthreads) = (coop.thread_rank(), coop.size());
     let per_vec = 16 / size;
     let vectors = if aligned { n / per_vec } else { 0 };
@@ -424,8 +484,8 @@ pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
                 acc = lanes::<T>(acc, load(s), O::apply);
             }
             acc = lanes::<T>(acc, acc, |a, _| finish(a));
-            for d in dsts {
-                arch::store_v4(d.add(off) as *mut U32x4, acc);
+            for d in 0..ndsts {
+                arch::store_v4(dst(d).add(off) as *mut U32x4, acc);
             }
             v += nthreads;
         }
@@ -437,8 +497,8 @@ pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
                 acc = O::apply(acc, pre(src(s).add(off).read()));
             }
             let acc = finish(acc);
-            for d in dsts {
-                d.add(off).write(acc);
+            for d in 0..ndsts {
+                dst(d).add(off).write(acc);
             }
             i += nthreads;
         }
@@ -577,9 +637,27 @@ unsafe fn reduce_kind<T: CollElem, O: Op>(
     let (me, n) = (comm.lsa_rank as usize, comm.lsa_size as usize);
     let count = args.count as usize;
     let nranks = comm.lsa_size;
-    let avg = op == RedOp::Avg;
-    let pre = |x: T| if avg { x.avg_pre(nranks) } else { x };
-    let finish = |x: T| if avg { x.avg_post(nranks) } else { x };
+    // Avg's steps only where asked: the other reductions' loops carry no branch for them.
+    macro_rules! reduce_with {
+        ($ndsts:expr, $dst:expr, $src:expr, $count:expr) => {
+            if op == RedOp::Avg {
+                reduce::<T, O, _>(
+                    coop,
+                    $ndsts,
+                    $dst,
+                    n,
+                    $src,
+                    $count,
+                    part,
+                    parts,
+                    |x: T| x.avg_pre(nranks),
+                    |x: T| x.avg_post(nranks),
+                )
+            } else {
+                reduce::<T, O, _>(coop, $ndsts, $dst, n, $src, $count, part, parts, |x: T| x, |x: T| x)
+            }
+        };
+    }
     let send = |first: usize| {
         move |p: usize| {
             send_win.lsa_ptr::<T>(args.send_offset as usize + first * core::mem::size_of::<T>(), p as u32) as *const T
@@ -593,21 +671,15 @@ unsafe fn reduce_kind<T: CollElem, O: Op>(
                 // this CTA's part; the result goes to every rank's output.
                 let (first_b, len_b) = lsa::split_16(count * core::mem::size_of::<T>(), me, n);
                 let (first, len) = (first_b / core::mem::size_of::<T>(), len_b / core::mem::size_of::<T>());
-                let mut dsts = [core::ptr::null_mut::<T>(); MAX_LSA_PEERS];
-                for (p, d) in dsts.iter_mut().enumerate().take(n) {
-                    *d = recv_win.lsa_ptr::<T>(args.recv_offset as usize + first_b, p as u32);
-                }
-                reduce::<T, O, _>(coop, &dsts[..n], n, send(first), len, part, parts, pre, finish);
+                let dst = |p: usize| recv_win.lsa_ptr::<T>(args.recv_offset as usize + first_b, p as u32);
+                reduce_with!(n, dst, send(first), len);
             }
             CollKind::AllReduce | CollKind::Reduce => {
-                reduce::<T, O, _>(coop, &[recv as *mut T], n, send(0), count, part, parts, pre, finish);
+                reduce_with!(1, |_| recv as *mut T, send(0), count);
             }
             _ => {
-                reduce::<T, O, _>(coop, &[recv as *mut T], n, send(me * count), count, part, parts, pre, finish);
+                reduce_with!(1, |_| recv as *mut T, send(me * count), count);
             }
         }
     }
 }
-
-/// The most LSA peers two-shot all-reduce serves (its destination list lives in registers).
-pub const MAX_LSA_PEERS: usize = 72;

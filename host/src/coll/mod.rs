@@ -36,7 +36,7 @@ use crate::ops::launch_copy;
 use crate::runtime::launch::LaunchConfig;
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::{Backend, Error, Result};
-use ferrolink_device::coll::{CollArgs, MAX_LSA_PEERS};
+use ferrolink_device::coll::CollArgs;
 pub use ferrolink_device::coll::{CollElem, CollKind, DataType, RedOp as ReduceOp, algo};
 use ferrolink_device::kernels::coll::coll_lsa;
 use ferrolink_device::kernels::copy::ferrolink_copy;
@@ -398,9 +398,6 @@ impl Communicator {
         let a = forced.unwrap_or(if coll.count * size < (256 << 10) { algo::ONE_SHOT } else { algo::TWO_SHOT });
         if a > algo::TWO_SHOT {
             return Err(Error::InvalidArgument(format!("all_reduce: unknown algorithm {a}")));
-        }
-        if a == algo::TWO_SHOT && self.lsa_size() > MAX_LSA_PEERS {
-            return Ok(algo::ONE_SHOT);
         }
         Ok(a)
     }
