@@ -43,7 +43,7 @@ use ferrolink_device::kernels::copy::ferrolink_copy;
 pub use half::{bf16, f16};
 
 /// The most CTAs a collective's grid has (each needs an LSA barrier of its own).
-pub const MAX_CTAS: u32 = 32;
+pub const MAX_CTAS: u32 = 128;
 
 /// Where a collective reads this rank's input.
 pub enum Input<'a, T: bytemuck::Pod> {
@@ -333,7 +333,14 @@ impl Communicator {
             // Unused by the kernel (it writes through `recv`): any window.
             (false, None) => (send_win, 0),
         };
-        let ctas = grid(dev, out_bytes.max(in_bytes));
+        // Every rank's CTAs must be resident at once (they wait for each other). The kernel
+        // takes up to 254 registers per thread, so one 256-thread CTA per SM: the ranks that
+        // share this GPU share its SMs.
+        let sharing = {
+            let me = &self.shared.peers[self.rank()];
+            self.shared.peers.iter().filter(|p| p.node == me.node && p.uuid == me.uuid).count().max(1)
+        };
+        let ctas = grid(dev, out_bytes.max(in_bytes)).min((dev.sm_count() / sharing as u32).max(1));
         let args = CollArgs {
             kind: coll.kind as u32,
             algo,
@@ -453,10 +460,10 @@ fn grow(comm: &Communicator, win: &mut Option<Window>, bytes: usize) -> Result<b
     Ok(true)
 }
 
-/// CTAs for a collective moving `bytes` per rank: about 256 KiB each, at most [`MAX_CTAS`].
+/// CTAs for a collective moving `bytes` per rank: about 64 KiB each, at most [`MAX_CTAS`].
 fn grid(dev: &crate::Device, bytes: usize) -> u32 {
     let per = match dev.backend() {
-        Backend::Cuda => 256 << 10,
+        Backend::Cuda => 64 << 10,
         Backend::Cpu => 1 << 20,
     };
     (bytes.div_ceil(per) as u32).clamp(1, MAX_CTAS)
