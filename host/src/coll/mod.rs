@@ -460,10 +460,10 @@ fn grow(comm: &Communicator, win: &mut Option<Window>, bytes: usize) -> Result<b
     Ok(true)
 }
 
-/// CTAs for a collective moving `bytes` per rank: about 64 KiB each, at most [`MAX_CTAS`].
+/// CTAs for a collective moving `bytes` per rank: about 16 KiB each, at most [`MAX_CTAS`].
 fn grid(dev: &crate::Device, bytes: usize) -> u32 {
     let per = match dev.backend() {
-        Backend::Cuda => 64 << 10,
+        Backend::Cuda => 16 << 10,
         Backend::Cpu => 1 << 20,
     };
     (bytes.div_ceil(per) as u32).clamp(1, MAX_CTAS)
