@@ -626,8 +626,10 @@ unsafe impl<A: KernelArgs> Send for SendArgs<A> {}
 // SAFETY: as above; the threads only copy the arguments.
 unsafe impl<A: KernelArgs> Sync for SendArgs<A> {}
 
-/// Stack size of an emulated thread. Kernels use little stack.
-const EMULATED_THREAD_STACK: usize = 256 * 1024;
+/// Stack size of an emulated thread. Kernels use little stack when optimized, but the
+/// collectives' kernel (every type and reduction inlined into one body) needs more than 256
+/// KiB unoptimized. Reserved, not committed: untouched pages cost nothing.
+const EMULATED_THREAD_STACK: usize = 2 * 1024 * 1024;
 
 /// Runs `entry(args)` on `spec.grid × spec.block` emulated threads and waits for all of them.
 ///
