@@ -158,7 +158,13 @@ impl<T: Pod> DeviceBuffer<T> {
                 self.bytes()
             )));
         }
-        Ok(TrackedPtr { addr: self.addr + byte_offset as u64, buf: self.as_untyped(), write, hold: false, _p: PhantomData })
+        Ok(TrackedPtr {
+            addr: self.addr + byte_offset as u64,
+            buf: self.as_untyped(),
+            write,
+            hold: false,
+            _p: PhantomData,
+        })
     }
 
     fn as_untyped(&self) -> UntypedBuffer<'_> {
