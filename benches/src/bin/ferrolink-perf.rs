@@ -170,6 +170,9 @@ struct CollCli {
     /// GPUs in one process (default: every device of the backend) when not launched.
     #[arg(short = 'g', long = "ngpus")]
     ngpus: Option<usize>,
+    /// Ranks per GPU in one process (virtual ranks sharing each GPU; default 1).
+    #[arg(long = "ranks-per-gpu", default_value_t = 1)]
+    ranks_per_gpu: usize,
     /// All-reduce algorithm: one_shot or two_shot (default: the tuner's).
     #[arg(long)]
     algo: Option<String>,
@@ -387,9 +390,11 @@ fn coll(dev: &Device, kind: ferrolink::coll::CollKind, c: CollCli) -> ferrolink:
         (perf::coll_rank(&comm, &bench)?, n)
     } else {
         let g = c.ngpus.unwrap_or_else(|| ferrolink::runtime::device_count(dev.backend()).unwrap_or(1).max(1));
-        let devs = (0..g).map(|i| Device::open_with(dev.backend(), i)).collect::<ferrolink::Result<Vec<_>>>()?;
+        let k = c.ranks_per_gpu.max(1);
+        let devs =
+            (0..g * k).map(|i| Device::open_with(dev.backend(), i / k)).collect::<ferrolink::Result<Vec<_>>>()?;
         let comms = ferrolink::Communicator::init_all(&devs)?;
-        (ferrolink::run_ranks(&comms, |cm| perf::coll_rank(cm, &bench))?.into_iter().flatten().next(), g)
+        (ferrolink::run_ranks(&comms, |cm| perf::coll_rank(cm, &bench))?.into_iter().flatten().next(), g * k)
     };
     let Some(rows) = rows else { return Ok(()) };
     let name = format!("{kind:?}");
