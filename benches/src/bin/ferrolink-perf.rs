@@ -391,8 +391,9 @@ fn coll(dev: &Device, kind: ferrolink::coll::CollKind, c: CollCli) -> ferrolink:
     } else {
         let g = c.ngpus.unwrap_or_else(|| ferrolink::runtime::device_count(dev.backend()).unwrap_or(1).max(1));
         let k = c.ranks_per_gpu.max(1);
-        let devs =
-            (0..g * k).map(|i| Device::open_with(dev.backend(), i / k)).collect::<ferrolink::Result<Vec<_>>>()?;
+        // One `Device` per GPU, shared by its ranks (one module load per GPU).
+        let gpus = (0..g).map(|i| Device::open_with(dev.backend(), i)).collect::<ferrolink::Result<Vec<_>>>()?;
+        let devs: Vec<Device> = (0..g * k).map(|i| gpus[i / k].clone()).collect();
         let comms = ferrolink::Communicator::init_all(&devs)?;
         (ferrolink::run_ranks(&comms, |cm| perf::coll_rank(cm, &bench))?.into_iter().flatten().next(), g * k)
     };

@@ -265,6 +265,9 @@ impl Communicator {
         }
         let algo = self.pick_algo(coll, size)?;
         let (in_bytes, out_bytes) = (in_len * size, out_len * size);
+        // The module before anything else: loading it may wait for the device's running
+        // kernels, and after the set-up below peers' kernels may be waiting for this rank.
+        let module = self.device().builtin_module()?;
         let mut guard = crate::runtime::lifetime::lock(&self.shared.coll);
         let state = guard.get_or_insert_with(|| CollState { handle: None, send: None, recv: None });
         let stream = self.stream();
@@ -353,7 +356,6 @@ impl Communicator {
             recv_offset: recv_offset as u64,
         };
         let cfg = LaunchConfig::linear(ctas, threads(dev));
-        let module = dev.builtin_module()?;
         {
             let out_ptr: TrackedPtr<'_, *mut u8> = match (&mut out_buf, out_via_recv || out_window.is_some()) {
                 (_, true) => recv_win.slot_ptr(recv_offset, out_bytes)?,
