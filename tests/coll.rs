@@ -31,6 +31,11 @@ impl Val for i64 {
         i64::from(v) - 3
     }
 }
+impl Val for u32 {
+    fn of(v: u8) -> Self {
+        u32::from(v)
+    }
+}
 impl Val for u8 {
     fn of(v: u8) -> Self {
         v
@@ -236,6 +241,7 @@ fn every_reduction_of_every_type_on_two_and_three_ranks() {
             reductions::<i32>(&comms, &sizes)?;
             reductions::<i64>(&comms, &sizes)?;
             reductions::<u8>(&comms, &sizes)?;
+            reductions::<u32>(&comms, &sizes)?;
         }
         Ok(())
     });
@@ -254,6 +260,7 @@ fn every_movement_of_every_type_on_two_and_three_ranks() {
             movements::<i32>(&comms, &sizes)?;
             movements::<i64>(&comms, &sizes)?;
             movements::<u8>(&comms, &sizes)?;
+            movements::<u32>(&comms, &sizes)?;
         }
         Ok(())
     });

@@ -848,6 +848,7 @@ pub fn coll_rank(comm: &ferrolink::Communicator, b: &CollBench) -> Result<Option
         D::I32 => coll_rank_t::<i32>(comm, b),
         D::I64 => coll_rank_t::<i64>(comm, b),
         D::U8 => coll_rank_t::<u8>(comm, b),
+        D::U32 => coll_rank_t::<u32>(comm, b),
     }
 }
 
@@ -863,6 +864,7 @@ fn coll_value<T: ferrolink::coll::CollElem>(r: usize, i: usize) -> T {
         ferrolink::coll::DataType::I32 => (v as i32).to_le_bytes().to_vec(),
         ferrolink::coll::DataType::I64 => (v as i64).to_le_bytes().to_vec(),
         ferrolink::coll::DataType::U8 => vec![v as u8],
+        ferrolink::coll::DataType::U32 => (v as u32).to_le_bytes().to_vec(),
     };
     bytemuck::pod_read_unaligned(&bytes)
 }

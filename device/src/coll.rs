@@ -46,12 +46,22 @@ pub enum DataType {
     I64 = 5,
     /// `u8`.
     U8 = 6,
+    /// `u32`.
+    U32 = 7,
 }
 
 impl DataType {
     /// Every type, in code order.
-    pub const ALL: [DataType; 7] =
-        [DataType::F32, DataType::F16, DataType::Bf16, DataType::F64, DataType::I32, DataType::I64, DataType::U8];
+    pub const ALL: [DataType; 8] = [
+        DataType::F32,
+        DataType::F16,
+        DataType::Bf16,
+        DataType::F64,
+        DataType::I32,
+        DataType::I64,
+        DataType::U8,
+        DataType::U32,
+    ];
 
     /// The type of code `code` (`DataType as u32`).
     pub fn from_code(code: u32) -> Option<DataType> {
@@ -61,7 +71,7 @@ impl DataType {
     /// Bytes per element.
     pub const fn size(self) -> usize {
         match self {
-            DataType::F32 | DataType::I32 => 4,
+            DataType::F32 | DataType::I32 | DataType::U32 => 4,
             DataType::F16 | DataType::Bf16 => 2,
             DataType::F64 | DataType::I64 => 8,
             DataType::U8 => 1,
@@ -78,6 +88,7 @@ impl DataType {
             DataType::I32 => "int32",
             DataType::I64 => "int64",
             DataType::U8 => "uint8",
+            DataType::U32 => "uint32",
         }
     }
 }
@@ -306,6 +317,7 @@ macro_rules! int_elem {
 int_elem!(i32, DataType::I32);
 int_elem!(i64, DataType::I64);
 int_elem!(u8, DataType::U8);
+int_elem!(u32, DataType::U32);
 
 macro_rules! half_elem {
     ($t:ty, $code:expr) => {
@@ -614,6 +626,7 @@ unsafe fn reduce_dispatch(
             DataType::I32 => by_op!(i32),
             DataType::I64 => by_op!(i64),
             DataType::U8 => by_op!(u8),
+            DataType::U32 => by_op!(u32),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! signals) around the call: peers' sources must be complete before (barrier before), and
 //! peers must not reuse destinations or sources until all readers are done (barrier after).
 
-use crate::arch::{self, U32x4};
+use crate::coll::{CollElem, SumOp};
 use crate::coop::Coop;
 use crate::kernels::copy::copy_bytes;
 
@@ -30,58 +30,11 @@ pub fn split_16(bytes: usize, part: usize, parts: usize) -> (usize, usize) {
     (start, chunk.min(bytes - start))
 }
 
-/// An element type the reduce helpers sum, four 32-bit or two 64-bit lanes per 16 bytes.
-pub trait ReduceElem: Copy + Default {
-    /// `a + b` lane-wise on 16 bytes.
-    fn add_v4(a: U32x4, b: U32x4) -> U32x4;
-    /// `a + b`.
-    fn add(a: Self, b: Self) -> Self;
-}
+/// An element type the reduce helpers sum: any element type of the collectives
+/// ([`crate::coll::CollElem`]: `f32`, `f64`, `u32`, `f16`, `bf16`, `i32`, `i64`, `u8`).
+pub trait ReduceElem: CollElem {}
 
-impl ReduceElem for f32 {
-    #[inline(always)]
-    fn add_v4(a: U32x4, b: U32x4) -> U32x4 {
-        let mut r = [0u32; 4];
-        for (i, slot) in r.iter_mut().enumerate() {
-            *slot = (f32::from_bits(a.0[i]) + f32::from_bits(b.0[i])).to_bits();
-        }
-        U32x4(r)
-    }
-    #[inline(always)]
-    fn add(a: Self, b: Self) -> Self {
-        a + b
-    }
-}
-
-impl ReduceElem for u32 {
-    #[inline(always)]
-    fn add_v4(a: U32x4, b: U32x4) -> U32x4 {
-        U32x4([
-            a.0[0].wrapping_add(b.0[0]),
-            a.0[1].wrapping_add(b.0[1]),
-            a.0[2].wrapping_add(b.0[2]),
-            a.0[3].wrapping_add(b.0[3]),
-        ])
-    }
-    #[inline(always)]
-    fn add(a: Self, b: Self) -> Self {
-        a.wrapping_add(b)
-    }
-}
-
-impl ReduceElem for f64 {
-    #[inline(always)]
-    fn add_v4(a: U32x4, b: U32x4) -> U32x4 {
-        let f = |v: U32x4, i: usize| f64::from_bits(u64::from(v.0[2 * i]) | (u64::from(v.0[2 * i + 1]) << 32));
-        let lo = (f(a, 0) + f(b, 0)).to_bits();
-        let hi = (f(a, 1) + f(b, 1)).to_bits();
-        U32x4([lo as u32, (lo >> 32) as u32, hi as u32, (hi >> 32) as u32])
-    }
-    #[inline(always)]
-    fn add(a: Self, b: Self) -> Self {
-        a + b
-    }
-}
+impl<T: CollElem> ReduceElem for T {}
 
 /// Element-wise sum of `srcs` (e.g. every LSA peer's slot of a window) into every pointer of
 /// `dsts`, over `count` elements, split among the threads of `coop` and, by `part`/`parts`,
@@ -127,6 +80,7 @@ pub unsafe fn reduce_sum_window<T: ReduceElem, C: Coop>(
 }
 
 /// The engine of the reduce helpers: sources given by `src(i)` for `i < nsrcs` (at least 1).
+/// The collectives' element-wise reduction ([`crate::coll::reduce`]) with a sum.
 ///
 /// # Safety
 /// As [`reduce_sum`].
@@ -140,41 +94,9 @@ pub unsafe fn reduce_sum_with<T: ReduceElem, C: Coop>(
     part: usize,
     parts: usize,
 ) {
-    let size = core::mem::size_of::<T>();
-    let (start_b, len_b) = split_16(count * size, part, parts);
-    let (start, n) = (start_b / size, len_b / size);
-    let aligned = (0..nsrcs).all(|s| (src(s) as usize + start_b) & 15 == 0)
-        && dsts.iter().all(|p| (*p as usize + start_b) & 15 == 0);
-    let (rank, nthreads) = (coop.thread_rank(), coop.size());
-    let per_vec = 16 / size;
-    let vectors = if aligned { n / per_vec } else { 0 };
-    // SAFETY: every access is at an element index in [start, start + n) of the caller's
-    // ranges; the vector path runs only when all pointers are 16-byte aligned there.
+    // SAFETY: forwarded contract.
     unsafe {
-        let mut v = rank;
-        while v < vectors {
-            let off = start + v * per_vec;
-            let mut acc = arch::load_v4(src(0).add(off) as *const U32x4);
-            for s in 1..nsrcs {
-                acc = T::add_v4(acc, arch::load_v4(src(s).add(off) as *const U32x4));
-            }
-            for d in dsts {
-                arch::store_v4(d.add(off) as *mut U32x4, acc);
-            }
-            v += nthreads;
-        }
-        let mut i = vectors * per_vec + rank;
-        while i < n {
-            let off = start + i;
-            let mut acc = src(0).add(off).read();
-            for s in 1..nsrcs {
-                acc = T::add(acc, src(s).add(off).read());
-            }
-            for d in dsts {
-                d.add(off).write(acc);
-            }
-            i += nthreads;
-        }
+        crate::coll::reduce::<T, SumOp, C>(coop, dsts.len(), |d| dsts[d], nsrcs, src, count, part, parts, |x| x, |x| x)
     }
 }
 
@@ -198,19 +120,25 @@ mod tests {
         }
     }
 
+    /// Sixteen-byte-aligned host storage for the reduce tests.
+    #[repr(C, align(16))]
+    struct Aligned<T>([T; 8]);
+
+    fn sum_of<T: ReduceElem + PartialEq + core::fmt::Debug>(a: [T; 8], b: [T; 8]) -> [T; 8] {
+        let (a, b) = (Aligned(a), Aligned(b));
+        let mut out = Aligned(a.0);
+        // SAFETY: three distinct aligned arrays of 8 elements; one thread.
+        unsafe { reduce_sum(crate::coop::CoopThread, &[out.0.as_mut_ptr()], &[a.0.as_ptr(), b.0.as_ptr()], 8, 0, 1) };
+        out.0
+    }
+
     #[test]
-    fn vector_adds_match_scalar_adds() {
-        let a = U32x4([1.5f32.to_bits(), 2.0f32.to_bits(), (-1.0f32).to_bits(), 0]);
-        let b = U32x4([0.25f32.to_bits(), 3.0f32.to_bits(), 1.0f32.to_bits(), 7.0f32.to_bits()]);
-        let r = f32::add_v4(a, b);
-        assert_eq!(r.0.map(f32::from_bits), [1.75, 5.0, 0.0, 7.0]);
-        assert_eq!(u32::add_v4(U32x4([u32::MAX, 1, 2, 3]), U32x4([1, 1, 1, 1])).0, [0, 2, 3, 4]);
-        let d = |x: f64| [x.to_bits() as u32, (x.to_bits() >> 32) as u32];
-        let [a0, a1] = d(1.25);
-        let [b0, b1] = d(-3.0);
-        let [c0, c1] = d(2.0);
-        let r = f64::add_v4(U32x4([a0, a1, b0, b1]), U32x4([c0, c1, c0, c1]));
-        assert_eq!(f64::from_bits(u64::from(r.0[0]) | (u64::from(r.0[1]) << 32)), 3.25);
-        assert_eq!(f64::from_bits(u64::from(r.0[2]) | (u64::from(r.0[3]) << 32)), -1.0);
+    fn sums_are_element_wise_in_vectors_and_tails() {
+        let f = sum_of([1.5f32, 2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0], [0.25, 3.0, 1.0, 7.0, 1.0, 1.0, 1.0, 1.0]);
+        assert_eq!(f, [1.75, 5.0, 0.0, 7.0, 2.0, 3.0, 4.0, 5.0]);
+        let u = sum_of([u32::MAX, 1, 2, 3, 4, 5, 6, 7], [1; 8]);
+        assert_eq!(u, [0, 2, 3, 4, 5, 6, 7, 8]);
+        let d = sum_of([1.25f64, -3.0, 0.5, 0.0, 1.0, 1.0, 1.0, 1.0], [2.0; 8]);
+        assert_eq!(d, [3.25, -1.0, 2.5, 2.0, 3.0, 3.0, 3.0, 3.0]);
     }
 }

@@ -151,8 +151,8 @@ struct CollCli {
     /// Factor between sizes.
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
     factor: usize,
-    /// Element type: float, half, bfloat16, double, int32, int64, uint8 (or f32, f16, bf16,
-    /// f64, i32, i64, u8).
+    /// Element type: float, half, bfloat16, double, int32, int64, uint8, uint32 (or f32, f16, bf16,
+    /// f64, i32, i64, u8, u32).
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     dtype: String,
     /// Reduction: sum, prod, min, max, avg.
@@ -355,6 +355,7 @@ fn coll(dev: &Device, kind: ferrolink::coll::CollKind, c: CollCli) -> ferrolink:
         "int32" | "i32" | "int" => D::I32,
         "int64" | "i64" => D::I64,
         "uint8" | "u8" => D::U8,
+        "uint32" | "u32" => D::U32,
         other => return Err(bad("-d", other)),
     };
     let op = match c.op.as_str() {

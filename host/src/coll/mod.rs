@@ -1,6 +1,6 @@
 //! Collectives per rank, NCCL-shaped, on the rank's stream: all-reduce, reduce-scatter,
-//! all-gather, broadcast, reduce and all-to-all, for `f32`, `f16`, `bf16`, `f64`, `i32`, `i64`
-//! and `u8` with sum, prod, min, max and avg, in place or out of place.
+//! all-gather, broadcast, reduce and all-to-all, for `f32`, `f16`, `bf16`, `f64`, `i32`, `i64`,
+//! `u8` and `u32` with sum, prod, min, max and avg, in place or out of place.
 //!
 //! They run as one kernel per call written on the public device API (`ferrolink_device::coll`,
 //! LSA barriers and windows): every rank launches the same grid, CTA `b` meets its peers at
