@@ -2,7 +2,7 @@
 //! place, from device buffers (staged) and from windows (zero copy), one-shot and two-shot,
 //! at sizes 0, 1, odd and large, against a host reference — on every backend.
 
-use ferrolink::coll::{CollElem, CollKind, Collective, Input, Output, ReduceOp, algo, bf16, f16};
+use ferrolink::coll::{CollElem, CollKind, Collective, Input, Output, ReduceOp, algo, bf16, expected_output, f16};
 use ferrolink::{Communicator, Device, Window};
 use ferrolink_tests::check;
 
@@ -55,38 +55,6 @@ impl Val for bf16 {
 /// Rank `r`'s input element `i`.
 fn input<T: Val>(r: usize, i: usize) -> T {
     T::of(((r * 7 + i * 3) % 5 + 1) as u8)
-}
-
-/// The host's reduction of `vals` (in rank order) with `op`, as NCCL defines it.
-fn reduce<T: Val>(vals: &[T], op: ReduceOp) -> T {
-    let n = vals.len() as u32;
-    let pre = |x: T| if op == ReduceOp::Avg { x.avg_pre(n) } else { x };
-    let mut acc = pre(vals[0]);
-    for &v in &vals[1..] {
-        let v = pre(v);
-        acc = match op {
-            ReduceOp::Sum | ReduceOp::Avg => T::sum(acc, v),
-            ReduceOp::Prod => T::prod(acc, v),
-            ReduceOp::Min => T::min(acc, v),
-            ReduceOp::Max => T::max(acc, v),
-        };
-    }
-    if op == ReduceOp::Avg { acc.avg_post(n) } else { acc }
-}
-
-/// What rank `me` of `n` must hold after `c` (`None`: untouched).
-fn expected<T: Val>(c: &Collective, n: usize, me: usize) -> Option<Vec<T>> {
-    let k = c.count;
-    let col = |i: usize| (0..n).map(|r| input::<T>(r, i)).collect::<Vec<T>>();
-    Some(match c.kind {
-        CollKind::AllReduce => (0..k).map(|i| reduce(&col(i), c.op)).collect(),
-        CollKind::Reduce if me == c.root => (0..k).map(|i| reduce(&col(i), c.op)).collect(),
-        CollKind::Reduce => return None,
-        CollKind::ReduceScatter => (0..k).map(|i| reduce(&col(me * k + i), c.op)).collect(),
-        CollKind::AllGather => (0..n * k).map(|j| input(j / k, j % k)).collect(),
-        CollKind::Broadcast => (0..k).map(|i| input(c.root, i)).collect(),
-        CollKind::AllToAll => (0..n * k).map(|j| input(j / k, me * k + j % k)).collect(),
-    })
 }
 
 /// How a case passes its buffers.
@@ -160,7 +128,7 @@ fn run_case<T: Val>(comms: &[Communicator], c: Collective, form: Form) -> ferrol
         }
     })?;
     for (me, got) in outs.iter().enumerate() {
-        let want = expected::<T>(&c, n, me);
+        let want = expected_output::<T>(&c, n, me, input::<T>);
         let untouched = || {
             let mut v = vec![sentinel; out_len];
             if matches!(form, Form::InPlace | Form::WindowInPlace) {

@@ -922,7 +922,7 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
                 comm.stream().synchronize()?;
                 let (_, out_len) = c.lengths(n);
                 let got = recv.read::<T>(0, out_len)?;
-                let want = coll_expected::<T>(&c, n, me);
+                let want = ferrolink::coll::expected_output::<T>(&c, n, me, coll_value::<T>);
                 wrong = Some(match want {
                     Some(w) => got.iter().zip(&w).filter(|(g, w)| g != w).count(),
                     None => 0,
@@ -944,34 +944,4 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
     }
     comm.barrier()?;
     Ok((me == 0).then_some(rows))
-}
-
-/// What rank `me` must hold after `c` with [`coll_value`] inputs (None: nothing to check).
-fn coll_expected<T: ferrolink::coll::CollElem>(c: &ferrolink::coll::Collective, n: usize, me: usize) -> Option<Vec<T>> {
-    use ferrolink::coll::{CollKind as K, ReduceOp as O};
-    let k = c.count;
-    let red = |i: usize| {
-        let nn = n as u32;
-        let pre = |x: T| if c.op == O::Avg { x.avg_pre(nn) } else { x };
-        let mut acc = pre(coll_value::<T>(0, i));
-        for r in 1..n {
-            let v = pre(coll_value::<T>(r, i));
-            acc = match c.op {
-                O::Sum | O::Avg => T::sum(acc, v),
-                O::Prod => T::prod(acc, v),
-                O::Min => T::min(acc, v),
-                O::Max => T::max(acc, v),
-            };
-        }
-        if c.op == O::Avg { acc.avg_post(nn) } else { acc }
-    };
-    Some(match c.kind {
-        K::AllReduce => (0..k).map(red).collect(),
-        K::Reduce if me == c.root => (0..k).map(red).collect(),
-        K::Reduce => return None,
-        K::ReduceScatter => (0..k).map(|i| red(me * k + i)).collect(),
-        K::AllGather => (0..n * k).map(|j| coll_value(j / k, j % k)).collect(),
-        K::Broadcast => (0..k).map(|i| coll_value(c.root, i)).collect(),
-        K::AllToAll => (0..n * k).map(|j| coll_value(j / k, me * k + j % k)).collect(),
-    })
 }

@@ -442,6 +442,53 @@ impl Communicator {
     }
 }
 
+/// The reduction of `values` (in rank order) with `op`, computed one element at a time on the
+/// host as the kernels compute it (NCCL's semantics: see [`ReduceOp`]). For checking results.
+pub fn reduce_values<T: CollElem>(values: &[T], op: ReduceOp) -> T {
+    let n = values.len() as u32;
+    let pre = |x: T| if op == ReduceOp::Avg { x.avg_pre(n) } else { x };
+    let mut acc = pre(values[0]);
+    for &v in &values[1..] {
+        let v = pre(v);
+        acc = match op {
+            ReduceOp::Sum | ReduceOp::Avg => T::sum(acc, v),
+            ReduceOp::Prod => T::prod(acc, v),
+            ReduceOp::Min => T::min(acc, v),
+            ReduceOp::Max => T::max(acc, v),
+        };
+    }
+    if op == ReduceOp::Avg { acc.avg_post(n) } else { acc }
+}
+
+/// What rank `me` of `n` holds after `c` when rank `r`'s input element `i` is `input(r, i)`,
+/// computed on the host (`None`: the output is left as it was — a reduce's non-roots). For
+/// checking results.
+///
+/// ```
+/// use ferrolink::coll::{CollKind, Collective, expected_output};
+/// let c = Collective::new(CollKind::AllGather, 2);
+/// let got = expected_output::<i32>(&c, 3, 0, |r, i| (10 * r + i) as i32);
+/// assert_eq!(got, Some(vec![0, 1, 10, 11, 20, 21]));
+/// ```
+pub fn expected_output<T: CollElem>(
+    c: &Collective,
+    n: usize,
+    me: usize,
+    input: impl Fn(usize, usize) -> T,
+) -> Option<Vec<T>> {
+    let k = c.count;
+    let reduced = |i: usize| reduce_values(&(0..n).map(|r| input(r, i)).collect::<Vec<T>>(), c.op);
+    Some(match c.kind {
+        CollKind::AllReduce => (0..k).map(reduced).collect(),
+        CollKind::Reduce if me == c.root => (0..k).map(reduced).collect(),
+        CollKind::Reduce => return None,
+        CollKind::ReduceScatter => (0..k).map(|i| reduced(me * k + i)).collect(),
+        CollKind::AllGather => (0..n * k).map(|j| input(j / k, j % k)).collect(),
+        CollKind::Broadcast => (0..k).map(|i| input(c.root, i)).collect(),
+        CollKind::AllToAll => (0..n * k).map(|j| input(j / k, me * k + j % k)).collect(),
+    })
+}
+
 /// Whether calls are compared across ranks (debug builds, or `FERROLINK_COLL_CHECK=1`).
 fn check_calls() -> bool {
     match std::env::var("FERROLINK_COLL_CHECK").ok().as_deref() {
