@@ -773,12 +773,32 @@ pub fn gin_rank(
     Ok(Some(figures))
 }
 
+/// What a collective benchmark runs: a collective, or nccl-tests' `sendrecv` (every rank
+/// sends to the next rank and receives from the previous one, in one group).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchOp {
+    /// A collective.
+    Coll(ferrolink::coll::CollKind),
+    /// Send to `rank + 1`, receive from `rank - 1`.
+    SendRecv,
+}
+
+impl BenchOp {
+    /// The name nccl-tests prints.
+    pub fn name(&self) -> String {
+        match self {
+            BenchOp::Coll(k) => format!("{k:?}"),
+            BenchOp::SendRecv => "SendRecv".into(),
+        }
+    }
+}
+
 /// Options of a collective benchmark in nccl-tests form (`ferrolink-perf all_reduce -b 8 -e
 /// 256M -f 2 -d bf16 -o sum -n 20 -w 5 -c 1`).
 #[derive(Clone, Debug)]
 pub struct CollBench {
     /// Which collective.
-    pub kind: ferrolink::coll::CollKind,
+    pub kind: BenchOp,
     /// Element type.
     pub dtype: ferrolink::coll::DataType,
     /// Reduction.
@@ -840,16 +860,95 @@ pub fn bus_factor(kind: ferrolink::coll::CollKind, n: usize) -> f64 {
 /// every rank (a second barrier after each rank's stream synchronize), divided by `iters`.
 pub fn coll_rank(comm: &ferrolink::Communicator, b: &CollBench) -> Result<Option<Vec<CollRow>>> {
     use ferrolink::coll::DataType as D;
-    match b.dtype {
-        D::F32 => coll_rank_t::<f32>(comm, b),
-        D::F16 => coll_rank_t::<ferrolink::coll::f16>(comm, b),
-        D::Bf16 => coll_rank_t::<ferrolink::coll::bf16>(comm, b),
-        D::F64 => coll_rank_t::<f64>(comm, b),
-        D::I32 => coll_rank_t::<i32>(comm, b),
-        D::I64 => coll_rank_t::<i64>(comm, b),
-        D::U8 => coll_rank_t::<u8>(comm, b),
-        D::U32 => coll_rank_t::<u32>(comm, b),
+    fn run<T: ferrolink::coll::CollElem + PartialEq>(
+        comm: &ferrolink::Communicator,
+        b: &CollBench,
+    ) -> Result<Option<Vec<CollRow>>> {
+        match b.kind {
+            BenchOp::Coll(kind) => coll_rank_t::<T>(comm, b, kind),
+            BenchOp::SendRecv => sendrecv_rank_t::<T>(comm, b),
+        }
     }
+    match b.dtype {
+        D::F32 => run::<f32>(comm, b),
+        D::F16 => run::<ferrolink::coll::f16>(comm, b),
+        D::Bf16 => run::<ferrolink::coll::bf16>(comm, b),
+        D::F64 => run::<f64>(comm, b),
+        D::I32 => run::<i32>(comm, b),
+        D::I64 => run::<i64>(comm, b),
+        D::U8 => run::<u8>(comm, b),
+        D::U32 => run::<u32>(comm, b),
+    }
+}
+
+/// Times `iters` calls of `run` after `warmup` (wall clock on this rank from a host barrier
+/// to the end of every rank's calls), in microseconds per call.
+fn time_calls(comm: &ferrolink::Communicator, b: &CollBench, run: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..b.warmup {
+        run()?;
+    }
+    comm.stream().synchronize()?;
+    comm.barrier()?;
+    let t = std::time::Instant::now();
+    for _ in 0..b.iters.max(1) {
+        run()?;
+    }
+    comm.stream().synchronize()?;
+    comm.barrier()?;
+    Ok(t.elapsed().as_secs_f64() * 1e6 / b.iters.max(1) as f64)
+}
+
+/// The sizes of a benchmark: from `min_bytes` (at least one element) by `factor` to
+/// `max_bytes`.
+fn bench_sizes(b: &CollBench, size: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut bytes = b.min_bytes.max(size);
+    loop {
+        out.push(bytes);
+        if bytes >= b.max_bytes {
+            return out;
+        }
+        bytes = (bytes * b.factor.max(2)).min(b.max_bytes);
+    }
+}
+
+/// nccl-tests' `sendrecv`: each call is one group (send `count` elements to the next rank,
+/// receive as many from the previous one) from device buffers; busbw = algbw.
+fn sendrecv_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
+    comm: &ferrolink::Communicator,
+    b: &CollBench,
+) -> Result<Option<Vec<CollRow>>> {
+    let (me, n) = (comm.rank(), comm.nranks());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let size = std::mem::size_of::<T>();
+    let max_count = (b.max_bytes / size).max(1);
+    let dev = comm.device();
+    comm.enable_p2p(None)?;
+    let input: Vec<T> = (0..max_count).map(|i| coll_value::<T>(me, i)).collect();
+    let send = dev.alloc_from(&input)?;
+    let mut recv = dev.alloc::<T>(max_count)?;
+    comm.barrier()?;
+    let mut rows = Vec::new();
+    for bytes in bench_sizes(b, size) {
+        let count = bytes / size;
+        let mut run = || -> Result<()> {
+            let mut g = comm.p2p_group();
+            g.send_slice(&send, 0, count, next)?;
+            g.recv_slice(&mut recv, 0, count, prev)?;
+            g.launch()
+        };
+        let us = time_calls(comm, b, &mut run)?;
+        let mut wrong = None;
+        if b.check {
+            let got = recv.to_vec()?;
+            wrong = Some((0..count).filter(|&i| got[i] != coll_value::<T>(prev, i)).count());
+            comm.barrier()?;
+        }
+        let alg = bytes as f64 / (us * 1e3);
+        rows.push(CollRow { bytes, count, out_of_place: (us, alg, alg, wrong), in_place: None });
+    }
+    comm.barrier()?;
+    Ok((me == 0).then_some(rows))
 }
 
 /// Small integers that every type holds exactly (`(r * 7 + i * 3) % 5 + 1`).
@@ -872,13 +971,14 @@ fn coll_value<T: ferrolink::coll::CollElem>(r: usize, i: usize) -> T {
 fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
     comm: &ferrolink::Communicator,
     b: &CollBench,
+    kind: ferrolink::coll::CollKind,
 ) -> Result<Option<Vec<CollRow>>> {
     use ferrolink::coll::{CollKind as K, Collective, Input, Output};
     let n = comm.nranks();
     let me = comm.rank();
     let size = std::mem::size_of::<T>();
-    let max_count = coll_counts(b.kind, b.max_bytes, size, n).max(1);
-    let probe = Collective::new(b.kind, max_count);
+    let max_count = coll_counts(kind, b.max_bytes, size, n).max(1);
+    let probe = Collective::new(kind, max_count);
     let (in_max, out_max) = probe.lengths(n);
     // Windows first, then nothing is allocated while collectives run.
     let send = comm.register_window(comm.mem_alloc(in_max * size)?)?;
@@ -887,33 +987,19 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
     send.copy_from_host(0, &input)?;
     comm.barrier()?;
     let mut rows = Vec::new();
-    let mut bytes = b.min_bytes.max(size);
-    let has_in_place = !matches!(b.kind, K::ReduceScatter | K::AllToAll);
-    loop {
-        let count = coll_counts(b.kind, bytes, size, n);
+    let has_in_place = !matches!(kind, K::ReduceScatter | K::AllToAll);
+    for bytes in bench_sizes(b, size) {
+        let count = coll_counts(kind, bytes, size, n);
         if count > 0 {
-            let c =
-                Collective { op: b.op, root: 0, algo: b.algo, check: Some(false), ..Collective::new(b.kind, count) };
+            let c = Collective { op: b.op, root: 0, algo: b.algo, check: Some(false), ..Collective::new(kind, count) };
             let time = |in_place: bool| -> Result<f64> {
-                let run = || -> Result<()> {
+                time_calls(comm, b, &mut || {
                     if in_place {
                         comm.collective::<T>(&c, Input::InPlace, Output::Window(&recv, 0))
                     } else {
                         comm.collective::<T>(&c, Input::Window(&send, 0), Output::Window(&recv, 0))
                     }
-                };
-                for _ in 0..b.warmup {
-                    run()?;
-                }
-                comm.stream().synchronize()?;
-                comm.barrier()?;
-                let t = std::time::Instant::now();
-                for _ in 0..b.iters.max(1) {
-                    run()?;
-                }
-                comm.stream().synchronize()?;
-                comm.barrier()?;
-                Ok(t.elapsed().as_secs_f64() * 1e6 / b.iters.max(1) as f64)
+                })
             };
             let oop = time(false)?;
             let mut wrong = None;
@@ -932,15 +1018,11 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
             let ip = if has_in_place { Some(time(true)?) } else { None };
             let bw = |us: f64| {
                 let alg = bytes as f64 / (us * 1e3);
-                (us, alg, alg * bus_factor(b.kind, n))
+                (us, alg, alg * bus_factor(kind, n))
             };
             let (t, a, bb) = bw(oop);
             rows.push(CollRow { bytes, count, out_of_place: (t, a, bb, wrong), in_place: ip.map(bw) });
         }
-        if bytes >= b.max_bytes {
-            break;
-        }
-        bytes = (bytes * b.factor.max(2)).min(b.max_bytes);
     }
     comm.barrier()?;
     Ok((me == 0).then_some(rows))

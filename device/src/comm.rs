@@ -180,6 +180,10 @@ pub mod error_code {
     /// Collective arguments the kernel does not know: `a` = `kind << 32 | algo`, `b` =
     /// `dtype << 32 | op`.
     pub const COLL_ARGS: u32 = 9;
+    /// Point-to-point arguments the kernel cannot use: `a` = `kind << 32 | peer` of an
+    /// operation (or `channels << 32 | slots`, or an operation's `after`), `b` = its bytes
+    /// (or the chunk size, or its index).
+    pub const P2P_ARGS: u32 = 10;
 }
 
 /// What one slow barrier wait is waiting for (one record per barrier of the communicator,

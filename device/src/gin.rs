@@ -136,6 +136,9 @@ pub mod wait_state {
     /// A GIN barrier is slow: the team fields are set; the expected counts are in the
     /// barrier's state.
     pub const BARRIER: u32 = 2;
+    /// A wait for one sender's part of a signal is slow ([`super::Gin::read_signal_from`]):
+    /// `target` is the value of `slot[id][team_first]`, `team_first` the sender's world rank.
+    pub const PEER_SIGNAL: u32 = 3;
 }
 
 /// Operations of a [`GinDescriptor`].
@@ -593,6 +596,78 @@ impl<'a> Gin<'a> {
         uniform(coop, end)
     }
 
+    /// What world rank `src` has added to signal `id` here (its slot `slot[id][src]`), not
+    /// counting resets: for protocols that follow each sender separately (point-to-point
+    /// channels) and never reset the signal. A relaxed read: after it shows the value waited
+    /// for, [`Gin::acquire`] makes what the sender released with it visible.
+    #[inline(always)]
+    pub fn read_signal_from(&self, id: u32, src: u32) -> u64 {
+        self.check_signal(id);
+        if src >= self.comm.nranks {
+            self.comm.fail(error_code::GIN_PEER, u64::from(src), u64::from(self.comm.nranks));
+        }
+        // SAFETY: the slot lies in this rank's signal window (id and src checked); senders
+        // change it only atomically.
+        unsafe { atomic::load(self.signal_slot(id, src, self.comm.lsa_rank), LoadOrder::Relaxed, Scope::Sys) }
+    }
+
+    /// An acquire fence at system scope: after a relaxed read of a signal
+    /// ([`Gin::read_signal_from`]) showed a value, the data its sender released with it (a
+    /// direct put's stores, or the proxy's delivery) is visible to this thread, and to the
+    /// coop after its next `sync`.
+    #[inline(always)]
+    pub fn acquire(&self) {
+        arch::atomic::fence(FenceOrder::Acquire, Scope::Sys);
+    }
+
+    /// Whether world rank `world` is reached directly (stores through the LSA mapping, no
+    /// proxy): in this rank's LSA domain and not forced through the proxy.
+    #[inline(always)]
+    pub fn is_direct(&self, world: u32) -> bool {
+        self.direct(world)
+    }
+
+    /// Tells the host's watchdog that this CTA's wait for world rank `src`'s part of signal
+    /// `id` to reach `target` has gone slow (so that a hang names who waits on whom);
+    /// [`Gin::clear_slow_wait`] when it ends. For waits written as polls of
+    /// [`Gin::read_signal_from`]. One thread calls it.
+    #[inline(always)]
+    pub fn note_slow_wait(&self, id: u32, src: u32, target: u64) {
+        self.check_signal(id);
+        let slot = self.record_slot(id);
+        if slot.is_null() {
+            return;
+        }
+        let r = GinWaitRecord {
+            target,
+            state: wait_state::PEER_SIGNAL,
+            cta: arch::linear_block_idx() as u32,
+            team_first: src,
+            ..GinWaitRecord::default()
+        };
+        // SAFETY: `slot` is signal `id`'s record (id checked).
+        unsafe { write_record(slot, r) };
+    }
+
+    /// Ends what [`Gin::note_slow_wait`] noted for signal `id`.
+    #[inline(always)]
+    pub fn clear_slow_wait(&self, id: u32) {
+        let slot = self.record_slot(id);
+        if !slot.is_null() {
+            // SAFETY: `record_slot` checked `id` against the records.
+            unsafe { atomic::store(slot.add(3), wait_state::IDLE, StoreOrder::Relaxed, Scope::Sys) };
+        }
+    }
+
+    /// The words of signal `id`'s wait record (null: records are not kept).
+    #[inline(always)]
+    fn record_slot(&self, id: u32) -> *mut u32 {
+        if self.g().wait_records == 0 || id >= self.g().signal_count {
+            return core::ptr::null_mut();
+        }
+        (self.g().wait_records as *mut GinWaitRecord).wrapping_add(id as usize) as *mut u32
+    }
+
     /// Makes signal `id` read 0 from now on (records its current sum; NCCL's `resetSignal`).
     /// Local: no sender needs to stop, but a wait must not span it.
     #[inline(always)]
@@ -776,18 +851,8 @@ impl<'a> Gin<'a> {
                 && !slot.is_null()
             {
                 r.cta = arch::linear_block_idx() as u32;
-                let words: [u32; 8] = bytemuck::cast(r);
-                // SAFETY: `slot` is this signal's record (id checked by the callers) in the
-                // host-mapped array of `signal_count` records; the fields first, `state`
-                // (word 3) last with a release, as the watchdog's acquire expects.
-                unsafe {
-                    for (i, w) in words.iter().enumerate() {
-                        if i != 3 {
-                            atomic::store(slot.add(i), *w, StoreOrder::Relaxed, Scope::Sys);
-                        }
-                    }
-                    atomic::store(slot.add(3), words[3], StoreOrder::Release, Scope::Sys);
-                }
+                // SAFETY: `slot` is this signal's record (id checked by the callers).
+                unsafe { write_record(slot, r) };
             }
             if polls >= FAST_POLLS {
                 if deadline.is_some_and(|d| arch::global_timer_ns() >= d) {
@@ -804,6 +869,25 @@ impl<'a> Gin<'a> {
             unsafe { atomic::store(slot.add(3), wait_state::IDLE, StoreOrder::Relaxed, Scope::Sys) };
         }
         end
+    }
+}
+
+/// Writes wait record `r` at `slot`: the fields first, `state` (word 3) last with a release,
+/// as the watchdog's acquire expects.
+///
+/// # Safety
+/// `slot` is a signal's record in the host-mapped array of records.
+#[inline(always)]
+unsafe fn write_record(slot: *mut u32, r: GinWaitRecord) {
+    let words: [u32; 8] = bytemuck::cast(r);
+    // SAFETY: the caller's contract; eight words per record.
+    unsafe {
+        for (i, w) in words.iter().enumerate() {
+            if i != 3 {
+                atomic::store(slot.add(i), *w, StoreOrder::Relaxed, Scope::Sys);
+            }
+        }
+        atomic::store(slot.add(3), words[3], StoreOrder::Release, Scope::Sys);
     }
 }
 

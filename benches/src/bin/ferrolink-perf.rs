@@ -135,6 +135,10 @@ enum Command {
     /// all_to_all in nccl-tests form.
     #[command(name = "all_to_all")]
     AllToAll(CollCli),
+    /// sendrecv in nccl-tests form: each rank sends to the next and receives from the
+    /// previous one in one group (busbw = algbw; -o is ignored).
+    #[command(name = "sendrecv")]
+    SendRecv(CollCli),
     /// Everything above with default settings (scale, bootstrap and pair only by name).
     All,
 }
@@ -218,12 +222,13 @@ fn run(cli: Cli) -> ferrolink::Result<()> {
         Command::Scale { ranks } => scale(&dev, &ranks),
         Command::Pair { rounds, bytes, trials } => pair(&dev, rounds, bytes, trials),
         Command::Gin { sizes, trials, paths, threads } => gin(&dev, sizes, trials, &paths, threads),
-        Command::AllReduce(c) => coll(&dev, ferrolink::coll::CollKind::AllReduce, c),
-        Command::AllGather(c) => coll(&dev, ferrolink::coll::CollKind::AllGather, c),
-        Command::ReduceScatter(c) => coll(&dev, ferrolink::coll::CollKind::ReduceScatter, c),
-        Command::Broadcast(c) => coll(&dev, ferrolink::coll::CollKind::Broadcast, c),
-        Command::Reduce(c) => coll(&dev, ferrolink::coll::CollKind::Reduce, c),
-        Command::AllToAll(c) => coll(&dev, ferrolink::coll::CollKind::AllToAll, c),
+        Command::AllReduce(c) => coll(&dev, perf::BenchOp::Coll(ferrolink::coll::CollKind::AllReduce), c),
+        Command::AllGather(c) => coll(&dev, perf::BenchOp::Coll(ferrolink::coll::CollKind::AllGather), c),
+        Command::ReduceScatter(c) => coll(&dev, perf::BenchOp::Coll(ferrolink::coll::CollKind::ReduceScatter), c),
+        Command::Broadcast(c) => coll(&dev, perf::BenchOp::Coll(ferrolink::coll::CollKind::Broadcast), c),
+        Command::Reduce(c) => coll(&dev, perf::BenchOp::Coll(ferrolink::coll::CollKind::Reduce), c),
+        Command::AllToAll(c) => coll(&dev, perf::BenchOp::Coll(ferrolink::coll::CollKind::AllToAll), c),
+        Command::SendRecv(c) => coll(&dev, perf::BenchOp::SendRecv, c),
         Command::Bootstrap { ranks } => {
             println!("\n== TCP bootstrap over loopback: init of N ranks (threads), one all-gather, one barrier");
             for n in ranks {
@@ -344,7 +349,7 @@ fn gin(dev: &Device, sizes: Vec<usize>, trials: usize, paths: &[String], threads
     Ok(())
 }
 
-fn coll(dev: &Device, kind: ferrolink::coll::CollKind, c: CollCli) -> ferrolink::Result<()> {
+fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> {
     use ferrolink::coll::{DataType as D, ReduceOp as O, algo};
     let bad = |what: &str, v: &str| ferrolink::Error::InvalidArgument(format!("{what} {v:?} is not known"));
     let dtype = match c.dtype.as_str() {
@@ -399,22 +404,13 @@ fn coll(dev: &Device, kind: ferrolink::coll::CollKind, c: CollCli) -> ferrolink:
         (ferrolink::run_ranks(&comms, |cm| perf::coll_rank(cm, &bench))?.into_iter().flatten().next(), g * k)
     };
     let Some(rows) = rows else { return Ok(()) };
-    let name = format!("{kind:?}");
-    let redop = if matches!(
-        kind,
-        ferrolink::coll::CollKind::AllGather
-            | ferrolink::coll::CollKind::AllToAll
-            | ferrolink::coll::CollKind::Broadcast
-    ) {
-        "none"
-    } else {
-        op.name()
+    use ferrolink::coll::CollKind as K;
+    let name = kind.name();
+    let redop = match kind {
+        perf::BenchOp::Coll(K::AllReduce | K::ReduceScatter | K::Reduce) => op.name(),
+        _ => "none",
     };
-    let root = if matches!(kind, ferrolink::coll::CollKind::Broadcast | ferrolink::coll::CollKind::Reduce) {
-        "0"
-    } else {
-        "-1"
-    };
+    let root = if matches!(kind, perf::BenchOp::Coll(K::Broadcast | K::Reduce)) { "0" } else { "-1" };
     if c.json {
         for r in &rows {
             let (t, a, b, w) = r.out_of_place;

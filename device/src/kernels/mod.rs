@@ -5,6 +5,7 @@
 //!   stress and latency kernels over the LSA device API.
 //! * [`gin`] — GIN exchanges, put-value, queue wrap-around, GIN and hybrid barriers (the
 //!   test suite's), put-with-signal ping-pong and all-to-all (examples and perf).
+//! * [`coll`] and [`p2p`] — the collectives and the point-to-point group kernel.
 //! * [`workqueue`] — a persistent kernel with a batched atomic work queue.
 //! * [`probe`] — the SM clock and single-primitive latencies, for the perf tool.
 //! * [`selftest`] — kernels the test suite uses to check the arch layer on each backend:
@@ -14,6 +15,7 @@ pub mod coll;
 pub mod copy;
 pub mod gin;
 pub mod lsa;
+pub mod p2p;
 pub mod probe;
 pub mod selftest;
 pub mod workqueue;

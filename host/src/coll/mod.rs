@@ -41,6 +41,9 @@ pub use ferrolink_device::coll::{CollElem, CollKind, DataType, RedOp as ReduceOp
 use ferrolink_device::kernels::coll::coll_lsa;
 use ferrolink_device::kernels::copy::ferrolink_copy;
 pub use half::{bf16, f16};
+pub use p2p::{MAX_GROUP_OPS, P2pConfig, P2pGroup};
+
+pub mod p2p;
 
 /// The most CTAs a collective's grid has (each needs an LSA barrier of its own).
 pub const MAX_CTAS: u32 = 128;
@@ -339,11 +342,7 @@ impl Communicator {
         // Every rank's CTAs must be resident at once (they wait for each other). The kernel
         // takes up to 254 registers per thread, so one 256-thread CTA per SM: the ranks that
         // share this GPU share its SMs.
-        let sharing = {
-            let me = &self.shared.peers[self.rank()];
-            self.shared.peers.iter().filter(|p| p.node == me.node && p.uuid == me.uuid).count().max(1)
-        };
-        let ctas = grid(dev, out_bytes.max(in_bytes)).min((dev.sm_count() / sharing as u32).max(1));
+        let ctas = grid(dev, out_bytes.max(in_bytes)).min((dev.sm_count() / self.ranks_sharing_gpu() as u32).max(1));
         let args = CollArgs {
             kind: coll.kind as u32,
             algo,
@@ -383,6 +382,12 @@ impl Communicator {
             launch_copy(stream, &ferrolink_copy, dst, src, out_bytes, copy_cfg(out_bytes))?;
         }
         Ok(())
+    }
+
+    /// Ranks of this communicator on this rank's GPU (itself included): they share its SMs.
+    pub(crate) fn ranks_sharing_gpu(&self) -> usize {
+        let me = &self.shared.peers[self.rank()];
+        self.shared.peers.iter().filter(|p| p.node == me.node && p.uuid == me.uuid).count().max(1)
     }
 
     /// The all-reduce algorithm for `coll` (one-shot below 256 KiB, else two-shot;

@@ -113,9 +113,15 @@ impl StalledWait {
                     let parts: Vec<String> = from.iter().map(|(r, v)| format!("{v} from rank {r}")).collect();
                     parts.join(", ")
                 };
-                format!(
-                    "rank {rank} CTA {cta} waits for GIN signal {signal} to reach {target}: it is {value} ({senders})"
-                )
+                match self.missing.as_slice() {
+                    [peer] => format!(
+                        "rank {rank} CTA {cta} waits for rank {peer}: its part of GIN signal {signal} is {value}, \
+                         {target} needed (a point-to-point channel: rank {peer} has not sent or received its side)"
+                    ),
+                    _ => format!(
+                        "rank {rank} CTA {cta} waits for GIN signal {signal} to reach {target}: it is {value} ({senders})"
+                    ),
+                }
             }
         }
     }

@@ -55,6 +55,8 @@ pub(crate) struct CommShared {
     fds: std::sync::OnceLock<Arc<fdpass::FdExchange>>,
     /// The collectives' device communicator and staging windows (made by the first call).
     pub(crate) coll: std::sync::Mutex<Option<crate::coll::CollState>>,
+    /// The point-to-point resources (made by `enable_p2p`).
+    pub(crate) p2p: std::sync::Mutex<Option<crate::coll::p2p::P2pState>>,
 }
 
 /// One rank of a communicator. Cheap to clone (the rank's stream is shared).
@@ -268,6 +270,7 @@ impl Communicator {
             config,
             fds: std::sync::OnceLock::new(),
             coll: std::sync::Mutex::new(None),
+            p2p: std::sync::Mutex::new(None),
         });
         if rank == 0 {
             tracing::debug!(target: "ferrolink::comm", comm = id, nranks, lsa_size = layout.size, "communicator created");

@@ -68,6 +68,11 @@ pub(crate) fn describe_fault(r: &DevErrorRecord) -> String {
             r.b >> 32,
             r.b & 0xffff_ffff
         ),
+        error_code::P2P_ARGS => format!(
+            "{at}: point-to-point arguments the kernel cannot use (a = {:#x}, b = {:#x}); use the host API \
+             (Communicator::group, send, recv), which builds them",
+            r.a, r.b
+        ),
         code => format!("{at}: device fault code {code} (a = {:#x}, b = {:#x})", r.a, r.b),
     }
 }

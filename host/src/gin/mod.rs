@@ -193,6 +193,21 @@ impl GinRank {
                 let addr = self.signals.local_addr((id as usize * self.nranks + src) * 8, 8)?;
                 slots.push(self.device_word(addr)?);
             }
+            if state == wait_state::PEER_SIGNAL {
+                // One sender's part of the signal (point-to-point channels).
+                let src = w[4] as usize;
+                let value = slots.get(src).copied().unwrap_or(0);
+                if value.wrapping_sub(target) as i64 >= 0 {
+                    continue;
+                }
+                out.push(StalledWait {
+                    rank: self.rank,
+                    cta,
+                    on: WaitOn::GinSignal { signal: id, target, value, from: vec![(src, value)] },
+                    missing: vec![src],
+                });
+                continue;
+            }
             if state == wait_state::BARRIER {
                 let (first, stride, size, epoch) = (w[4] as usize, w[5].max(1) as usize, w[6] as usize, w[7]);
                 let index = id - self.layout.barrier_signal_first;

@@ -321,6 +321,37 @@ impl Stream {
         Ok(())
     }
 
+    /// Queues writes of `words` into `dst` from word `at` on, in stream order (after the
+    /// stream's earlier work, before its later work), by the driver's stream memory
+    /// operations: how a kernel's small argument table reaches the device without a host
+    /// copy that waits, and without changing it under a kernel still reading it. Tracked as
+    /// a write of `dst`. (The values are taken now; later changes of `words` do not matter.)
+    pub(crate) fn write_words(&self, dst: &mut DeviceBuffer<u64>, at: usize, words: &[u64]) -> Result<()> {
+        if at.checked_add(words.len()).is_none_or(|end| end > dst.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "write_words: {} words from word {at} do not fit a buffer of {}",
+                words.len(),
+                dst.len()
+            )));
+        }
+        let mut t = LaunchTracking::new(&self.dev);
+        t.expect_device(dst.device(), "buffer");
+        t.writes.push(dst.uses().clone());
+        let base = dst.addr() + at as u64 * 8;
+        let writes: Vec<(u64, u64, u32)> =
+            words.iter().enumerate().map(|(i, &w)| (base + i as u64 * 8, w, 8)).collect();
+        self.enqueue_tracked(t, |b| {
+            // The driver takes a bounded number of operations per call.
+            for part in writes.chunks(128) {
+                // SAFETY: every address is an aligned word of `dst` (checked above), live and
+                // ordered by the tracking until the writes have run.
+                unsafe { b.write_values(part)? };
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
     /// Queues the copy `(dst, src, bytes)` if any, then the writes `(addr, value, bytes)` in
     /// order, as one untracked piece of work with one completion (the GIN copy engine's put:
     /// data, then its signal). One event for all of it: each event costs a driver call to

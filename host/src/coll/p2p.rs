@@ -1,0 +1,479 @@
+//! Point-to-point sends and receives with NCCL's group semantics, and all-to-all-v on them.
+//!
+//! A [`P2pGroup`] collects sends and receives ([`P2pGroup::send`], [`P2pGroup::recv`]) and
+//! [`P2pGroup::launch`] queues them as one kernel on the rank's stream (NCCL's
+//! `ncclGroupStart` … `ncclGroupEnd`): the operations of a group progress together, so a
+//! rank may send to and receive from the same peer, or many peers, in one group. Messages
+//! between a pair of ranks match in the order each side queued them (NCCL's rule); a send's
+//! length must equal its receive's. [`Communicator::send`] and [`Communicator::recv`] are
+//! groups of one.
+//!
+//! The kernel (`ferrolink_device::p2p`) is written on the public GIN API: a peer in the LSA
+//! domain is written directly through the LSA mapping, any other through the GIN proxy
+//! (copy engine, TCP or RDMA), so sends and receives work across nodes too. Data travels
+//! through per-pair channels of slots in a receive window ([`P2pConfig`]), one copy into the
+//! peer's slot and one out of it.
+//!
+//! The resources are made collectively, once, by [`Communicator::enable_p2p`] (window
+//! registration is collective; sends and receives are not): every rank calls it before its
+//! first send or receive. [`Communicator::all_to_allv`] (collective) makes them itself.
+//!
+//! ```
+//! # fn main() -> ferrolink::Result<()> {
+//! use ferrolink::{Communicator, Device, run_ranks};
+//! let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+//! let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+//! let got = run_ranks(&comms, |c| {
+//!     c.enable_p2p(None)?;
+//!     let peer = 1 - c.rank();
+//!     let send = c.device().alloc_from(&[c.rank() as u32 + 10; 100])?;
+//!     let mut recv = c.device().alloc::<u32>(100)?;
+//!     // Both ranks send and receive in one group: no deadlock whatever the order.
+//!     let mut g = c.p2p_group();
+//!     g.send(&send, peer)?;
+//!     g.recv(&mut recv, peer)?;
+//!     g.launch()?;
+//!     recv.to_vec()
+//! })?;
+//! assert_eq!(got[0], vec![11; 100]);
+//! assert_eq!(got[1], vec![10; 100]);
+//! # Ok(()) }
+//! ```
+
+use crate::comm::Communicator;
+use crate::devcomm::{DevCommHandle, DevCommRequirements};
+use crate::mem::window::Window;
+use crate::runtime::launch::{LaunchArg, LaunchArgs, LaunchConfig, LaunchTracking};
+use crate::runtime::lifetime::lock;
+use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
+use crate::{Backend, Error, Result};
+use bytemuck::Pod;
+use ferrolink_device::DevComm;
+use ferrolink_device::kernels::p2p::p2p_group;
+use ferrolink_device::p2p::{P2P_OP_WORDS, P2pArgs, P2pOp, op_kind};
+use ferrolink_device::window::DevWindow;
+
+/// The most operations one group holds (the device table is made up front: making memory
+/// while peers' kernels run may wait for them).
+pub const MAX_GROUP_OPS: usize = 4096;
+
+/// The shape of the point-to-point channels (the same on every rank).
+///
+/// Memory per rank: two windows of `nranks × slots × chunk_bytes` (receive slots, and
+/// staging for peers reached through the GIN proxy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct P2pConfig {
+    /// Channels per pair of ranks: each moves its part of every chunk on a CTA of its own.
+    pub channels: u32,
+    /// Slots per sender in a receiver's window (chunks in flight per pair).
+    pub slots: u32,
+    /// Bytes per slot: a multiple of `16 × channels`.
+    pub chunk_bytes: u32,
+}
+
+impl P2pConfig {
+    /// The default for `backend`: on CUDA 8 channels of 4 slots of 256 KiB (1 MiB per peer
+    /// and window); on the CPU emulator 2 channels of 4 slots of 16 KiB (small, so that
+    /// tests cross many chunks).
+    pub fn default_for(backend: Backend) -> P2pConfig {
+        match backend {
+            Backend::Cuda => P2pConfig { channels: 8, slots: 4, chunk_bytes: 256 << 10 },
+            Backend::Cpu => P2pConfig { channels: 2, slots: 4, chunk_bytes: 16 << 10 },
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.channels == 0 || self.slots == 0 || self.chunk_bytes == 0 {
+            return Err(Error::InvalidArgument(format!("enable_p2p: {self:?} has a zero")));
+        }
+        if !self.chunk_bytes.is_multiple_of(16 * self.channels) {
+            return Err(Error::InvalidArgument(format!(
+                "enable_p2p: chunk_bytes {} is not a multiple of 16 x {} channels",
+                self.chunk_bytes, self.channels
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One rank's point-to-point resources.
+pub(crate) struct P2pState {
+    cfg: P2pConfig,
+    handle: DevCommHandle,
+    send: Window,
+    recv: Window,
+    /// The operations of the group in flight (`P2pOp`s as words), written in stream order.
+    table: DeviceBuffer<u64>,
+    /// The kernel's per-unit chunk counts.
+    progress: DeviceBuffer<u64>,
+    /// Chunks queued so far to each peer, and from each peer (the pairs' sequence numbers).
+    sent: Vec<u64>,
+    received: Vec<u64>,
+    /// Groups launched (their generation numbers).
+    launches: u64,
+}
+
+/// Sends and receives queued together (NCCL's group): see the [module docs](self).
+pub struct P2pGroup<'a> {
+    comm: &'a Communicator,
+    ops: Vec<P2pOp>,
+    reads: Vec<TrackedPtr<'a, *const u8>>,
+    writes: Vec<TrackedPtr<'a, *mut u8>>,
+}
+
+impl<'a> P2pGroup<'a> {
+    fn check_peer(&self, peer: usize, what: &str) -> Result<()> {
+        if peer >= self.comm.nranks() {
+            return Err(Error::InvalidArgument(format!("{what}: peer {peer} is not a rank of {}", self.comm.nranks())));
+        }
+        if self.ops.len() >= MAX_GROUP_OPS {
+            return Err(Error::InvalidArgument(format!("{what}: a group holds at most {MAX_GROUP_OPS} operations")));
+        }
+        Ok(())
+    }
+
+    /// Queues a send of all of `buf` to rank `peer` (which must queue a receive of the same
+    /// length from this rank).
+    pub fn send<T: Pod>(&mut self, buf: &'a DeviceBuffer<T>, peer: usize) -> Result<&mut Self> {
+        self.check_peer(peer, "send")?;
+        let ptr = buf.bytes_at(0)?;
+        self.push(op_kind::SEND, peer, ptr.param() as u64, buf.bytes());
+        self.reads.push(ptr);
+        Ok(self)
+    }
+
+    /// Queues a receive of all of `buf` from rank `peer`.
+    pub fn recv<T: Pod>(&mut self, buf: &'a mut DeviceBuffer<T>, peer: usize) -> Result<&mut Self> {
+        self.check_peer(peer, "recv")?;
+        let bytes = buf.bytes();
+        let ptr = buf.bytes_at_mut(0)?;
+        self.push(op_kind::RECV, peer, ptr.param() as u64, bytes);
+        self.writes.push(ptr);
+        Ok(self)
+    }
+
+    /// Queues a send of `count` elements of `buf` from element `offset` to rank `peer`
+    /// (NCCL's pointer and count).
+    pub fn send_slice<T: Pod>(
+        &mut self,
+        buf: &'a DeviceBuffer<T>,
+        offset: usize,
+        count: usize,
+        peer: usize,
+    ) -> Result<&mut Self> {
+        self.check_peer(peer, "send")?;
+        check_slice(buf.len(), offset, count, "send")?;
+        let size = std::mem::size_of::<T>();
+        let ptr = buf.bytes_at(0)?;
+        self.push(op_kind::SEND, peer, ptr.param() as u64 + (offset * size) as u64, count * size);
+        self.reads.push(ptr);
+        Ok(self)
+    }
+
+    /// Queues a receive of `count` elements into `buf` from element `offset`, from rank `peer`.
+    pub fn recv_slice<T: Pod>(
+        &mut self,
+        buf: &'a mut DeviceBuffer<T>,
+        offset: usize,
+        count: usize,
+        peer: usize,
+    ) -> Result<&mut Self> {
+        self.check_peer(peer, "recv")?;
+        check_slice(buf.len(), offset, count, "recv")?;
+        let size = std::mem::size_of::<T>();
+        let ptr = buf.bytes_at_mut(0)?;
+        self.push(op_kind::RECV, peer, ptr.param() as u64 + (offset * size) as u64, count * size);
+        self.writes.push(ptr);
+        Ok(self)
+    }
+
+    fn push(&mut self, kind: u32, peer: usize, addr: u64, bytes: usize) {
+        let after = self.ops.iter().rposition(|o| o.kind == kind && o.peer as usize == peer).map_or(0, |i| i + 1);
+        self.ops.push(P2pOp {
+            kind,
+            peer: peer as u32,
+            buf: addr,
+            bytes: bytes as u64,
+            seq: 0,
+            after: after as u32,
+            _pad: 0,
+        });
+    }
+
+    /// Queues the group on the rank's stream as one kernel (NCCL's `ncclGroupEnd`); returns
+    /// when it is queued. An empty group queues nothing.
+    pub fn launch(self) -> Result<()> {
+        let P2pGroup { comm, mut ops, reads, writes } = self;
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let module = comm.device().builtin_module()?;
+        let mut guard = lock(&comm.shared.p2p);
+        let state = guard.as_mut().ok_or_else(|| {
+            Error::InvalidArgument(
+                "send/recv: the point-to-point resources are not made; every rank calls \
+                 Communicator::enable_p2p first (window registration is collective)"
+                    .into(),
+            )
+        })?;
+        let cfg = state.cfg;
+        let args = P2pArgs {
+            nops: ops.len() as u32,
+            channels: cfg.channels,
+            slots: cfg.slots,
+            chunk: cfg.chunk_bytes,
+            data_signal: 0,
+            ack_signal: cfg.channels,
+            generation: state.launches as u32,
+            _pad: 0,
+        };
+        // Progress words carry their launch's generation, so earlier launches' words read as
+        // 0. Generation 0 (the first launch, and again after 2^32) clears the scratch first,
+        // in stream order: no word of an unknown generation is ever read.
+        state.launches += 1;
+        if args.generation == 0 {
+            let zeros = vec![0u64; state.progress.len()];
+            comm.stream().write_words(&mut state.progress, 0, &zeros)?;
+        }
+        // Sequence numbers: each pair's chunks in the order the operations were queued.
+        for o in &mut ops {
+            let count = if o.kind == op_kind::SEND { &mut state.sent } else { &mut state.received };
+            o.seq = count[o.peer as usize];
+            count[o.peer as usize] += args.chunks(o.bytes);
+        }
+        let words: Vec<u64> = ops.iter().flat_map(|o| bytemuck::cast::<P2pOp, [u64; P2P_OP_WORDS]>(*o)).collect();
+        let stream = comm.stream();
+        stream.write_words(&mut state.table, 0, &words)?;
+        let dev = comm.device();
+        let units = ops.len() as u32 * cfg.channels;
+        // Every CTA must be resident (units wait for peers' units): the ranks sharing this
+        // GPU share its SMs.
+        let cap = match dev.backend() {
+            Backend::Cuda => (dev.sm_count() / comm.ranks_sharing_gpu() as u32).max(1),
+            Backend::Cpu => 4,
+        };
+        let threads = if dev.backend() == Backend::Cuda { 256 } else { 8 };
+        let cfg_launch = LaunchConfig::linear(units.min(cap), threads);
+        let launch = GroupLaunch {
+            handle: &state.handle,
+            send: &state.send,
+            recv: &state.recv,
+            args,
+            table: &state.table,
+            progress: &mut state.progress,
+            reads: &reads,
+            writes: &writes,
+        };
+        // SAFETY: the kernel's contract: the table holds `nops` operations (written just
+        // before, in stream order) and the scratch `nops * channels` words (sized for
+        // MAX_GROUP_OPS at set-up); every buffer holds its operation's bytes and is tracked
+        // by this launch (kept alive, and ordered after and before other work on it); the
+        // windows and signals are the point-to-point ones, used only by this stream's group
+        // kernels, one at a time; every rank made them with the same configuration.
+        unsafe { stream.launch(module, &p2p_group, cfg_launch, launch) }
+    }
+}
+
+/// An error unless `count` elements from `offset` lie in a buffer of `len`.
+fn check_slice(len: usize, offset: usize, count: usize, what: &str) -> Result<()> {
+    if offset.checked_add(count).is_none_or(|end| end > len) {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: {count} elements from element {offset} do not fit a buffer of {len}"
+        )));
+    }
+    Ok(())
+}
+
+/// The group kernel's arguments, with every buffer of the group tracked.
+struct GroupLaunch<'s, 'a> {
+    handle: &'s DevCommHandle,
+    send: &'s Window,
+    recv: &'s Window,
+    args: P2pArgs,
+    table: &'s DeviceBuffer<u64>,
+    progress: &'s mut DeviceBuffer<u64>,
+    reads: &'s [TrackedPtr<'a, *const u8>],
+    writes: &'s [TrackedPtr<'a, *mut u8>],
+}
+
+impl LaunchArgs for GroupLaunch<'_, '_> {
+    type Params = (DevComm, DevWindow, DevWindow, P2pArgs, *const u64, *mut u64);
+    fn params(&self) -> Self::Params {
+        (
+            self.handle.param(),
+            self.send.param(),
+            self.recv.param(),
+            self.args,
+            self.table.param(),
+            (&*self.progress).param() as *mut u64,
+        )
+    }
+    fn track(&self, t: &mut LaunchTracking) {
+        self.handle.track(t);
+        self.send.track(t);
+        self.recv.track(t);
+        self.table.track(t);
+        // The scratch is written.
+        let progress: &DeviceBuffer<u64> = self.progress;
+        t.expect_device(progress.device(), "buffer");
+        t.writes.push(progress.uses().clone());
+        for r in self.reads {
+            r.track(t);
+        }
+        for w in self.writes {
+            w.track(t);
+        }
+    }
+}
+
+impl Communicator {
+    /// Makes this rank's point-to-point resources (collective: every rank calls it, with the
+    /// same configuration; `None`: [`P2pConfig::default_for`] the device's backend). A second
+    /// call with the same configuration does nothing; another configuration is an error.
+    pub fn enable_p2p(&self, cfg: Option<P2pConfig>) -> Result<()> {
+        let cfg = cfg.unwrap_or_else(|| P2pConfig::default_for(self.device().backend()));
+        cfg.check()?;
+        let mut guard = lock(&self.shared.p2p);
+        if let Some(s) = guard.as_ref() {
+            if s.cfg == cfg {
+                return Ok(());
+            }
+            return Err(Error::InvalidArgument(format!(
+                "enable_p2p: already enabled with {:?}, now asked for {cfg:?}",
+                s.cfg
+            )));
+        }
+        let n = self.nranks();
+        let window_bytes = n * cfg.slots as usize * cfg.chunk_bytes as usize;
+        let dev = self.device();
+        // Windows first, then the device communicator (as for every device communicator).
+        let send = self.register_window(self.mem_alloc(window_bytes)?)?;
+        let recv = self.register_window(self.mem_alloc(window_bytes)?)?;
+        let handle = self.create_dev_comm(&DevCommRequirements {
+            gin_context_count: cfg.channels,
+            gin_signal_count: 2 * cfg.channels,
+            ..DevCommRequirements::default()
+        })?;
+        let table = dev.alloc::<u64>(MAX_GROUP_OPS * P2P_OP_WORDS)?;
+        let progress = dev.alloc::<u64>(MAX_GROUP_OPS * cfg.channels as usize)?;
+        *guard = Some(P2pState {
+            cfg,
+            handle,
+            send,
+            recv,
+            table,
+            progress,
+            sent: vec![0; n],
+            received: vec![0; n],
+            launches: 0,
+        });
+        Ok(())
+    }
+
+    /// A group of sends and receives to queue together: see [`P2pGroup`].
+    pub fn p2p_group(&self) -> P2pGroup<'_> {
+        P2pGroup { comm: self, ops: Vec::new(), reads: Vec::new(), writes: Vec::new() }
+    }
+
+    /// Sends all of `buf` to rank `peer` (a group of one: the peer's matching receive may be
+    /// in any group). Needs [`Communicator::enable_p2p`].
+    pub fn send<T: Pod>(&self, buf: &DeviceBuffer<T>, peer: usize) -> Result<()> {
+        let mut g = self.p2p_group();
+        g.send(buf, peer)?;
+        g.launch()
+    }
+
+    /// Receives all of `buf` from rank `peer` (a group of one).
+    pub fn recv<T: Pod>(&self, buf: &mut DeviceBuffer<T>, peer: usize) -> Result<()> {
+        let mut g = self.p2p_group();
+        g.recv(buf, peer)?;
+        g.launch()
+    }
+
+    /// All-to-all with counts per peer (NCCL-style `alltoallv`, in elements): this rank sends
+    /// `send[send_displs[p] ..][.. send_counts[p]]` to rank `p`, which receives it into
+    /// `recv[recv_displs[me] ..][.. recv_counts[me]]`. Collective; makes the point-to-point
+    /// resources on first use. Rank `p`'s `recv_counts[q]` must equal rank `q`'s
+    /// `send_counts[p]` (checked across ranks in debug builds or with
+    /// `FERROLINK_COLL_CHECK=1`); receive ranges must not overlap.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_to_allv<T: Pod>(
+        &self,
+        send: &DeviceBuffer<T>,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: &mut DeviceBuffer<T>,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+    ) -> Result<()> {
+        let n = self.nranks();
+        for (what, v) in [
+            ("send_counts", send_counts),
+            ("send_displs", send_displs),
+            ("recv_counts", recv_counts),
+            ("recv_displs", recv_displs),
+        ] {
+            if v.len() != n {
+                return Err(Error::InvalidArgument(format!("all_to_allv: {what} has {} entries, {n} needed", v.len())));
+            }
+        }
+        let in_bounds = |counts: &[usize], displs: &[usize], len: usize, what: &str| -> Result<()> {
+            for p in 0..n {
+                if displs[p].checked_add(counts[p]).is_none_or(|end| end > len) {
+                    return Err(Error::InvalidArgument(format!(
+                        "all_to_allv: {what} block for rank {p} ({} elements at {}) is outside the buffer of {len}",
+                        counts[p], displs[p]
+                    )));
+                }
+            }
+            Ok(())
+        };
+        in_bounds(send_counts, send_displs, send.len(), "send")?;
+        in_bounds(recv_counts, recv_displs, recv.len(), "receive")?;
+        let mut blocks: Vec<(usize, usize)> =
+            (0..n).filter(|&p| recv_counts[p] > 0).map(|p| (recv_displs[p], recv_displs[p] + recv_counts[p])).collect();
+        blocks.sort_unstable();
+        if blocks.windows(2).any(|w| w[1].0 < w[0].1) {
+            return Err(Error::InvalidArgument("all_to_allv: receive blocks overlap".into()));
+        }
+        if super::check_calls() {
+            let mine: Vec<u8> = send_counts.iter().flat_map(|c| (*c as u64).to_le_bytes()).collect();
+            let all = self.all_gather_bytes(&mine)?;
+            for (p, theirs) in all.iter().enumerate() {
+                let to_me = u64::from_le_bytes(theirs[self.rank() * 8..self.rank() * 8 + 8].try_into().expect("8"));
+                if to_me != recv_counts[p] as u64 {
+                    return Err(Error::InvalidArgument(format!(
+                        "all_to_allv: rank {} expects {} elements from rank {p}, which sends it {to_me}",
+                        self.rank(),
+                        recv_counts[p]
+                    )));
+                }
+            }
+        }
+        self.enable_p2p(None)?;
+        let size = std::mem::size_of::<T>();
+        let mut g = self.p2p_group();
+        let sptr = send.bytes_at(0)?;
+        let base_s = sptr.param() as u64;
+        let rptr = recv.bytes_at_mut(0)?;
+        let base_r = rptr.param() as u64;
+        // Receives first, then sends, each from the next rank on: every rank starts with a
+        // different peer (the kernel progresses all of them anyway).
+        let me = self.rank();
+        for k in 0..n {
+            let p = (me + n - k) % n;
+            if recv_counts[p] > 0 {
+                g.push(op_kind::RECV, p, base_r + (recv_displs[p] * size) as u64, recv_counts[p] * size);
+            }
+        }
+        for k in 0..n {
+            let p = (me + k) % n;
+            if send_counts[p] > 0 {
+                g.push(op_kind::SEND, p, base_s + (send_displs[p] * size) as u64, send_counts[p] * size);
+            }
+        }
+        g.reads.push(sptr);
+        g.writes.push(rptr);
+        g.launch()
+    }
+}
