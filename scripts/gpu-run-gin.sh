@@ -8,7 +8,8 @@
 #   perfdom  the same with every process its own LSA domain (FERROLINK_LSA=process: TCP)
 #   test-gin tests/gin.rs on CUDA;  ex  examples 07 and 08 as 2-process jobs
 #   perf1    ferrolink-perf gin in one process over two GPUs;  lsa  test-lsa/core/device/guide
-#   test-coll tests/coll.rs on CUDA
+#   test-coll tests/coll.rs on CUDA;  test-p2p  tests/p2p.rs on CUDA
+#   vranks   all_reduce of 4 KiB by 8 virtual ranks on GPU 0 (one process), -c 1
 #   coll     NCCL's collectives (ref/nccl_coll_ref.cu, nvcc) and `ferrolink-perf <coll>` with the
 #            same arguments (COLL_ARGS), one process over the GPUs; then all_reduce as one
 #            process per GPU
@@ -55,6 +56,10 @@ lsa) for t in lsa core device guide; do
 done ;;
 test-coll) step 200 "test-coll (cuda)" "$bin/test-coll" --test-threads=1
   grep -E "^test |test result|panicked|failed on" "$here/last.log" | sed 's/^/    /' >> "$sum" ;;
+test-p2p) step 150 "test-p2p (cuda)" "$bin/test-p2p" --test-threads=1
+  grep -E "^test |test result|panicked|failed on" "$here/last.log" | sed 's/^/    /' >> "$sum" ;;
+vranks) step 90 "all_reduce 4 KiB, 8 virtual ranks on one GPU" "$bin/ferrolink-perf" all_reduce -b 4K -e 64K -f 4 -d f32 -o sum -n 200 -w 20 -c 1 -g 1 --ranks-per-gpu 8
+  grep -vE "WARN|^$" "$here/last.log" | sed "s/^/    vranks /" >> "$sum" ;;
 coll) nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
   NV=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])")
   step 120 "nvcc nccl_coll_ref" "$nvcc" -O3 -std=c++17 -arch=sm_90 -I"$NV/include" -o "$here/ref/nccl_coll_ref" "$here/ref/nccl_coll_ref.cu" -L"$NV/lib" -l:libnccl.so.2
