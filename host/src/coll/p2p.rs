@@ -60,7 +60,8 @@ pub const MAX_GROUP_OPS: usize = 4096;
 /// The shape of the point-to-point channels (the same on every rank).
 ///
 /// Memory per rank: two windows of `nranks × slots × chunk_bytes` (receive slots, and
-/// staging for peers reached through the GIN proxy).
+/// staging for peers reached through the GIN proxy), the first with the group table after
+/// its slots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct P2pConfig {
     /// Channels per pair of ranks: each moves its part of every chunk on a CTA of its own.
@@ -102,10 +103,12 @@ pub(crate) struct P2pState {
     handle: DevCommHandle,
     send: Window,
     recv: Window,
-    /// The operations of the group in flight (`P2pOp`s as words), written in stream order.
-    table: DeviceBuffer<u64>,
-    /// The kernel's per-unit chunk counts.
-    progress: DeviceBuffer<u64>,
+    /// Where, in this rank's part of `recv` after the slots, lie the operations of the group
+    /// in flight (`P2pOp`s as words, written in stream order) and the kernel's per-unit chunk
+    /// counts (window memory: the driver's stream writes refuse pool memory).
+    table_at: usize,
+    progress_at: usize,
+    progress_words: usize,
     /// Chunks queued so far to each peer, and from each peer (the pairs' sequence numbers).
     sent: Vec<u64>,
     received: Vec<u64>,
@@ -231,9 +234,10 @@ impl<'a> P2pGroup<'a> {
         // 0. Generation 0 (the first launch, and again after 2^32) clears the scratch first,
         // in stream order: no word of an unknown generation is ever read.
         state.launches += 1;
+        let stream = comm.stream();
         if args.generation == 0 {
-            let zeros = vec![0u64; state.progress.len()];
-            comm.stream().write_words(&mut state.progress, 0, &zeros)?;
+            let zeros = vec![0u64; state.progress_words];
+            stream.write_words(state.recv.slot_ptr(state.progress_at, zeros.len() * 8)?, &zeros)?;
         }
         // Sequence numbers: each pair's chunks in the order the operations were queued.
         for o in &mut ops {
@@ -242,8 +246,7 @@ impl<'a> P2pGroup<'a> {
             count[o.peer as usize] += args.chunks(o.bytes);
         }
         let words: Vec<u64> = ops.iter().flat_map(|o| bytemuck::cast::<P2pOp, [u64; P2P_OP_WORDS]>(*o)).collect();
-        let stream = comm.stream();
-        stream.write_words(&mut state.table, 0, &words)?;
+        stream.write_words(state.recv.slot_ptr(state.table_at, words.len() * 8)?, &words)?;
         let dev = comm.device();
         let units = ops.len() as u32 * cfg.channels;
         // Every CTA must be resident (units wait for peers' units): the ranks sharing this
@@ -259,8 +262,8 @@ impl<'a> P2pGroup<'a> {
             send: &state.send,
             recv: &state.recv,
             args,
-            table: &state.table,
-            progress: &mut state.progress,
+            table: state.recv.slot_ptr(state.table_at, words.len() * 8)?,
+            progress: state.recv.slot_ptr(state.progress_at, units as usize * 8)?,
             reads: &reads,
             writes: &writes,
         };
@@ -290,8 +293,8 @@ struct GroupLaunch<'s, 'a> {
     send: &'s Window,
     recv: &'s Window,
     args: P2pArgs,
-    table: &'s DeviceBuffer<u64>,
-    progress: &'s mut DeviceBuffer<u64>,
+    table: TrackedPtr<'s, *const u64>,
+    progress: TrackedPtr<'s, *mut u64>,
     reads: &'s [TrackedPtr<'a, *const u8>],
     writes: &'s [TrackedPtr<'a, *mut u8>],
 }
@@ -305,7 +308,7 @@ impl LaunchArgs for GroupLaunch<'_, '_> {
             self.recv.param(),
             self.args,
             self.table.param(),
-            (&*self.progress).param() as *mut u64,
+            self.progress.param(),
         )
     }
     fn track(&self, t: &mut LaunchTracking) {
@@ -313,10 +316,7 @@ impl LaunchArgs for GroupLaunch<'_, '_> {
         self.send.track(t);
         self.recv.track(t);
         self.table.track(t);
-        // The scratch is written.
-        let progress: &DeviceBuffer<u64> = self.progress;
-        t.expect_device(progress.device(), "buffer");
-        t.writes.push(progress.uses().clone());
+        self.progress.track(t);
         for r in self.reads {
             r.track(t);
         }
@@ -344,25 +344,27 @@ impl Communicator {
             )));
         }
         let n = self.nranks();
-        let window_bytes = n * cfg.slots as usize * cfg.chunk_bytes as usize;
-        let dev = self.device();
+        let slots_bytes = n * cfg.slots as usize * cfg.chunk_bytes as usize;
+        let table_at = slots_bytes;
+        let progress_at = table_at + MAX_GROUP_OPS * P2P_OP_WORDS * 8;
+        let progress_words = MAX_GROUP_OPS * cfg.channels as usize;
+        let window_bytes = progress_at + progress_words * 8;
         // Windows first, then the device communicator (as for every device communicator).
-        let send = self.register_window(self.mem_alloc(window_bytes)?)?;
+        let send = self.register_window(self.mem_alloc(slots_bytes)?)?;
         let recv = self.register_window(self.mem_alloc(window_bytes)?)?;
         let handle = self.create_dev_comm(&DevCommRequirements {
             gin_context_count: cfg.channels,
             gin_signal_count: 2 * cfg.channels,
             ..DevCommRequirements::default()
         })?;
-        let table = dev.alloc::<u64>(MAX_GROUP_OPS * P2P_OP_WORDS)?;
-        let progress = dev.alloc::<u64>(MAX_GROUP_OPS * cfg.channels as usize)?;
         *guard = Some(P2pState {
             cfg,
             handle,
             send,
             recv,
-            table,
-            progress,
+            table_at,
+            progress_at,
+            progress_words,
             sent: vec![0; n],
             received: vec![0; n],
             launches: 0,

@@ -2,9 +2,10 @@
 
 use crate::runtime::backend::{EmulatedLaunch, EventBackend, LaunchRequest, StreamBackend};
 use crate::runtime::device::Device;
+use crate::runtime::launch::LaunchArg;
 use crate::runtime::launch::{KernelArgs, LaunchArgs, LaunchConfig, LaunchTracking};
 use crate::runtime::lifetime::{self, Completion, StreamId, lock};
-use crate::runtime::memory::DeviceBuffer;
+use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::runtime::module::Module;
 use crate::{Error, Result};
 use bytemuck::Pod;
@@ -321,30 +322,25 @@ impl Stream {
         Ok(())
     }
 
-    /// Queues writes of `words` into `dst` from word `at` on, in stream order (after the
-    /// stream's earlier work, before its later work), by the driver's stream memory
-    /// operations: how a kernel's small argument table reaches the device without a host
-    /// copy that waits, and without changing it under a kernel still reading it. Tracked as
-    /// a write of `dst`. (The values are taken now; later changes of `words` do not matter.)
-    pub(crate) fn write_words(&self, dst: &mut DeviceBuffer<u64>, at: usize, words: &[u64]) -> Result<()> {
-        if at.checked_add(words.len()).is_none_or(|end| end > dst.len()) {
-            return Err(Error::InvalidArgument(format!(
-                "write_words: {} words from word {at} do not fit a buffer of {}",
-                words.len(),
-                dst.len()
-            )));
-        }
+    /// Queues writes of `words` at `dst` (a pointer made for `words.len()` words: a window's
+    /// slot range or a buffer's), in stream order (after the stream's earlier work, before
+    /// its later work), by the driver's stream memory operations: how a kernel's small
+    /// argument table reaches the device without a host copy that waits, and without
+    /// changing it under a kernel still reading it. Tracked as `dst` says. (The values are
+    /// taken now.) On CUDA the memory must not come from a stream-ordered pool (the driver
+    /// refuses stream memory operations there): window memory is fine.
+    pub(crate) fn write_words(&self, dst: TrackedPtr<'_, *mut u64>, words: &[u64]) -> Result<()> {
         let mut t = LaunchTracking::new(&self.dev);
-        t.expect_device(dst.device(), "buffer");
-        t.writes.push(dst.uses().clone());
-        let base = dst.addr() + at as u64 * 8;
+        dst.track(&mut t);
+        let base = dst.param() as u64;
         let writes: Vec<(u64, u64, u32)> =
             words.iter().enumerate().map(|(i, &w)| (base + i as u64 * 8, w, 8)).collect();
         self.enqueue_tracked(t, |b| {
-            // The driver takes a bounded number of operations per call.
+            // The driver takes fewer than 256 operations per call.
             for part in writes.chunks(128) {
-                // SAFETY: every address is an aligned word of `dst` (checked above), live and
-                // ordered by the tracking until the writes have run.
+                // SAFETY: every address is an aligned word of the range `dst` was made for
+                // (its maker checked the length), kept alive by the tracking until the writes
+                // have run.
                 unsafe { b.write_values(part)? };
             }
             Ok(())
