@@ -27,43 +27,58 @@ fn sizes(dev: &Device) -> Vec<usize> {
 
 /// One rank's group: for every size, a send to the next rank and a receive from the previous
 /// one, a message to itself, and two messages to the next rank in order (they must match the
-/// next rank's two receives in order). Checks every received word.
+/// next rank's two receives in order). Checks every received word. Buffers are made before
+/// the first group: making memory while peers' kernels run may wait for them, and they for
+/// this rank.
 fn ring_group(c: &Communicator) -> ferrolink::Result<()> {
     c.enable_p2p(None)?;
     let dev = c.device();
     let (me, n) = (c.rank(), c.nranks());
     let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    struct Case {
+        len: usize,
+        out: Vec<ferrolink::DeviceBuffer<u32>>,
+        to_self: ferrolink::DeviceBuffer<u32>,
+        ins: Vec<ferrolink::DeviceBuffer<u32>>,
+        from_self: ferrolink::DeviceBuffer<u32>,
+    }
+    let mut cases = Vec::new();
     for (tag, &len) in sizes(dev).iter().enumerate() {
-        let out: Vec<_> =
-            (0..4).map(|k| dev.alloc_from(&message(me, next, tag * 4 + k, len))).collect::<Result<_, _>>()?;
-        let to_self = dev.alloc_from(&message(me, me, tag, len))?;
-        let mut ins: Vec<_> = (0..4).map(|_| dev.alloc::<u32>(len)).collect::<Result<_, _>>()?;
-        let mut from_self = dev.alloc::<u32>(len)?;
-        {
-            let mut g = c.p2p_group();
-            // Receives before sends on even ranks, after on odd ones: the order inside a
-            // group does not matter.
-            let (first, rest) = ins.split_at_mut(2);
-            if me % 2 == 0 {
-                for b in first.iter_mut().chain(rest.iter_mut()) {
-                    g.recv(b, prev)?;
-                }
-                for b in &out {
-                    g.send(b, next)?;
-                }
-            } else {
-                for b in &out {
-                    g.send(b, next)?;
-                }
-                for b in first.iter_mut().chain(rest.iter_mut()) {
-                    g.recv(b, prev)?;
-                }
+        cases.push(Case {
+            len,
+            out: (0..4).map(|k| dev.alloc_from(&message(me, next, tag * 4 + k, len))).collect::<Result<_, _>>()?,
+            to_self: dev.alloc_from(&message(me, me, tag, len))?,
+            ins: (0..4).map(|_| dev.alloc::<u32>(len)).collect::<Result<_, _>>()?,
+            from_self: dev.alloc::<u32>(len)?,
+        });
+    }
+    c.barrier()?;
+    for case in &mut cases {
+        let mut g = c.p2p_group();
+        // Receives before sends on even ranks, after on odd ones: the order inside a group
+        // does not matter.
+        if me % 2 == 0 {
+            for b in case.ins.iter_mut() {
+                g.recv(b, prev)?;
             }
-            g.send(&to_self, me)?;
-            g.recv(&mut from_self, me)?;
-            g.launch()?;
+            for b in &case.out {
+                g.send(b, next)?;
+            }
+        } else {
+            for b in &case.out {
+                g.send(b, next)?;
+            }
+            for b in case.ins.iter_mut() {
+                g.recv(b, prev)?;
+            }
         }
-        for (k, b) in ins.iter().enumerate() {
+        g.send(&case.to_self, me)?;
+        g.recv(&mut case.from_self, me)?;
+        g.launch()?;
+    }
+    for (tag, case) in cases.iter().enumerate() {
+        let len = case.len;
+        for (k, b) in case.ins.iter().enumerate() {
             let got = b.to_vec()?;
             let want = message(prev, me, tag * 4 + k, len);
             check(got == want, || {
@@ -71,9 +86,18 @@ fn ring_group(c: &Communicator) -> ferrolink::Result<()> {
                 format!("rank {me}: message {k} of {len} words from rank {prev}: first difference at {at:?}")
             })?;
         }
-        check(from_self.to_vec()? == message(me, me, tag, len), || format!("rank {me}: message to itself of {len}"))?;
+        check(case.from_self.to_vec()? == message(me, me, tag, len), || {
+            format!("rank {me}: message to itself of {len}")
+        })?;
     }
-    c.synchronize()
+    quiesce(c)
+}
+
+/// Waits until every rank's kernels are done (its stream, then a host barrier): the next
+/// case may make memory.
+fn quiesce(c: &Communicator) -> ferrolink::Result<()> {
+    c.synchronize()?;
+    c.barrier()
 }
 
 /// Single sends and receives, each a group of one: rank 0 sends then receives, the others
@@ -85,8 +109,9 @@ fn single_calls(c: &Communicator) -> ferrolink::Result<()> {
     let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
     let len = 50_000;
     let mut buf = dev.alloc::<u32>(len)?;
+    let first = dev.alloc_from(&message(0, next, 99, len))?;
+    c.barrier()?;
     if me == 0 {
-        let first = dev.alloc_from(&message(0, next, 99, len))?;
         c.send(&first, next)?;
         c.recv(&mut buf, prev)?;
     } else {
@@ -94,7 +119,8 @@ fn single_calls(c: &Communicator) -> ferrolink::Result<()> {
         c.send(&buf, next)?;
     }
     // The message went round the ring unchanged.
-    check(buf.to_vec()? == message(0, 1 % n, 99, len), || format!("rank {me}: the message that went round"))
+    check(buf.to_vec()? == message(0, 1 % n, 99, len), || format!("rank {me}: the message that went round"))?;
+    quiesce(c)
 }
 
 /// Block lengths for all-to-all-v: uneven, some empty (rank `s` to rank `d`).
@@ -129,6 +155,7 @@ fn all_to_allv(c: &Communicator, scale: usize) -> ferrolink::Result<()> {
     }
     let send = dev.alloc_from(&host_send)?;
     let mut recv = dev.alloc_from(&vec![u32::MAX; recv_len])?;
+    c.barrier()?;
     c.all_to_allv(&send, &send_counts, &send_displs, &mut recv, &recv_counts, &recv_displs)?;
     let got = recv.to_vec()?;
     let mut want = vec![u32::MAX; recv_len];
@@ -137,7 +164,8 @@ fn all_to_allv(c: &Communicator, scale: usize) -> ferrolink::Result<()> {
     }
     check(got == want, || {
         format!("rank {me} of {n}: all_to_allv differs at {:?}", ferrolink_tests::first_mismatch(&got, &want))
-    })
+    })?;
+    quiesce(c)
 }
 
 fn every_case(c: &Communicator) -> ferrolink::Result<()> {

@@ -83,6 +83,39 @@ impl P2pConfig {
         }
     }
 
+    /// [`P2pConfig::default_for`] with `FERROLINK_P2P_CHANNELS`, `FERROLINK_P2P_SLOTS` and
+    /// `FERROLINK_P2P_CHUNK` (bytes, `K`/`M` suffixes) applied where set (every rank must see
+    /// the same values).
+    pub fn from_env(backend: Backend) -> Result<P2pConfig> {
+        let mut c = P2pConfig::default_for(backend);
+        let get = |name: &str| -> Result<Option<u32>> {
+            let Ok(v) = std::env::var(name) else { return Ok(None) };
+            let (digits, scale) = match v.trim().strip_suffix(['K', 'k']) {
+                Some(d) => (d, 1u64 << 10),
+                None => match v.trim().strip_suffix(['M', 'm']) {
+                    Some(d) => (d, 1 << 20),
+                    None => (v.trim(), 1),
+                },
+            };
+            digits
+                .parse::<u64>()
+                .ok()
+                .and_then(|x| u32::try_from(x * scale).ok())
+                .map(Some)
+                .ok_or_else(|| Error::InvalidArgument(format!("{name}={v}: not a size")))
+        };
+        if let Some(v) = get("FERROLINK_P2P_CHANNELS")? {
+            c.channels = v;
+        }
+        if let Some(v) = get("FERROLINK_P2P_SLOTS")? {
+            c.slots = v;
+        }
+        if let Some(v) = get("FERROLINK_P2P_CHUNK")? {
+            c.chunk_bytes = v;
+        }
+        Ok(c)
+    }
+
     fn check(&self) -> Result<()> {
         if self.channels == 0 || self.slots == 0 || self.chunk_bytes == 0 {
             return Err(Error::InvalidArgument(format!("enable_p2p: {self:?} has a zero")));
@@ -328,10 +361,13 @@ impl LaunchArgs for GroupLaunch<'_, '_> {
 
 impl Communicator {
     /// Makes this rank's point-to-point resources (collective: every rank calls it, with the
-    /// same configuration; `None`: [`P2pConfig::default_for`] the device's backend). A second
+    /// same configuration; `None`: [`P2pConfig::from_env`] for the device's backend). A second
     /// call with the same configuration does nothing; another configuration is an error.
     pub fn enable_p2p(&self, cfg: Option<P2pConfig>) -> Result<()> {
-        let cfg = cfg.unwrap_or_else(|| P2pConfig::default_for(self.device().backend()));
+        let cfg = match cfg {
+            Some(c) => c,
+            None => P2pConfig::from_env(self.device().backend())?,
+        };
         cfg.check()?;
         let mut guard = lock(&self.shared.p2p);
         if let Some(s) = guard.as_ref() {

@@ -336,7 +336,7 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
     let uses_tcp = tcp_rings > 0;
     let staging = if uses_tcp {
         let blocks = transport::tcp::staging_blocks(tcp_rings);
-        let pool = StagingPool::new(dev, blocks, transport::tcp::STAGING_BLOCK)?;
+        let pool = StagingPool::new(dev, blocks, transport::tcp::STAGING_BLOCK, tcp_rings.min(8))?;
         tracing::debug!(target: "ferrolink::gin", rank = comm.rank(), blocks = pool.count(), bytes = pool.block_bytes(), "GIN TCP staging pool");
         Some(pool)
     } else {

@@ -13,6 +13,7 @@
 //! device.
 
 use crate::Result;
+use crate::runtime::backend::StreamBackend;
 use crate::runtime::device::Device;
 use crate::runtime::host_mapped::HostMapped;
 use crate::runtime::lifetime::lock;
@@ -23,13 +24,25 @@ pub(crate) struct StagingPool {
     free: Mutex<Vec<HostMapped>>,
     block_bytes: usize,
     count: usize,
+    /// The streams that copy sources into blocks, made now too (a stream made while kernels
+    /// run may wait for them, as an allocation may): connections share them round robin.
+    streams: Vec<Arc<dyn StreamBackend>>,
 }
 
 impl StagingPool {
-    /// `count` blocks of `block_bytes` host-mapped bytes of `dev`, allocated now.
-    pub(crate) fn new(dev: &Device, count: usize, block_bytes: usize) -> Result<Arc<StagingPool>> {
+    /// `count` blocks of `block_bytes` host-mapped bytes of `dev`, allocated now, and
+    /// `streams` (at least one) copy streams.
+    pub(crate) fn new(dev: &Device, count: usize, block_bytes: usize, streams: usize) -> Result<Arc<StagingPool>> {
         let free = (0..count).map(|_| HostMapped::alloc(dev, block_bytes)).collect::<Result<Vec<_>>>()?;
-        Ok(Arc::new(StagingPool { free: Mutex::new(free), block_bytes, count }))
+        let streams = (0..streams.max(1))
+            .map(|_| dev.backend_device().create_stream().map(Arc::from))
+            .collect::<Result<Vec<Arc<dyn StreamBackend>>>>()?;
+        Ok(Arc::new(StagingPool { free: Mutex::new(free), block_bytes, count, streams }))
+    }
+
+    /// The copy stream for connection `i` (shared with every `streams.len()`-th one).
+    pub(crate) fn copy_stream(&self, i: usize) -> Arc<dyn StreamBackend> {
+        self.streams[i % self.streams.len()].clone()
     }
 
     /// A free block, if there is one (never allocates, never waits).
@@ -96,7 +109,7 @@ mod tests {
     #[test]
     fn the_pool_hands_out_its_blocks_and_takes_them_back() {
         let dev = Device::open_with(Backend::Cpu, 0).unwrap();
-        let pool = StagingPool::new(&dev, 3, 4096).unwrap();
+        let pool = StagingPool::new(&dev, 3, 4096, 1).unwrap();
         let allocs = HostMapped::allocs(&dev);
         assert_eq!((pool.count(), pool.available(), pool.block_bytes()), (3, 3, 4096));
         let mut held: Vec<StagingBlock> = std::iter::from_fn(|| pool.take()).collect();

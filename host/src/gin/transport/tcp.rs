@@ -888,7 +888,7 @@ struct Wire {
     /// The stream that copies sources into staging. Raw (untracked): the thread waits for
     /// its copies before it reports a request, reuses a block, or drops one (returns it to
     /// the pool: see `Drop`).
-    copy: Box<dyn StreamBackend>,
+    copy: Arc<dyn StreamBackend>,
     staging: [Option<Staging>; 2],
 }
 
@@ -937,13 +937,19 @@ impl Link {
     }
 
     fn serve(&self, jobs: &mpsc::Receiver<Request>, reports: &mpsc::Sender<Report>) -> Result<()> {
-        let sock =
+        // The copy stream comes from the pool, made before any kernel ran: making one here
+        // may wait for running kernels, which may be waiting for this connection.
+        let copy = self
+            .pool
+            .upgrade()
+            .map(|p| p.copy_stream(self.peer * 31 + self.context as usize))
+            .ok_or_else(|| Error::Aborted(format!("{}: the staging pool is gone", self.describe())))?;
+        let mut sock =
             TcpStream::connect_timeout(&self.addr, CONNECT_TIMEOUT).map_err(|e| self.io_err("cannot connect", e))?;
-        sock.set_nodelay(true).map_err(|e| self.io_err("cannot set TCP_NODELAY", e))?;
-        let copy = self.device.backend_device().create_stream()?;
-        let mut w = Wire { sock, copy, staging: [None, None] };
         let hello = encode(&Frame::Hello { job: self.job, rank: self.rank as u32, context: self.context })?;
-        w.sock.write_all(hello.as_bytes()).map_err(|e| self.io_err("broke", e))?;
+        sock.write_all(hello.as_bytes()).map_err(|e| self.io_err("broke", e))?;
+        sock.set_nodelay(true).map_err(|e| self.io_err("cannot set TCP_NODELAY", e))?;
+        let mut w = Wire { sock, copy, staging: [None, None] };
         tracing::debug!(target: "ferrolink::gin", rank = self.rank, peer = self.peer, context = self.context, addr = %self.addr, "GIN TCP connection open");
         let mut plan = Plan { jobs, next: None, large: None, closed: false };
         // At most two pieces staged: the one being written and the next, in the other block.
@@ -1300,7 +1306,7 @@ mod tests {
 
     /// A staging pool of `blocks` blocks on `dev`, as a rank's.
     fn pool(dev: &Device, blocks: usize) -> Arc<StagingPool> {
-        StagingPool::new(dev, blocks, STAGING_BLOCK).unwrap()
+        StagingPool::new(dev, blocks, STAGING_BLOCK, 2).unwrap()
     }
 
     /// Waits (up to 20 s) until `pool` has all its blocks back.
