@@ -73,12 +73,17 @@ pub struct P2pConfig {
 }
 
 impl P2pConfig {
-    /// The default for `backend`: on CUDA 8 channels of 4 slots of 256 KiB (1 MiB per peer
-    /// and window); on the CPU emulator 2 channels of 4 slots of 16 KiB (small, so that
-    /// tests cross many chunks).
-    pub fn default_for(backend: Backend) -> P2pConfig {
+    /// The default for `backend` and `nranks` ranks. CUDA: 32 channels of 2 slots, the slots
+    /// `64 MiB / nranks / 2` (between 512 KiB and 4 MiB), so that a window is at most about
+    /// 64 MiB (and 8 MiB per peer when there are few); measured on two H200s (docs/PERF.md),
+    /// 128 KiB per channel and step is where sendrecv reaches NVLink's rate. The CPU
+    /// emulator: 2 channels of 4 slots of 16 KiB (small, so that tests cross many chunks).
+    pub fn default_for(backend: Backend, nranks: usize) -> P2pConfig {
         match backend {
-            Backend::Cuda => P2pConfig { channels: 8, slots: 4, chunk_bytes: 256 << 10 },
+            Backend::Cuda => {
+                let chunk = ((64usize << 20) / nranks.max(1) / 2).clamp(512 << 10, 4 << 20).next_power_of_two();
+                P2pConfig { channels: 32, slots: 2, chunk_bytes: chunk as u32 }
+            }
             Backend::Cpu => P2pConfig { channels: 2, slots: 4, chunk_bytes: 16 << 10 },
         }
     }
@@ -86,8 +91,8 @@ impl P2pConfig {
     /// [`P2pConfig::default_for`] with `FERROLINK_P2P_CHANNELS`, `FERROLINK_P2P_SLOTS` and
     /// `FERROLINK_P2P_CHUNK` (bytes, `K`/`M` suffixes) applied where set (every rank must see
     /// the same values).
-    pub fn from_env(backend: Backend) -> Result<P2pConfig> {
-        let mut c = P2pConfig::default_for(backend);
+    pub fn from_env(backend: Backend, nranks: usize) -> Result<P2pConfig> {
+        let mut c = P2pConfig::default_for(backend, nranks);
         let get = |name: &str| -> Result<Option<u32>> {
             let Ok(v) = std::env::var(name) else { return Ok(None) };
             let (digits, scale) = match v.trim().strip_suffix(['K', 'k']) {
@@ -366,7 +371,7 @@ impl Communicator {
     pub fn enable_p2p(&self, cfg: Option<P2pConfig>) -> Result<()> {
         let cfg = match cfg {
             Some(c) => c,
-            None => P2pConfig::from_env(self.device().backend())?,
+            None => P2pConfig::from_env(self.device().backend(), self.nranks())?,
         };
         cfg.check()?;
         let mut guard = lock(&self.shared.p2p);
@@ -513,5 +518,21 @@ impl Communicator {
         g.reads.push(sptr);
         g.writes.push(rptr);
         g.launch()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_default_chunks_stay_between_512_kib_and_4_mib_and_split_into_channels() {
+        for n in [1, 2, 3, 8, 17, 64, 1000] {
+            let c = P2pConfig::default_for(Backend::Cuda, n);
+            c.check().expect("a valid default");
+            assert!((512 << 10..=4 << 20).contains(&c.chunk_bytes), "{n} ranks: {c:?}");
+        }
+        assert_eq!(P2pConfig::default_for(Backend::Cuda, 2).chunk_bytes, 4 << 20);
+        assert_eq!(P2pConfig::default_for(Backend::Cuda, 64).chunk_bytes, 512 << 10);
     }
 }
