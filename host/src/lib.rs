@@ -61,7 +61,8 @@ pub use gin::GinMode;
 pub use gin::transport::TransportKind;
 pub use mem::{SymBuffer, Window, register_window};
 pub use runtime::{
-    Backend, Device, DeviceBuffer, Event, KernelArgs, KernelParam, LaunchArg, LaunchArgs, LaunchConfig, Module, Stream,
+    Backend, Device, DeviceBuffer, Event, Graph, KernelArgs, KernelParam, LaunchArg, LaunchArgs, LaunchConfig, Module,
+    Stream,
 };
 
 /// The PTX of the built-in `ferrolink-device` kernels, built by `ferrolink-builder` for sm_90.

@@ -248,6 +248,13 @@ impl<'a> P2pGroup<'a> {
         if ops.is_empty() {
             return Ok(());
         }
+        if comm.stream().is_capturing() {
+            return Err(Error::InvalidArgument(
+                "send/recv/all_to_allv cannot be captured into a graph: their sequence numbers are counted on \
+                 the host, so a replay would not match the peers' (capture collectives instead)"
+                    .into(),
+            ));
+        }
         let module = comm.device().builtin_module()?;
         let mut guard = lock(&comm.shared.p2p);
         let state = guard.as_mut().ok_or_else(|| {

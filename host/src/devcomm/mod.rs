@@ -176,8 +176,8 @@ impl std::fmt::Debug for DevCommHandle {
 
 impl Drop for DevCommHandle {
     fn drop(&mut self) {
-        let mut waits = self.res.uses.pending();
-        waits.extend(self.res.dev.0.untracked.pending());
+        let mut waits = self.res.uses.pending_for_free();
+        waits.extend(self.res.dev.0.untracked.pending_for_free());
         lifetime::retire(waits, Box::new(self.res.clone()), "device communicator");
     }
 }

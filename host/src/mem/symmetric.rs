@@ -89,7 +89,7 @@ impl Drop for SymBuffer {
     fn drop(&mut self) {
         // Kernels reach a lone SymBuffer only through its raw address (untracked launches);
         // inside a window, the window keeps it until the window's kernels finished.
-        let waits = self.dev.0.untracked.pending();
+        let waits = self.dev.0.untracked.pending_for_free();
         let payload = (self.local.take(), self.phys.clone());
         lifetime::retire(waits, Box::new(payload), "symmetric buffer");
     }

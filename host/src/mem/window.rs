@@ -58,6 +58,16 @@ impl LocalWindow {
         }
         w
     }
+
+    /// What releasing the window waits for: [`LocalWindow::pending`] and keepers (captured
+    /// graphs that use it).
+    fn pending_for_free(&self) -> Vec<Completion> {
+        let mut w = self.uses.pending_for_free();
+        for d in lock(&self.devices).iter() {
+            w.extend(d.0.untracked.pending_for_free());
+        }
+        w
+    }
 }
 
 /// Windows being registered in this process, by (communicator, collective call).
@@ -104,7 +114,7 @@ struct WindowRank {
 impl Drop for WindowRank {
     fn drop(&mut self) {
         if let Some(memory) = self.memory.take() {
-            lifetime::retire(self.local.pending(), Box::new(memory), "window");
+            lifetime::retire(self.local.pending_for_free(), Box::new(memory), "window");
         }
     }
 }

@@ -78,8 +78,8 @@ impl HostMapped {
 
 impl Drop for HostMapped {
     fn drop(&mut self) {
-        let mut waits = self.uses.pending();
-        waits.extend(self.untracked.pending());
+        let mut waits = self.uses.pending_for_free();
+        waits.extend(self.untracked.pending_for_free());
         if let Some(mem) = self.mem.take() {
             #[cfg(test)]
             self.counts.frees.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

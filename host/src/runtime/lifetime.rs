@@ -86,6 +86,9 @@ fn remember(list: &mut Vec<Completion>, c: &Completion) {
 struct UsesInner {
     reads: Vec<Completion>,
     writes: Vec<Completion>,
+    /// Holders that may queue work on the resource later (captured graphs): only freeing
+    /// waits for them, not host accesses.
+    keepers: Vec<Completion>,
 }
 
 /// The streams' uses of one resource.
@@ -117,11 +120,62 @@ impl Uses {
         u.writes.retain(|c| !c.finished());
         u.writes.clone()
     }
+
+    /// Records a keeper: something that may queue work using the resource until `c`
+    /// finishes (a captured graph, until it is dropped).
+    pub(crate) fn record_keeper(&self, c: &Completion) {
+        remember(&mut lock(&self.0).keepers, c);
+    }
+
+    /// What freeing the resource waits for: [`Uses::pending`] and live keepers.
+    pub(crate) fn pending_for_free(&self) -> Vec<Completion> {
+        let mut w = self.pending();
+        let mut u = lock(&self.0);
+        u.keepers.retain(|c| !c.finished());
+        w.extend(u.keepers.iter().cloned());
+        w
+    }
 }
 
-/// The completions of a device's untracked launches, the latest per stream.
+/// An event the host raises: a [`Completion`] that keepers (captured graphs) hold until
+/// they are dropped.
 #[derive(Default)]
-pub(crate) struct Untracked(Mutex<HashMap<StreamId, Completion>>);
+pub(crate) struct HostFlag {
+    raised: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl HostFlag {
+    /// Marks it reached (wakes waiters).
+    pub(crate) fn raise(&self) {
+        *lock(&self.raised) = true;
+        self.wake.notify_all();
+    }
+}
+
+impl EventBackend for HostFlag {
+    fn query(&self) -> EventState {
+        if *lock(&self.raised) { EventState::Done } else { EventState::Pending }
+    }
+    fn synchronize(&self) -> crate::Result<()> {
+        let mut raised = lock(&self.raised);
+        while !*raised {
+            raised = self.wake.wait(raised).unwrap_or_else(|e| e.into_inner());
+        }
+        Ok(())
+    }
+    fn elapsed_ms_since(&self, _start: &dyn EventBackend) -> crate::Result<f32> {
+        Err(crate::Error::InvalidArgument("a host flag carries no time".into()))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The completions of a device's untracked launches, the latest per stream, and the keepers
+/// (captured graphs holding untracked work).
+#[derive(Default)]
+pub(crate) struct Untracked(Mutex<HashMap<StreamId, Completion>>, Mutex<Vec<Completion>>);
 
 impl Untracked {
     /// Records an untracked launch (replacing that stream's earlier one; no event queries,
@@ -135,6 +189,21 @@ impl Untracked {
         let mut m = lock(&self.0);
         m.retain(|_, c| !c.finished());
         m.values().cloned().collect()
+    }
+
+    /// Records a keeper (see [`Uses::record_keeper`]).
+    pub(crate) fn record_keeper(&self, c: &Completion) {
+        remember(&mut lock(&self.1), c);
+    }
+
+    /// What freeing memory that untracked launches may use waits for: [`Untracked::pending`]
+    /// and live keepers.
+    pub(crate) fn pending_for_free(&self) -> Vec<Completion> {
+        let mut w = self.pending();
+        let mut k = lock(&self.1);
+        k.retain(|c| !c.finished());
+        w.extend(k.iter().cloned());
+        w
     }
 }
 

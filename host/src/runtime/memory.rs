@@ -264,7 +264,9 @@ impl<T: Pod> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
         let payload =
             FreeDeviceMemory { backend: self.dev.backend_device().clone(), addr: self.addr, bytes: self.bytes() };
-        lifetime::retire(self.before_write(), Box::new(payload), "device buffer");
+        let mut waits = self.uses.pending_for_free();
+        waits.extend(self.dev.0.untracked.pending_for_free());
+        lifetime::retire(waits, Box::new(payload), "device buffer");
     }
 }
 

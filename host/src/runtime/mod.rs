@@ -23,7 +23,7 @@ pub use launch::{KernelArgs, KernelParam, LaunchArg, LaunchArgs, LaunchConfig};
 pub use lifetime::{pending_retirements, retired_total};
 pub use memory::DeviceBuffer;
 pub use module::Module;
-pub use stream::{Event, Stream};
+pub use stream::{Event, Graph, Stream};
 
 /// Devices `backend` has here: the GPUs the driver sees on CUDA (0 without a driver); on the
 /// emulator there is no limit, and any ordinal opens a fresh emulated device.

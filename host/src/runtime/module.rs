@@ -76,8 +76,8 @@ impl Module {
 
 impl Drop for Module {
     fn drop(&mut self) {
-        let mut waits = self.uses.pending();
-        waits.extend(self.untracked.pending());
+        let mut waits = self.uses.pending_for_free();
+        waits.extend(self.untracked.pending_for_free());
         if let Some(imp) = self.imp.take() {
             lifetime::retire(waits, Box::new(imp), "module");
         }

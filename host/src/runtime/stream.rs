@@ -1,10 +1,12 @@
 //! Streams (ordered queues of device work) and events (points in a stream).
 
-use crate::runtime::backend::{EmulatedLaunch, EventBackend, LaunchRequest, StreamBackend};
+use crate::runtime::backend::{
+    EmulatedLaunch, EmulatedLaunchFactory, EventBackend, GraphBackend, LaunchRequest, StreamBackend,
+};
 use crate::runtime::device::Device;
 use crate::runtime::launch::LaunchArg;
 use crate::runtime::launch::{KernelArgs, LaunchArgs, LaunchConfig, LaunchTracking};
-use crate::runtime::lifetime::{self, Completion, StreamId, lock};
+use crate::runtime::lifetime::{self, Completion, StreamId, Uses, lock};
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::runtime::module::Module;
 use crate::{Error, Result};
@@ -30,6 +32,17 @@ pub(crate) struct StreamCore {
     observers: Mutex<Vec<Weak<dyn StreamObserver>>>,
     /// The completion of the last tracked operation.
     tail: Mutex<Option<Completion>>,
+    /// While [`Stream::capture`] runs: what the captured work uses.
+    capture: Mutex<Option<Captured>>,
+}
+
+/// What captured work uses (the graph's tracking, recorded at each launch).
+#[derive(Default)]
+struct Captured {
+    reads: Vec<Arc<Uses>>,
+    writes: Vec<Arc<Uses>>,
+    holds: Vec<Arc<Uses>>,
+    untracked: bool,
 }
 
 impl StreamCore {
@@ -47,6 +60,11 @@ impl StreamCore {
     }
 
     pub(crate) fn synchronize(&self) -> Result<()> {
+        if lock(&self.capture).is_some() {
+            return Err(Error::InvalidArgument(
+                "synchronize: the stream is capturing a graph (its work runs when the graph is launched)".into(),
+            ));
+        }
         self.backend().synchronize().map_err(|e| self.explain(e))?;
         match self.observers().iter().find_map(|o| o.external_error()) {
             Some(e) => Err(e),
@@ -78,11 +96,14 @@ impl std::fmt::Debug for Stream {
 }
 
 /// Kernel arguments handed to the emulator's worker thread.
+#[derive(Clone, Copy)]
 struct EmulatorArgs<A: KernelArgs>(A);
 // SAFETY: `A` is a tuple of `KernelParam`s, which that unsafe trait requires to be plain
 // values and device addresses that any thread may copy; what the kernel does through the
 // addresses is `Stream::launch`'s caller's contract.
 unsafe impl<A: KernelArgs> Send for EmulatorArgs<A> {}
+// SAFETY: as above (plain values, copied by each replay).
+unsafe impl<A: KernelArgs> Sync for EmulatorArgs<A> {}
 
 impl Stream {
     pub(crate) fn new(dev: &Device) -> Result<Stream> {
@@ -92,6 +113,7 @@ impl Stream {
             backend: RwLock::new(backend),
             observers: Mutex::new(Vec::new()),
             tail: Mutex::new(None),
+            capture: Mutex::new(None),
         });
         Ok(Stream { dev: dev.clone(), core })
     }
@@ -143,6 +165,9 @@ impl Stream {
 
     /// Makes the stream's later work wait for the other streams' pending uses that `t`
     /// conflicts with, runs `op`, records a completion, and notes it in everything `t` uses.
+    /// While capturing: waits on the host for those uses instead (a capture cannot wait for
+    /// work outside it), queues `op` into the graph, and notes what it uses in the capture;
+    /// the completion returned is then already reached.
     fn enqueue_tracked(
         &self,
         t: LaunchTracking,
@@ -151,6 +176,28 @@ impl Stream {
         t.check()?;
         let backend = self.core.backend();
         let id = self.core.id;
+        if let Some(cap) = lock(&self.core.capture).as_mut() {
+            let foreign = |c: &Completion| c.stream() != id;
+            let mut waits: Vec<Completion> = t
+                .writes
+                .iter()
+                .flat_map(|u| u.pending())
+                .chain(t.reads.iter().flat_map(|u| u.pending_writes()))
+                .collect();
+            waits.retain(foreign);
+            lifetime::wait_all(&waits, "a captured operation")?;
+            op(&*backend)?;
+            cap.reads.extend(t.reads);
+            cap.writes.extend(t.writes);
+            cap.holds.extend(t.holds);
+            cap.untracked |= t.untracked;
+            for o in t.observers {
+                self.core.add_observer(o);
+            }
+            let reached = Arc::new(lifetime::HostFlag::default());
+            reached.raise();
+            return Ok(Completion::new(reached, id));
+        }
         let foreign = |c: &Completion| c.stream() != id;
         for u in &t.writes {
             for c in u.pending().iter().filter(|c| foreign(c)) {
@@ -250,18 +297,19 @@ impl Stream {
         let mut params = args.params();
         let host_args = EmulatorArgs(params);
         let entry = kernel.host_entry();
-        let mut host_args = Some(host_args);
-        let mut emulate = move || -> EmulatedLaunch {
-            let args = host_args.take().expect("a launch is emulated once");
+        // A captured launch is emulated at every replay: each gets a copy of the arguments.
+        let emulate: EmulatedLaunchFactory = Arc::new(move || -> EmulatedLaunch {
+            let args = host_args;
             Box::new(move |spec| {
                 let args = args;
-                // SAFETY: the caller of `launch` upholds the kernel's contract.
+                // SAFETY: the caller of `launch` upholds the kernel's contract (for a graph,
+                // at every replay: the graph keeps what it uses alive).
                 unsafe { emulator::launch(spec, entry, args.0) }
             })
-        };
+        });
         self.enqueue_tracked(t, |backend| {
             params.with_param_ptrs(|p| {
-                let req = LaunchRequest { kernel: name, cfg: &cfg, params: p, emulate: &mut emulate };
+                let req = LaunchRequest { kernel: name, cfg: &cfg, params: p, emulate: &emulate };
                 // SAFETY: the module belongs to this device and declares the kernel (checked
                 // above); `A` is the kernel's declared parameter tuple; the caller upholds the
                 // kernel's contract.
@@ -372,6 +420,79 @@ impl Stream {
         })
     }
 
+    /// Captures the work `queue` puts on this stream into a [`Graph`] instead of running it
+    /// (CUDA stream capture, relaxed mode; on the emulator the operations are recorded). The
+    /// graph keeps everything the work uses alive while it exists, and each
+    /// [`Graph::launch`] is tracked like the work itself. Host waits on the stream inside
+    /// `queue` are errors; work of other streams that the captured work depends on is waited
+    /// for on the host, at capture time. The work must be replayable as it is: collectives
+    /// are (their barriers keep their state on the device); point-to-point groups are not
+    /// (their sequence numbers are counted on the host) and refuse to be captured.
+    ///
+    /// ```
+    /// # use ferrolink::{Device, LaunchConfig};
+    /// # use ferrolink_device::kernels::copy::ferrolink_copy;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = Device::open(0)?;
+    /// let stream = dev.create_stream()?;
+    /// let mut src = dev.alloc_from(&[1u8; 64])?;
+    /// let mut dst = dev.alloc::<u8>(64)?;
+    /// let graph = stream.capture(|| {
+    ///     // SAFETY: the copy kernel's contract: 64 bytes each, no overlap.
+    ///     unsafe { stream.launch(dev.builtin_module()?, &ferrolink_copy, LaunchConfig::linear(1, 32), (&mut dst, &src, 64usize)) }
+    /// })?;
+    /// assert_eq!(dst.to_vec()?, vec![0u8; 64]); // captured, not run
+    /// for v in 2..5u8 {
+    ///     src.copy_from_host(&[v; 64])?;
+    ///     graph.launch(&stream)?;
+    ///     assert_eq!(dst.to_vec()?, vec![v; 64]);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn capture(&self, queue: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        {
+            let mut cap = lock(&self.core.capture);
+            if cap.is_some() {
+                return Err(Error::InvalidArgument("capture: the stream is capturing already".into()));
+            }
+            self.core.backend().begin_capture()?;
+            *cap = Some(Captured::default());
+        }
+        let queued = queue();
+        let captured = lock(&self.core.capture).take().expect("set above");
+        let graph = self.core.backend().end_capture();
+        queued?;
+        let graph = graph?;
+        let keeper = Arc::new(lifetime::HostFlag::default());
+        let keep = Completion::new(keeper.clone(), lifetime::next_stream_id());
+        for u in captured.reads.iter().chain(&captured.writes).chain(&captured.holds) {
+            u.record_keeper(&keep);
+        }
+        if captured.untracked {
+            self.dev.0.untracked.record_keeper(&keep);
+        }
+        Ok(Graph { dev: self.dev.clone(), backend: Some(graph), captured, keeper, launches: Mutex::new(Vec::new()) })
+    }
+
+    /// Whether [`Stream::capture`] is running on this stream.
+    pub(crate) fn is_capturing(&self) -> bool {
+        lock(&self.core.capture).is_some()
+    }
+
+    /// Queues a run of `graph` (tracked like the captured work).
+    fn launch_graph(&self, graph: &Graph) -> Result<Completion> {
+        if graph.dev.backend_device().key() != self.dev.backend_device().key() {
+            return Err(Error::WrongDevice("graph"));
+        }
+        let mut t = LaunchTracking::new(&self.dev);
+        t.reads.extend(graph.captured.reads.iter().cloned());
+        t.writes.extend(graph.captured.writes.iter().cloned());
+        t.holds.extend(graph.captured.holds.iter().cloned());
+        t.untracked = graph.captured.untracked;
+        let g = graph.backend.as_deref().expect("present until drop");
+        self.enqueue_tracked(t, |b| b.launch_graph(g))
+    }
+
     /// Records an event: a point in the stream, with the time the stream reached it.
     pub fn record_event(&self) -> Result<Event> {
         Ok(Event { dev: self.dev.clone(), event: self.core.backend().record(true)? })
@@ -407,5 +528,46 @@ impl Event {
     /// Waits until the stream has reached this event.
     pub fn synchronize(&self) -> Result<()> {
         self.event.synchronize()
+    }
+}
+
+/// Captured stream work, launched as a whole ([`Stream::capture`]): a CUDA graph on CUDA,
+/// the recorded operations on the emulator. Dropping it does not wait: its executable is
+/// released once its launches have finished, and what it uses stays alive until then.
+pub struct Graph {
+    dev: Device,
+    backend: Option<Box<dyn GraphBackend>>,
+    captured: Captured,
+    /// Raised when the graph is dropped: until then, freeing what it uses waits.
+    keeper: Arc<lifetime::HostFlag>,
+    /// The last launch's completion per stream.
+    launches: Mutex<Vec<Completion>>,
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph").field("device", &self.dev).finish()
+    }
+}
+
+impl Graph {
+    /// Queues one run of the captured work on `stream` (any stream of the device), ordered
+    /// after other streams' uses of its memory as the work itself would be.
+    pub fn launch(&self, stream: &Stream) -> Result<()> {
+        let c = stream.launch_graph(self)?;
+        let mut l = lock(&self.launches);
+        l.retain(|x| x.stream() != c.stream() && !x.finished());
+        l.push(c);
+        Ok(())
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        self.keeper.raise();
+        if let Some(g) = self.backend.take() {
+            let waits = std::mem::take(&mut *lock(&self.launches));
+            lifetime::retire(waits, Box::new(g), "graph");
+        }
     }
 }

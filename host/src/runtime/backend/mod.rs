@@ -33,8 +33,12 @@ pub(crate) enum DeviceKey {
 /// The work of one emulated launch, run by the CPU backend's stream worker.
 pub(crate) type EmulatedLaunch = Box<dyn FnOnce(&LaunchSpec) -> std::result::Result<(), EmuError> + Send>;
 
+/// Makes the work of one emulated launch; a captured launch calls it at every replay.
+pub(crate) type EmulatedLaunchFactory = Arc<dyn Fn() -> EmulatedLaunch + Send + Sync>;
+
 /// One kernel launch as the backends see it: the CUDA backend passes `params` to
-/// `cuLaunchKernel`; the CPU backend calls `emulate` once to get the job it queues.
+/// `cuLaunchKernel`; the CPU backend calls `emulate` to get the job it queues (once, or at
+/// every replay of a captured graph).
 pub(crate) struct LaunchRequest<'a> {
     /// The kernel's entry name.
     pub(crate) kernel: &'static str,
@@ -43,7 +47,7 @@ pub(crate) struct LaunchRequest<'a> {
     /// One pointer per argument, as `cuLaunchKernel` wants them.
     pub(crate) params: &'a mut [*mut c_void],
     /// Builds the emulated launch.
-    pub(crate) emulate: &'a mut dyn FnMut() -> EmulatedLaunch,
+    pub(crate) emulate: &'a EmulatedLaunchFactory,
 }
 
 /// Whether a recorded point of a stream has been reached.
@@ -183,8 +187,21 @@ pub(crate) trait StreamBackend: Send + Sync {
     fn wait_event(&self, event: &Arc<dyn EventBackend>) -> Result<()>;
     /// Waits until all queued work has finished; its error if any failed.
     fn synchronize(&self) -> Result<()>;
+    /// Starts capturing: work queued from now on (on this stream, from any thread) is
+    /// recorded into a graph instead of run, until [`StreamBackend::end_capture`].
+    fn begin_capture(&self) -> Result<()>;
+    /// Ends the capture and makes the graph executable.
+    fn end_capture(&self) -> Result<Box<dyn GraphBackend>>;
+    /// Queues one run of `graph` (made by a stream of this device).
+    fn launch_graph(&self, graph: &dyn GraphBackend) -> Result<()>;
     /// The stream's failure, if it has one (does not wait).
     fn failure(&self) -> Option<Error>;
+}
+
+/// An executable graph of captured stream work.
+pub(crate) trait GraphBackend: Send + Sync {
+    /// For the backend's own downcasts.
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// A recorded point of a stream.

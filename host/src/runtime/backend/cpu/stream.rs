@@ -1,7 +1,7 @@
 //! The CPU backend's streams and events: a stream is a worker thread that runs its jobs in
 //! order; an event is a flag the worker sets when it reaches it.
 
-use super::super::{EventBackend, EventState, LaunchRequest, ModuleBackend, StreamBackend};
+use super::super::{EventBackend, EventState, GraphBackend, LaunchRequest, ModuleBackend, StreamBackend};
 use crate::{Error, Result};
 use ferrolink_device::emulator::{self, LaunchSpec};
 use std::any::Any;
@@ -11,6 +11,9 @@ use std::time::Instant;
 
 /// One queued stream operation. Returns an error to make the stream fail.
 pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send>;
+
+/// A stream operation that can run again (captured into a graph).
+type Replayable = Arc<dyn Fn() -> Result<()> + Send + Sync>;
 
 enum Msg {
     Run(Job),
@@ -30,6 +33,19 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct CpuStream {
     tx: Mutex<Sender<Msg>>,
     error: Arc<Mutex<Option<Error>>>,
+    /// While capturing: the operations queued so far (not run).
+    capture: Mutex<Option<Vec<Replayable>>>,
+}
+
+/// Captured operations, run in order by each launch.
+struct CpuGraph {
+    ops: Arc<Vec<Replayable>>,
+}
+
+impl GraphBackend for CpuGraph {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
 }
 
 impl CpuStream {
@@ -41,11 +57,20 @@ impl CpuStream {
             .name("ferrolink-cpu-stream".into())
             .spawn(move || worker_loop(rx, worker_error))
             .map_err(|e| Error::InvalidArgument(format!("could not start a CPU stream thread: {e}")))?;
-        Ok(CpuStream { tx: Mutex::new(tx), error })
+        Ok(CpuStream { tx: Mutex::new(tx), error, capture: Mutex::new(None) })
     }
 
     fn send(&self, msg: Msg) -> Result<()> {
         lock(&self.tx).send(msg).map_err(|_| Error::StreamFailed("the CPU stream's worker thread has stopped".into()))
+    }
+
+    /// Queues `op`, or records it while capturing.
+    fn submit(&self, op: Replayable) -> Result<()> {
+        if let Some(ops) = lock(&self.capture).as_mut() {
+            ops.push(op);
+            return Ok(());
+        }
+        self.enqueue(Box::new(move || op()))
     }
 
     /// Queues a job; refused once the stream has failed.
@@ -96,12 +121,12 @@ impl StreamBackend for CpuStream {
             timeout: cfg.emulator_timeout.unwrap_or_else(emulator::default_timeout),
         };
         emulator::validate(&spec)?;
-        let run = (req.emulate)();
-        self.enqueue(Box::new(move || run(&spec).map_err(Error::from)))
+        let make = req.emulate.clone();
+        self.submit(Arc::new(move || make()(&spec).map_err(Error::from)))
     }
 
     unsafe fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
-        self.enqueue(Box::new(move || {
+        self.submit(Arc::new(move || {
             // SAFETY: the caller's contract: both ranges are valid until the copy has run and
             // do not overlap.
             unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };
@@ -110,7 +135,7 @@ impl StreamBackend for CpuStream {
     }
 
     unsafe fn write_value(&self, addr: u64, value: u64, bytes: u32) -> Result<()> {
-        self.enqueue(Box::new(move || {
+        self.submit(Arc::new(move || {
             use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering::Release};
             // SAFETY: the caller's contract (valid, aligned device memory); kernels access
             // these words only atomically, so the write is atomic too.
@@ -153,6 +178,31 @@ impl StreamBackend for CpuStream {
 
     fn failure(&self) -> Option<Error> {
         lock(&self.error).clone()
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        let mut c = lock(&self.capture);
+        if c.is_some() {
+            return Err(Error::InvalidArgument("the stream is capturing already".into()));
+        }
+        *c = Some(Vec::new());
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<Box<dyn GraphBackend>> {
+        let ops = lock(&self.capture)
+            .take()
+            .ok_or_else(|| Error::InvalidArgument("end_capture: the stream is not capturing".into()))?;
+        Ok(Box::new(CpuGraph { ops: Arc::new(ops) }))
+    }
+
+    fn launch_graph(&self, graph: &dyn GraphBackend) -> Result<()> {
+        let g = graph
+            .as_any()
+            .downcast_ref::<CpuGraph>()
+            .ok_or_else(|| Error::InvalidArgument("a graph of another backend".into()))?;
+        let ops = g.ops.clone();
+        self.submit(Arc::new(move || ops.iter().try_for_each(|op| op())))
     }
 }
 

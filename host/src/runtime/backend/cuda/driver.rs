@@ -631,3 +631,64 @@ pub(super) unsafe fn vmm_address_free(base: sys::CUdeviceptr, size: usize) -> Re
     // SAFETY: the caller's contract.
     unsafe { sys::cuMemAddressFree(base, size) }.result().map_err(cuda_err("cuMemAddressFree"))
 }
+
+/// Starts capturing `stream` in relaxed mode (other threads' driver calls are not
+/// restricted: ranks of one process capture at once).
+///
+/// # Safety
+/// `stream` is live.
+pub(super) unsafe fn stream_begin_capture(stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }
+        .result()
+        .map_err(cuda_err("cuStreamBeginCapture"))
+}
+
+/// Whether `stream` is capturing now.
+///
+/// # Safety
+/// `stream` is live.
+pub(super) unsafe fn stream_is_capturing(stream: sys::CUstream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the caller's contract; `status` is a valid out-pointer.
+    unsafe { sys::cuStreamIsCapturing(stream, &mut status) }.result().map_err(cuda_err("cuStreamIsCapturing"))?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Ends the capture of `stream` and instantiates the graph: (graph, executable graph).
+///
+/// # Safety
+/// `stream` is live and capturing.
+pub(super) unsafe fn stream_end_capture(stream: sys::CUstream) -> Result<(sys::CUgraph, sys::CUgraphExec)> {
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: the caller's contract; `graph` is a valid out-pointer.
+    unsafe { sys::cuStreamEndCapture(stream, &mut graph) }.result().map_err(cuda_err("cuStreamEndCapture"))?;
+    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: `graph` was just made; `exec` is a valid out-pointer.
+    if let Err(e) = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }.result() {
+        // SAFETY: `graph` is ours and unused.
+        unsafe { sys::cuGraphDestroy(graph) };
+        return Err(cuda_err("cuGraphInstantiateWithFlags")(e));
+    }
+    Ok((graph, exec))
+}
+
+/// Queues a run of `exec` on `stream`.
+///
+/// # Safety
+/// Both are live, of the current context.
+pub(super) unsafe fn graph_launch(exec: sys::CUgraphExec, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuGraphLaunch(exec, stream) }.result().map_err(cuda_err("cuGraphLaunch"))
+}
+
+/// Destroys a graph and its executable.
+///
+/// # Safety
+/// Neither is used after this (launches already queued complete in the driver).
+pub(super) unsafe fn graph_destroy(graph: sys::CUgraph, exec: sys::CUgraphExec) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuGraphExecDestroy(exec) }.result().map_err(cuda_err("cuGraphExecDestroy"))?;
+    // SAFETY: as above.
+    unsafe { sys::cuGraphDestroy(graph) }.result().map_err(cuda_err("cuGraphDestroy"))
+}

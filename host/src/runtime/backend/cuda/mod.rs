@@ -19,8 +19,8 @@ pub(crate) mod driver;
 pub(crate) use driver::availability;
 
 use super::{
-    AddressRange, DeviceBackend, DeviceKey, EventBackend, EventState, HostMappedMemory, LaunchRequest, ModuleBackend,
-    PhysicalMemory, StreamBackend, mixed_backends,
+    AddressRange, DeviceBackend, DeviceKey, EventBackend, EventState, GraphBackend, HostMappedMemory, LaunchRequest,
+    ModuleBackend, PhysicalMemory, StreamBackend, mixed_backends,
 };
 use crate::runtime::group::context_wide;
 use crate::{Backend, Error, Result};
@@ -428,8 +428,63 @@ impl StreamBackend for CudaStream {
 
     fn failure(&self) -> Option<Error> {
         let _g = self.ctx.bind().ok()?;
+        // A query would end a capture in error: a capturing stream runs nothing, so it has not
+        // failed.
+        // SAFETY: the stream is live.
+        if unsafe { driver::stream_is_capturing(self.stream) }.unwrap_or(false) {
+            return None;
+        }
         // SAFETY: the stream is live.
         unsafe { driver::stream_query(self.stream) }.err()
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        let _g = self.ctx.bind()?;
+        // SAFETY: the stream is live.
+        unsafe { driver::stream_begin_capture(self.stream) }
+    }
+
+    fn end_capture(&self) -> Result<Box<dyn GraphBackend>> {
+        let _g = self.ctx.bind()?;
+        // SAFETY: the stream is live (and capturing, or the driver says not).
+        let (graph, exec) = unsafe { driver::stream_end_capture(self.stream)? };
+        Ok(Box::new(CudaGraph { ctx: self.ctx.clone(), graph, exec }))
+    }
+
+    fn launch_graph(&self, graph: &dyn GraphBackend) -> Result<()> {
+        let g = graph.as_any().downcast_ref::<CudaGraph>().ok_or_else(|| mixed_backends("graph launch"))?;
+        let _g = self.ctx.bind()?;
+        // SAFETY: both are live, of this context.
+        unsafe { driver::graph_launch(g.exec, self.stream) }
+    }
+}
+
+/// A captured graph and its executable.
+struct CudaGraph {
+    ctx: Arc<Ctx>,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+// SAFETY: graph handles may be used from any thread with the context current; launches are
+// serialized by their streams.
+unsafe impl Send for CudaGraph {}
+// SAFETY: as above.
+unsafe impl Sync for CudaGraph {}
+
+impl GraphBackend for CudaGraph {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        let Ok(_g) = self.ctx.bind() else { return };
+        // SAFETY: not used after this (the owner retires it once its launches finished).
+        if let Err(e) = unsafe { driver::graph_destroy(self.graph, self.exec) } {
+            tracing::warn!(target: "ferrolink::runtime", error = %e, "destroying a graph failed");
+        }
     }
 }
 
