@@ -10,6 +10,7 @@
 #   perf1    ferrolink-perf gin in one process over two GPUs;  lsa  test-lsa/core/device/guide
 #   test-coll tests/coll.rs on CUDA;  test-p2p  tests/p2p.rs on CUDA
 #   vranks   all_reduce of 4 KiB by 8 virtual ranks on GPU 0 (one process), -c 1
+#   persist  ferrolink-perf all_reduce --persistent (PERSIST_ARGS), one process over the GPUs
 #   coll     NCCL's collectives (ref/nccl_coll_ref.cu, nvcc) and `ferrolink-perf <coll>` with the
 #            same arguments (COLL_ARGS), one process over the GPUs; then all_reduce as one
 #            process per GPU
@@ -60,6 +61,8 @@ test-p2p) step 150 "test-p2p (cuda)" "$bin/test-p2p" --test-threads=1
   grep -E "^test |test result|panicked|failed on" "$here/last.log" | sed 's/^/    /' >> "$sum" ;;
 vranks) step 90 "all_reduce 4 KiB, 8 virtual ranks on one GPU" "$bin/ferrolink-perf" all_reduce -b 4K -e 64K -f 4 -d f32 -o sum -n 200 -w 20 -c 1 -g 1 --ranks-per-gpu 8
   grep -vE "WARN|^$" "$here/last.log" | sed "s/^/    vranks /" >> "$sum" ;;
+persist) step 90 "ferrolink all_reduce --persistent" "$bin/ferrolink-perf" all_reduce ${PERSIST_ARGS:--b 1K -e 64K -f 4 -d bf16 -o sum -n 200 -w 20 -c 1} -g 2 --persistent
+  grep -vE "^#|WARN|^$|device:" "$here/last.log" | sed "s/^/    persistent /" >> "$sum" ;;
 coll) nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
   NV=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])")
   step 120 "nvcc nccl_coll_ref" "$nvcc" -O3 -std=c++17 -arch=sm_90 -I"$NV/include" -o "$here/ref/nccl_coll_ref" "$here/ref/nccl_coll_ref.cu" -L"$NV/lib" -l:libnccl.so.2

@@ -358,3 +358,41 @@ fn captured_collectives_replay_100_times_with_changing_inputs() {
         .map(drop)
     });
 }
+
+/// Persistent mode (issue 12): every collective, several types and reductions, every form,
+/// run by each rank's persistent kernel (queued by stream memory operations, no launch),
+/// checked; then stopped (collectives launch again), and a communicator dropped in
+/// persistent mode ends its kernel by itself.
+#[test]
+fn persistent_mode_runs_every_collective() {
+    ferrolink::testing::for_each_backend("persistent_mode_runs_every_collective", |dev| {
+        let sizes = [0usize, 1, 37, 1029];
+        for n in [2, 3] {
+            let comms = comms_of(dev, n)?;
+            ferrolink::run_ranks(&comms, |c| c.start_persistent(None))?;
+            check(comms.iter().all(Communicator::is_persistent), || "persistent mode is on".into())?;
+            reductions::<f32>(&comms, &sizes)?;
+            reductions::<bf16>(&comms, &sizes)?;
+            reductions::<i32>(&comms, &sizes)?;
+            movements::<f16>(&comms, &sizes)?;
+            movements::<u8>(&comms, &sizes)?;
+            for a in [algo::ONE_SHOT, algo::TWO_SHOT] {
+                let c = Collective { algo: Some(a), ..Collective::new(CollKind::AllReduce, 5000) };
+                run_case::<f32>(&comms, c, Form::Buffers)?;
+            }
+            let again =
+                ferrolink::run_ranks(&comms, |c| Ok(c.start_persistent(None).expect_err("started").to_string()))?;
+            check(again[0].contains("already started"), || format!("a second start: {}", again[0]))?;
+            ferrolink::run_ranks(&comms, |c| c.stop_persistent())?;
+            check(comms.iter().all(|c| !c.is_persistent()), || "persistent mode is off".into())?;
+            reductions::<f32>(&comms, &[37])?;
+        }
+        // Dropped in persistent mode, after a collective: the kernels end (no hang, no leak
+        // of a running kernel: the device's streams finish).
+        let comms = comms_of(dev, 2)?;
+        ferrolink::run_ranks(&comms, |c| c.start_persistent(Some(2)))?;
+        reductions::<f32>(&comms, &[100])?;
+        drop(comms);
+        Ok(())
+    });
+}

@@ -818,6 +818,8 @@ pub struct CollBench {
     pub check: bool,
     /// Force an all-reduce algorithm (`None`: the tuner's).
     pub algo: Option<u32>,
+    /// Persistent mode (collectives only).
+    pub persistent: bool,
 }
 
 /// One row of a collective benchmark (nccl-tests' columns).
@@ -985,6 +987,9 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
     let recv = comm.register_window(comm.mem_alloc(out_max * size)?)?;
     let input: Vec<T> = (0..in_max).map(|i| coll_value::<T>(me, i)).collect();
     send.copy_from_host(0, &input)?;
+    if b.persistent {
+        comm.start_persistent(None)?;
+    }
     comm.barrier()?;
     let mut rows = Vec::new();
     let has_in_place = !matches!(kind, K::ReduceScatter | K::AllToAll);
@@ -1023,6 +1028,9 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
             let (t, a, bb) = bw(oop);
             rows.push(CollRow { bytes, count, out_of_place: (t, a, bb, wrong), in_place: ip.map(bw) });
         }
+    }
+    if b.persistent {
+        comm.stop_persistent()?;
     }
     comm.barrier()?;
     Ok((me == 0).then_some(rows))

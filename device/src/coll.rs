@@ -696,3 +696,138 @@ unsafe fn reduce_kind<T: CollElem, O: Op>(
         }
     }
 }
+
+/// Persistent mode (issue 12): one long-lived kernel per rank takes collectives from a
+/// mailbox in device memory and runs them back to back, with no launch per call.
+pub mod persistent {
+    use super::{CollArgs, run_lsa};
+    use crate::arch::{self, LoadOrder, RmwOrder, Scope, StoreOrder, atomic};
+    use crate::comm::DevComm;
+    use crate::coop::{Coop, CoopCta};
+    use crate::window::DevWindow;
+    use bytemuck::{Pod, Zeroable};
+
+    /// [`CollArgs::kind`] of the operation that ends the kernel.
+    pub const SHUTDOWN: u32 = 0xffff;
+
+    /// What the completion word reads after an abort: every waiter's target is below it.
+    pub const ABORTED: u64 = u64::MAX >> 1;
+
+    /// One collective for the persistent kernel, as its rank's stream writes it into the
+    /// mailbox (word by word, then `seq`).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+    pub struct CollOp {
+        /// What to run (`barrier` is ignored: CTA `b` uses barrier `b`).
+        pub args: CollArgs,
+        /// The window holding the inputs.
+        pub send: DevWindow,
+        /// The window of two-shot outputs (see [`CollArgs::recv_offset`]).
+        pub recv_win: DevWindow,
+        /// The output (this rank's).
+        pub recv: u64,
+    }
+
+    /// Words of a [`CollOp`].
+    pub const OP_WORDS: usize = core::mem::size_of::<CollOp>() / 8;
+
+    /// The mailbox, in device memory that the stream's memory operations can write (a window
+    /// slot): the operation, then its sequence number (the go word), a count of CTAs done,
+    /// and the completion word streams wait on.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+    pub struct Mailbox {
+        /// The operation.
+        pub op: CollOp,
+        /// Its sequence number (1, 2, …), written after `op`.
+        pub seq: u64,
+        /// CTAs that finished their part, over the kernel's life.
+        pub ctas_done: u64,
+        /// The sequence number of the last finished operation ([`ABORTED`] after an abort).
+        pub completed: u64,
+    }
+
+    /// Byte offsets of the mailbox's words.
+    pub const SEQ_OFFSET: usize = core::mem::offset_of!(Mailbox, seq);
+    /// See [`SEQ_OFFSET`].
+    pub const COMPLETED_OFFSET: usize = core::mem::offset_of!(Mailbox, completed);
+
+    /// Polls between looks at the abort flag.
+    const ABORT_POLLS: u32 = 1024;
+
+    /// Runs collectives from `mailbox` until a [`SHUTDOWN`] (or an abort): CTA `cta` of
+    /// `ctas` waits for the next sequence number, runs part `cta` of the operation with LSA
+    /// barrier `cta` ([`run_lsa`]), and counts itself done; the last CTA of an operation
+    /// publishes its sequence number in `completed`.
+    ///
+    /// # Ordering
+    /// The stream writes the operation's words, then `seq`, with its memory operations, each
+    /// of which is preceded by a memory barrier (CUDA's default for stream writes): `seq` is
+    /// visible only after the words. Thread 0 of each CTA reads `seq` relaxed at system scope,
+    /// then fences with acquire at system scope before any thread (after the CTA's `sync`)
+    /// reads the words. Each CTA's part ends with `run_lsa`'s exit barrier; then thread 0
+    /// adds to `ctas_done` with acquire-release at GPU scope, so the last adder has acquired
+    /// every CTA's part; it stores `completed` with a release at system scope, which the
+    /// stream's wait (and the host) observe. The stream writes the next operation only after
+    /// that wait: no CTA reads an operation while it changes.
+    ///
+    /// # Safety
+    /// `mailbox` is a live [`Mailbox`] in device memory, written only as above by this rank's
+    /// stream; every operation's windows and output stay valid until it completes and follow
+    /// [`run_lsa`]'s contract; every rank runs the same operations in the same order with
+    /// the same `ctas`; LSA barriers `0..ctas` are this kernel's.
+    pub unsafe fn run(comm: &DevComm, mailbox: *mut Mailbox, cta: usize, ctas: usize) {
+        let coop = CoopCta;
+        let seq_word = mailbox.wrapping_byte_add(SEQ_OFFSET) as *mut u64;
+        let done_word = mailbox.wrapping_byte_add(core::mem::offset_of!(Mailbox, ctas_done)) as *mut u64;
+        let completed = mailbox.wrapping_byte_add(COMPLETED_OFFSET) as *mut u64;
+        let mut next = 1u64;
+        loop {
+            let mut aborted = false;
+            if coop.thread_rank() == 0 {
+                let mut polls = 0u32;
+                // SAFETY: the mailbox is live (contract); the stream writes `seq` atomically.
+                while unsafe { atomic::load(seq_word, LoadOrder::Relaxed, Scope::Sys) } < next {
+                    polls = polls.wrapping_add(1);
+                    if polls.is_multiple_of(ABORT_POLLS) && comm.abort_requested() {
+                        aborted = true;
+                        break;
+                    }
+                    arch::spin_wait_hint(64);
+                }
+                arch::atomic::fence(arch::FenceOrder::Acquire, Scope::Sys);
+            }
+            if coop.sync_any(aborted) {
+                if coop.thread_rank() == 0 {
+                    // Release every stream waiting for an operation that will not run.
+                    // SAFETY: as above.
+                    unsafe { atomic::store(completed, ABORTED, StoreOrder::Release, Scope::Sys) };
+                }
+                return;
+            }
+            // SAFETY: `seq` showed the operation is written (acquired above); it does not
+            // change until it completes.
+            let op = unsafe { (mailbox as *const CollOp).read_volatile() };
+            if op.args.kind == SHUTDOWN {
+                if coop.thread_rank() == 0 && cta == 0 {
+                    // SAFETY: as above.
+                    unsafe { atomic::store(completed, next, StoreOrder::Release, Scope::Sys) };
+                }
+                return;
+            }
+            let args = CollArgs { barrier: 0, ..op.args };
+            // SAFETY: the operation follows `run_lsa`'s contract (this function's).
+            unsafe { run_lsa(comm, &op.send, &op.recv_win, &args, op.recv as *mut u8, cta, ctas) };
+            coop.sync();
+            if coop.thread_rank() == 0 {
+                // SAFETY: the mailbox is live; `ctas_done` is changed only by this add.
+                let before = unsafe { atomic::fetch_add(done_word, 1, RmwOrder::AcqRel, Scope::Gpu) };
+                if before + 1 == next * ctas as u64 {
+                    // SAFETY: as above.
+                    unsafe { atomic::store(completed, next, StoreOrder::Release, Scope::Sys) };
+                }
+            }
+            next += 1;
+        }
+    }
+}

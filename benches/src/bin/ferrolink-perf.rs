@@ -183,6 +183,10 @@ struct CollCli {
     /// Print JSON lines instead of the table.
     #[arg(long)]
     json: bool,
+    /// Run the collectives in persistent mode (each rank's persistent kernel takes them from
+    /// its stream: no launch per call).
+    #[arg(long)]
+    persistent: bool,
 }
 
 fn main() {
@@ -388,6 +392,7 @@ fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> 
         warmup: c.warmup,
         check: c.check != 0,
         algo: forced,
+        persistent: c.persistent,
     };
     let launched = ferrolink::comm::launch::LaunchEnv::detect()?.is_some();
     let (rows, n) = if launched {
@@ -427,7 +432,8 @@ fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> 
         }
         return Ok(());
     }
-    println!("# ferrolink {name}: {n} ranks, {} ({:?})", dev.name(), dev.backend());
+    let mode = if c.persistent { ", persistent" } else { "" };
+    println!("# ferrolink {name}: {n} ranks, {} ({:?}){mode}", dev.name(), dev.backend());
     println!("#                                                       out-of-place                       in-place");
     println!(
         "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw"

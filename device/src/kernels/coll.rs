@@ -23,3 +23,16 @@ kernel! {
         }
     }
 }
+
+kernel! {
+    /// The persistent collectives kernel (see [`coll::persistent`]): runs the operations its
+    /// rank's stream posts into `mailbox` until a shutdown or an abort. CTA `b` uses LSA
+    /// barrier `b`.
+    ///
+    /// # Safety
+    /// As [`coll::persistent::run`].
+    pub unsafe fn coll_persistent(comm: DevComm, mailbox: *mut coll::persistent::Mailbox) {
+        // SAFETY: the kernel's contract.
+        unsafe { coll::persistent::run(&comm, mailbox, arch::block_idx_x(), arch::grid_dim_x()) }
+    }
+}

@@ -42,8 +42,10 @@ use ferrolink_device::kernels::coll::coll_lsa;
 use ferrolink_device::kernels::copy::ferrolink_copy;
 pub use half::{bf16, f16};
 pub use p2p::{MAX_GROUP_OPS, P2pConfig, P2pGroup};
+pub use persistent::DEFAULT_PERSISTENT_CTAS;
 
 pub mod p2p;
+pub mod persistent;
 
 /// The most CTAs a collective's grid has (each needs an LSA barrier of its own).
 pub const MAX_CTAS: u32 = 128;
@@ -342,7 +344,11 @@ impl Communicator {
         // Every rank's CTAs must be resident at once (they wait for each other). The kernel
         // takes up to 254 registers per thread, so one 256-thread CTA per SM: the ranks that
         // share this GPU share its SMs.
-        let ctas = grid(dev, out_bytes.max(in_bytes)).min((dev.sm_count() / self.ranks_sharing_gpu() as u32).max(1));
+        let persistent_ctas = self.persistent_ctas();
+        let ctas = match persistent_ctas {
+            Some(p) => p,
+            None => grid(dev, out_bytes.max(in_bytes)).min((dev.sm_count() / self.ranks_sharing_gpu() as u32).max(1)),
+        };
         let args = CollArgs {
             kind: coll.kind as u32,
             algo,
@@ -361,14 +367,20 @@ impl Communicator {
                 (Some(b), false) => b.bytes_at_mut(0)?,
                 (None, false) => unreachable!("an output is a buffer or a window"),
             };
-            // SAFETY: the kernel's contract: every rank launches the same args and grid (the
-            // call is collective; the debug check verifies it); the input lies at `send_off` of
-            // every rank's slot of `send_win` (lengths checked) and nothing writes it until
-            // the kernel ends on every rank (its exit barrier); the output holds `out_bytes`
-            // (checked) and overlaps no input (a staged copy, or distinct windows: in place
-            // from a window goes through the staging windows); barriers 0..ctas of the default
-            // set (MAX_CTAS of them) are used by this stream only, one collective at a time.
-            unsafe { stream.launch(module, &coll_lsa, cfg, (handle, send_win, recv_win, args, out_ptr))? };
+            if persistent_ctas.is_some() {
+                // Persistent mode: the rank's kernel runs it (its CTAs are the parts).
+                let queued = self.enqueue_persistent(args, send_win, recv_win, out_ptr)?;
+                debug_assert!(queued, "persistent mode was on when the grid was chosen");
+            } else {
+                // SAFETY: the kernel's contract: every rank launches the same args and grid (the
+                // call is collective; the debug check verifies it); the input lies at `send_off` of
+                // every rank's slot of `send_win` (lengths checked) and nothing writes it until
+                // the kernel ends on every rank (its exit barrier); the output holds `out_bytes`
+                // (checked) and overlaps no input (a staged copy, or distinct windows: in place
+                // from a window goes through the staging windows); barriers 0..ctas of the default
+                // set (MAX_CTAS of them) are used by this stream only, one collective at a time.
+                unsafe { stream.launch(module, &coll_lsa, cfg, (handle, send_win, recv_win, args, out_ptr))? };
+            }
         }
         // (A reduce leaves non-root outputs as they are.)
         if out_via_recv && !(coll.kind == CollKind::Reduce && coll.root != self.rank()) {

@@ -57,6 +57,8 @@ pub(crate) struct CommShared {
     pub(crate) coll: std::sync::Mutex<Option<crate::coll::CollState>>,
     /// The point-to-point resources (made by `enable_p2p`).
     pub(crate) p2p: std::sync::Mutex<Option<crate::coll::p2p::P2pState>>,
+    /// The persistent kernel (made by `start_persistent`).
+    pub(crate) persistent: std::sync::Mutex<Option<crate::coll::persistent::PersistentState>>,
 }
 
 /// One rank of a communicator. Cheap to clone (the rank's stream is shared).
@@ -271,6 +273,7 @@ impl Communicator {
             fds: std::sync::OnceLock::new(),
             coll: std::sync::Mutex::new(None),
             p2p: std::sync::Mutex::new(None),
+            persistent: std::sync::Mutex::new(None),
         });
         if rank == 0 {
             tracing::debug!(target: "ferrolink::comm", comm = id, nranks, lsa_size = layout.size, "communicator created");

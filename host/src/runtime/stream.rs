@@ -118,6 +118,11 @@ impl Stream {
         Ok(Stream { dev: dev.clone(), core })
     }
 
+    /// Another handle of this stream (the same queue).
+    pub(crate) fn share(&self) -> Stream {
+        Stream { dev: self.dev.clone(), core: self.core.clone() }
+    }
+
     pub(crate) fn core(&self) -> &Arc<StreamCore> {
         &self.core
     }
@@ -392,6 +397,31 @@ impl Stream {
                 unsafe { b.write_values(part)? };
             }
             Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// Queues the writes `(addr, value, bytes)` in order, then a wait until the 64-bit word at
+    /// `wait_addr` is at least `wait_value`, as one piece of work tracked by `t` (how a
+    /// collective is handed to the persistent kernel and its end awaited, in stream order).
+    ///
+    /// # Safety
+    /// As [`StreamBackend::write_value`] for each write and [`StreamBackend::wait_value`] for
+    /// the wait; `t` covers everything the work the wait stands for uses.
+    pub(crate) unsafe fn write_then_wait(
+        &self,
+        t: LaunchTracking,
+        writes: &[(u64, u64, u32)],
+        wait_addr: u64,
+        wait_value: u64,
+    ) -> Result<()> {
+        self.enqueue_tracked(t, |b| {
+            for part in writes.chunks(128) {
+                // SAFETY: the caller's contract.
+                unsafe { b.write_values(part)? };
+            }
+            // SAFETY: the caller's contract.
+            unsafe { b.wait_value(wait_addr, wait_value) }
         })?;
         Ok(())
     }

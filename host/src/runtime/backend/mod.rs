@@ -187,6 +187,14 @@ pub(crate) trait StreamBackend: Send + Sync {
     fn wait_event(&self, event: &Arc<dyn EventBackend>) -> Result<()>;
     /// Waits until all queued work has finished; its error if any failed.
     fn synchronize(&self) -> Result<()>;
+    /// Makes the stream's later work wait until the 64-bit word at `addr` is at least
+    /// `value` (written by a kernel or another stream). On the emulator a wait longer than
+    /// the emulator's kernel time limit fails the stream.
+    ///
+    /// # Safety
+    /// `addr` is device memory of this device, 8-byte aligned, valid until the wait has
+    /// passed, and written only atomically meanwhile.
+    unsafe fn wait_value(&self, addr: u64, value: u64) -> Result<()>;
     /// Starts capturing: work queued from now on (on this stream, from any thread) is
     /// recorded into a graph instead of run, until [`StreamBackend::end_capture`].
     fn begin_capture(&self) -> Result<()>;

@@ -180,6 +180,26 @@ impl StreamBackend for CpuStream {
         lock(&self.error).clone()
     }
 
+    unsafe fn wait_value(&self, addr: u64, value: u64) -> Result<()> {
+        let limit = emulator::default_timeout();
+        self.submit(Arc::new(move || {
+            use std::sync::atomic::{AtomicU64, Ordering::Acquire};
+            let start = Instant::now();
+            // SAFETY: the caller's contract (valid, aligned, written only atomically).
+            let word = unsafe { AtomicU64::from_ptr(addr as *mut u64) };
+            while word.load(Acquire) < value {
+                if start.elapsed() > limit {
+                    return Err(Error::StreamFailed(format!(
+                        "a stream wait for the word at {addr:#x} to reach {value} timed out after {limit:?} (it is {})",
+                        word.load(Acquire)
+                    )));
+                }
+                std::thread::yield_now();
+            }
+            Ok(())
+        }))
+    }
+
     fn begin_capture(&self) -> Result<()> {
         let mut c = lock(&self.capture);
         if c.is_some() {

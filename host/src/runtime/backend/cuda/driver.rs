@@ -692,3 +692,18 @@ pub(super) unsafe fn graph_destroy(graph: sys::CUgraph, exec: sys::CUgraphExec) 
     // SAFETY: as above.
     unsafe { sys::cuGraphDestroy(graph) }.result().map_err(cuda_err("cuGraphDestroy"))
 }
+
+/// Makes `stream` wait until the 64-bit word at `addr` is at least `value` (greater or
+/// equal, as unsigned numbers).
+///
+/// # Safety
+/// `addr` is device memory (or mapped host memory) of the stream's device, 8-byte aligned,
+/// valid until the wait has passed.
+pub(super) unsafe fn stream_wait_value_geq(stream: sys::CUstream, addr: sys::CUdeviceptr, value: u64) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        sys::cuStreamWaitValue64_v2(stream, addr, value, sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32)
+    }
+    .result()
+    .map_err(cuda_err("cuStreamWaitValue64"))
+}

@@ -438,6 +438,12 @@ impl StreamBackend for CudaStream {
         unsafe { driver::stream_query(self.stream) }.err()
     }
 
+    unsafe fn wait_value(&self, addr: u64, value: u64) -> Result<()> {
+        let _g = self.ctx.bind()?;
+        // SAFETY: the caller's contract.
+        unsafe { driver::stream_wait_value_geq(self.stream, addr, value) }
+    }
+
     fn begin_capture(&self) -> Result<()> {
         let _g = self.ctx.bind()?;
         // SAFETY: the stream is live.
