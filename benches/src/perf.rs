@@ -988,7 +988,7 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
     let input: Vec<T> = (0..in_max).map(|i| coll_value::<T>(me, i)).collect();
     send.copy_from_host(0, &input)?;
     if b.persistent {
-        comm.start_persistent(None)?;
+        comm.start_persistent(Default::default())?;
     }
     comm.barrier()?;
     let mut rows = Vec::new();

@@ -42,7 +42,7 @@ use ferrolink_device::kernels::coll::coll_lsa;
 use ferrolink_device::kernels::copy::ferrolink_copy;
 pub use half::{bf16, f16};
 pub use p2p::{MAX_GROUP_OPS, P2pConfig, P2pGroup};
-pub use persistent::DEFAULT_PERSISTENT_CTAS;
+pub use persistent::{DEFAULT_PERSISTENT_CTAS, PersistentConfig};
 
 pub mod p2p;
 pub mod persistent;
@@ -279,9 +279,11 @@ impl Communicator {
         let dev = self.device();
         // The input: in a window where it is, else staged into the send window.
         let staged_in = !matches!(input, Input::Window(..));
+        // In persistent mode nothing may be allocated (the kernel never lets the device idle).
+        let fixed = self.persistent_ctas().is_some();
         let mut grew = false;
         if staged_in {
-            grew |= grow(self, &mut state.send, in_bytes)?;
+            grew |= grow(self, &mut state.send, in_bytes, fixed)?;
         }
         // The output: the kernel writes it directly unless two-shot (peers write it: it must
         // lie in a window) or in place from a window (the input must stay as it is while peers
@@ -289,7 +291,7 @@ impl Communicator {
         let in_place_window = matches!((&input, &output), (Input::InPlace, Output::Window(..)));
         let out_via_recv = in_place_window || (algo == algo::TWO_SHOT && !matches!(output, Output::Window(..)));
         if out_via_recv {
-            grew |= grow(self, &mut state.recv, out_bytes)?;
+            grew |= grow(self, &mut state.recv, out_bytes, fixed)?;
         }
         // The device communicator after the windows (windows first, as for every device
         // communicator); a replaced one stays alive until its kernels have run.
@@ -392,6 +394,21 @@ impl Communicator {
                 (None, None) => unreachable!("an output is a buffer or a window"),
             };
             launch_copy(stream, &ferrolink_copy, dst, src, out_bytes, copy_cfg(out_bytes))?;
+        }
+        Ok(())
+    }
+
+    /// Makes the collectives' resources now (collective): staging windows of at least
+    /// `staging_bytes` each and the device communicator (persistent mode makes them before
+    /// its kernel starts).
+    pub(crate) fn prepare_collectives(&self, staging_bytes: usize) -> Result<()> {
+        let mut guard = crate::runtime::lifetime::lock(&self.shared.coll);
+        let state = guard.get_or_insert_with(|| CollState { handle: None, send: None, recv: None });
+        let mut grew = grow(self, &mut state.send, staging_bytes, false)?;
+        grew |= grow(self, &mut state.recv, staging_bytes, false)?;
+        if grew || state.handle.is_none() {
+            state.handle =
+                Some(self.create_dev_comm(&DevCommRequirements { lsa_barrier_count: MAX_CTAS, ..Default::default() })?);
         }
         Ok(())
     }
@@ -516,10 +533,19 @@ fn check_calls() -> bool {
 }
 
 /// Makes `win` hold at least `bytes` (a collective registration when it grows: every rank
-/// grows in the same call, as the calls match); whether it grew.
-fn grow(comm: &Communicator, win: &mut Option<Window>, bytes: usize) -> Result<bool> {
+/// grows in the same call, as the calls match); whether it grew. With `fixed` (persistent
+/// mode) growing is an error.
+fn grow(comm: &Communicator, win: &mut Option<Window>, bytes: usize, fixed: bool) -> Result<bool> {
     if win.as_ref().is_some_and(|w| w.size() >= bytes) {
         return Ok(false);
+    }
+    if fixed {
+        return Err(Error::InvalidArgument(format!(
+            "persistent mode: this collective needs {bytes} bytes of staging, more than the {} made at \
+             start_persistent (PersistentConfig::staging_bytes); nothing can be allocated while the persistent \
+             kernel runs: pass windows (zero copy), or restart with more staging",
+            win.as_ref().map_or(0, Window::size)
+        )));
     }
     let want = bytes.max(1 << 20).next_power_of_two();
     *win = Some(comm.register_window(comm.mem_alloc(want)?)?);

@@ -18,7 +18,7 @@
 //! let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
 //! let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
 //! let sums = run_ranks(&comms, |c| {
-//!     c.start_persistent(None)?;
+//!     c.start_persistent(Default::default())?;
 //!     let send = c.device().alloc_from(&[c.rank() as f32 + 1.0; 5])?;
 //!     let mut recv = c.device().alloc::<f32>(5)?;
 //!     c.all_reduce(&send, &mut recv, ReduceOp::Sum)?; // no launch: the kernel runs it
@@ -46,6 +46,25 @@ use std::time::Duration;
 /// CTAs of the persistent kernel by default (each a 256-thread CTA on an SM of its own).
 pub const DEFAULT_PERSISTENT_CTAS: u32 = 16;
 
+/// How [`Communicator::start_persistent`] sets persistent mode up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PersistentConfig {
+    /// CTAs of the kernel (`None`: [`DEFAULT_PERSISTENT_CTAS`], at most the GPU's SMs over
+    /// the ranks sharing it).
+    pub ctas: Option<u32>,
+    /// Bytes of staging (each of the collectives' send and receive windows) made at the
+    /// start: while the kernel runs nothing can be allocated (an allocation may wait for the
+    /// device to idle, which a persistent kernel never does), so calls from device buffers
+    /// needing more are errors. Windows (zero copy) need none.
+    pub staging_bytes: usize,
+}
+
+impl Default for PersistentConfig {
+    fn default() -> Self {
+        PersistentConfig { ctas: None, staging_bytes: 16 << 20 }
+    }
+}
+
 /// One rank's persistent kernel.
 pub(crate) struct PersistentState {
     ctas: u32,
@@ -62,11 +81,11 @@ pub(crate) struct PersistentState {
 }
 
 impl Communicator {
-    /// Starts persistent mode (collective: every rank calls it with the same `ctas`;
-    /// `None`: [`DEFAULT_PERSISTENT_CTAS`], at most the GPU's SMs over the ranks sharing it).
+    /// Starts persistent mode (collective: every rank calls it with the same `cfg`).
     /// Collectives then run in this rank's persistent kernel, queued by stream memory
     /// operations instead of launched. See the [module docs](self).
-    pub fn start_persistent(&self, ctas: Option<u32>) -> Result<()> {
+    pub fn start_persistent(&self, cfg: PersistentConfig) -> Result<()> {
+        let ctas = cfg.ctas;
         let n = self.nranks();
         if self.lsa_size() != n {
             return Err(Error::InvalidArgument(
@@ -93,6 +112,7 @@ impl Communicator {
         // Everything before the launch: the module, the mailbox (zeroed), the device
         // communicator, the stream (making any of them may wait for running kernels).
         let module = dev.builtin_module()?;
+        self.prepare_collectives(cfg.staging_bytes)?;
         let mailbox = self.register_window(self.mem_alloc(std::mem::size_of::<Mailbox>())?)?;
         mailbox.zero(0, std::mem::size_of::<Mailbox>())?;
         let handle = self.create_dev_comm(&DevCommRequirements { lsa_barrier_count: ctas, ..Default::default() })?;
