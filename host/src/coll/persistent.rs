@@ -111,12 +111,18 @@ impl Communicator {
         }
         // Everything before the launch: the module, the mailbox (zeroed), the device
         // communicator, the stream (making any of them may wait for running kernels).
+        let step =
+            |what: &str| tracing::debug!(target: "ferrolink::coll", rank = self.rank(), "start_persistent: {what}");
         let module = dev.builtin_module()?;
+        step("module loaded");
         self.prepare_collectives(cfg.staging_bytes)?;
+        step("collectives' resources made");
         let mailbox = self.register_window(self.mem_alloc(std::mem::size_of::<Mailbox>())?)?;
         mailbox.zero(0, std::mem::size_of::<Mailbox>())?;
+        step("mailbox made");
         let handle = self.create_dev_comm(&DevCommRequirements { lsa_barrier_count: ctas, ..Default::default() })?;
         let stream = dev.create_stream()?;
+        step("device communicator and stream made");
         self.barrier()?;
         let threads = if dev.backend() == Backend::Cuda { 256 } else { 8 };
         // The kernel runs until stopped: no emulator time limit.
@@ -130,6 +136,7 @@ impl Communicator {
         // the same operations (collective calls) with the same `ctas`; the device
         // communicator's barriers 0..ctas are the kernel's alone.
         unsafe { stream.launch(module, &coll_persistent, cfg, (&handle, slot))? };
+        tracing::debug!(target: "ferrolink::coll", rank = self.rank(), ctas, "persistent kernel launched");
         *guard = Some(PersistentState {
             ctas,
             mailbox,
@@ -209,6 +216,7 @@ fn post(comm: &Communicator, state: &mut PersistentState, op: CollOp, t: LaunchT
     // has passed), written only by this stream and, atomically, the kernel; `t` covers the
     // operation's windows and output, which the kernel uses until `completed` reaches `seq`.
     unsafe { comm.stream().write_then_wait(t, &writes, base + COMPLETED_OFFSET as u64, seq)? };
+    tracing::trace!(target: "ferrolink::coll", rank = comm.rank(), seq, kind = op.args.kind, "posted to the persistent kernel");
     state.next += 1;
     Ok(())
 }
