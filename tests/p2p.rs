@@ -236,7 +236,15 @@ fn bad_p2p_calls_are_clear_errors() {
         check(mismatch.contains("expects 4 elements from rank 1, which sends it 2"), || {
             format!("mismatch: {mismatch}")
         })?;
-        check(overlap.contains("overlap"), || format!("overlap: {overlap}"))
+        check(overlap.contains("overlap"), || format!("overlap: {overlap}"))?;
+        // Ranks asking for different channel shapes: an error naming the other rank's.
+        let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
+        let errs = ferrolink::run_ranks(&comms, |c| {
+            let slots = if c.rank() == 0 { 4 } else { 2 };
+            let cfg = ferrolink::coll::P2pConfig { channels: 2, slots, chunk_bytes: 16 << 10 };
+            Ok(c.enable_p2p(Some(cfg)).expect_err("different shapes").to_string())
+        })?;
+        check(errs[0].contains("rank 1 has channels 2, slots 2"), || format!("mismatched shapes: {}", errs[0]))
     });
 }
 

@@ -284,9 +284,11 @@ impl<'a> P2pGroup<'a> {
             let zeros = vec![0u64; state.progress_words];
             stream.write_words(state.recv.slot_ptr(state.progress_at, zeros.len() * 8)?, &zeros)?;
         }
-        // Sequence numbers: each pair's chunks in the order the operations were queued.
+        // Sequence numbers: each pair's chunks in the order the operations were queued
+        // (counted here, kept only once the group is queued: a failed call changes nothing).
+        let (mut sent, mut received) = (state.sent.clone(), state.received.clone());
         for o in &mut ops {
-            let count = if o.kind == op_kind::SEND { &mut state.sent } else { &mut state.received };
+            let count = if o.kind == op_kind::SEND { &mut sent } else { &mut received };
             o.seq = count[o.peer as usize];
             count[o.peer as usize] += args.chunks(o.bytes);
         }
@@ -318,7 +320,10 @@ impl<'a> P2pGroup<'a> {
         // by this launch (kept alive, and ordered after and before other work on it); the
         // windows and signals are the point-to-point ones, used only by this stream's group
         // kernels, one at a time; every rank made them with the same configuration.
-        unsafe { stream.launch(module, &p2p_group, cfg_launch, launch) }
+        unsafe { stream.launch(module, &p2p_group, cfg_launch, launch)? };
+        state.sent = sent;
+        state.received = received;
+        Ok(())
     }
 }
 
@@ -392,6 +397,22 @@ impl Communicator {
             )));
         }
         let n = self.nranks();
+        // Every rank must lay its windows and channels out alike (a per-process environment
+        // variable could differ): compare before registering anything.
+        let mine: Vec<u8> = [cfg.channels, cfg.slots, cfg.chunk_bytes].iter().flat_map(|v| v.to_le_bytes()).collect();
+        for (r, theirs) in self.all_gather_bytes(&mine)?.iter().enumerate() {
+            if *theirs != mine {
+                let w = |i: usize| u32::from_le_bytes(theirs[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
+                return Err(Error::InvalidArgument(format!(
+                    "enable_p2p: rank {} has {cfg:?} but rank {r} has channels {}, slots {}, chunk_bytes {} \
+                     (FERROLINK_P2P_* must be the same everywhere)",
+                    self.rank(),
+                    w(0),
+                    w(1),
+                    w(2)
+                )));
+            }
+        }
         let slots_bytes = n * cfg.slots as usize * cfg.chunk_bytes as usize;
         let table_at = slots_bytes;
         let progress_at = table_at + MAX_GROUP_OPS * P2P_OP_WORDS * 8;

@@ -488,7 +488,19 @@ impl Stream {
             self.core.backend().begin_capture()?;
             *cap = Some(Captured::default());
         }
+        // Ends the capture if `queue` panics: the stream must not stay in capture mode.
+        struct EndOnUnwind<'a>(&'a StreamCore, bool);
+        impl Drop for EndOnUnwind<'_> {
+            fn drop(&mut self) {
+                if self.1 {
+                    lock(&self.0.capture).take();
+                    let _ = self.0.backend().end_capture();
+                }
+            }
+        }
+        let mut guard = EndOnUnwind(&self.core, true);
         let queued = queue();
+        guard.1 = false;
         let captured = lock(&self.core.capture).take().expect("set above");
         let graph = self.core.backend().end_capture();
         queued?;
@@ -599,5 +611,53 @@ impl Drop for Graph {
             let waits = std::mem::take(&mut *lock(&self.launches));
             lifetime::retire(waits, Box::new(g), "graph");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Backend, Device, LaunchConfig};
+    use ferrolink_device::kernels::copy::ferrolink_copy;
+
+    /// A graph holds what it uses for freeing (a keeper) but not for host accesses, replays
+    /// with new inputs, and lets go when dropped; a capture whose closure fails or panics
+    /// leaves the stream usable.
+    #[test]
+    fn graphs_keep_their_memory_and_failed_captures_end() {
+        let dev = Device::open_with(Backend::Cpu, 0).unwrap();
+        let stream = dev.create_stream().unwrap();
+        let mut src = dev.alloc_from(&[5u8; 64]).unwrap();
+        let mut dst = dev.alloc::<u8>(64).unwrap();
+        let graph = stream
+            .capture(|| {
+                // SAFETY: the copy kernel's contract: 64 bytes each, no overlap.
+                unsafe {
+                    stream.launch(
+                        dev.builtin_module()?,
+                        &ferrolink_copy,
+                        LaunchConfig::linear(1, 8),
+                        (&mut dst, &src, 64usize),
+                    )
+                }
+            })
+            .unwrap();
+        for v in [9u8, 10, 11] {
+            src.copy_from_host(&[v; 64]).unwrap();
+            graph.launch(&stream).unwrap();
+            assert_eq!(dst.to_vec().unwrap(), vec![v; 64]);
+        }
+        stream.synchronize().unwrap();
+        assert!(dst.uses().pending().is_empty(), "host accesses do not wait for a live graph");
+        assert!(!dst.uses().pending_for_free().is_empty(), "freeing waits for a live graph");
+        drop(graph);
+        assert!(dst.uses().pending_for_free().is_empty(), "a dropped graph holds nothing");
+        let err = stream.capture(|| Err(crate::Error::InvalidArgument("no".into()))).expect_err("the closure failed");
+        assert!(err.to_string().contains("no"));
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = stream.capture(|| panic!("inside a capture"));
+        }));
+        assert!(panicked.is_err());
+        // Not capturing any more: a synchronize works.
+        stream.synchronize().unwrap();
     }
 }
