@@ -415,3 +415,28 @@ fn persistent_mode_runs_every_collective() {
         Ok(())
     });
 }
+
+/// Persistent mode and abort: rank 0 queues an all-reduce that rank 1 never joins; aborting
+/// the communicator ends the persistent kernels and releases rank 0's waiting stream, whose
+/// synchronize reports the abort (no hang); stopping afterwards returns.
+#[test]
+fn an_abort_releases_a_stream_waiting_on_the_persistent_kernel() {
+    ferrolink::testing::for_each_backend("persistent_abort", |dev| {
+        let comms = comms_of(dev, 2)?;
+        ferrolink::run_ranks(&comms, |c| c.start_persistent(Default::default()))?;
+        let send = dev.alloc_from(&[1.0f32; 64])?;
+        let mut recv = dev.alloc::<f32>(64)?;
+        let c0 = &comms[0];
+        let single = Collective { check: Some(false), ..Collective::new(CollKind::AllReduce, 64) };
+        c0.collective::<f32>(&single, Input::Buffer(&send), Output::Buffer(&mut recv))?;
+        c0.abort();
+        let err = c0.synchronize().expect_err("the all-reduce cannot finish without rank 1");
+        check(err.to_string().contains("abort"), || format!("rank 0's stream after the abort: {err}"))?;
+        for c in &comms {
+            // The kernels have ended: stopping returns (with the abort, or cleanly).
+            let _ = c.stop_persistent();
+            check(!c.is_persistent(), || "persistent mode is off after stop".into())?;
+        }
+        Ok(())
+    });
+}
