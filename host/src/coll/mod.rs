@@ -280,7 +280,8 @@ impl Communicator {
         // The input: in a window where it is, else staged into the send window.
         let staged_in = !matches!(input, Input::Window(..));
         // In persistent mode nothing may be allocated (the kernel never lets the device idle).
-        let fixed = self.persistent_ctas().is_some();
+        let persistent_ctas = self.persistent_ctas();
+        let fixed = persistent_ctas.is_some();
         let mut grew = false;
         if staged_in {
             grew |= grow(self, &mut state.send, in_bytes, fixed)?;
@@ -346,7 +347,6 @@ impl Communicator {
         // Every rank's CTAs must be resident at once (they wait for each other). The kernel
         // takes up to 254 registers per thread, so one 256-thread CTA per SM: the ranks that
         // share this GPU share its SMs.
-        let persistent_ctas = self.persistent_ctas();
         let ctas = match persistent_ctas {
             Some(p) => p,
             None => grid(dev, out_bytes.max(in_bytes)).min((dev.sm_count() / self.ranks_sharing_gpu() as u32).max(1)),

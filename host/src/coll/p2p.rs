@@ -176,21 +176,13 @@ impl<'a> P2pGroup<'a> {
     /// Queues a send of all of `buf` to rank `peer` (which must queue a receive of the same
     /// length from this rank).
     pub fn send<T: Pod>(&mut self, buf: &'a DeviceBuffer<T>, peer: usize) -> Result<&mut Self> {
-        self.check_peer(peer, "send")?;
-        let ptr = buf.bytes_at(0)?;
-        self.push(op_kind::SEND, peer, ptr.param() as u64, buf.bytes());
-        self.reads.push(ptr);
-        Ok(self)
+        self.send_slice(buf, 0, buf.len(), peer)
     }
 
     /// Queues a receive of all of `buf` from rank `peer`.
     pub fn recv<T: Pod>(&mut self, buf: &'a mut DeviceBuffer<T>, peer: usize) -> Result<&mut Self> {
-        self.check_peer(peer, "recv")?;
-        let bytes = buf.bytes();
-        let ptr = buf.bytes_at_mut(0)?;
-        self.push(op_kind::RECV, peer, ptr.param() as u64, bytes);
-        self.writes.push(ptr);
-        Ok(self)
+        let len = buf.len();
+        self.recv_slice(buf, 0, len, peer)
     }
 
     /// Queues a send of `count` elements of `buf` from element `offset` to rank `peer`

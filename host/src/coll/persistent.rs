@@ -105,18 +105,23 @@ impl Communicator {
                 most.min(super::MAX_CTAS)
             )));
         }
-        let mut guard = lock(&self.shared.persistent);
-        if guard.is_some() {
+        if self.is_persistent() {
             return Err(Error::InvalidArgument("start_persistent: already started".into()));
         }
-        // Everything before the launch: the module, the mailbox (zeroed), the device
-        // communicator, the stream (making any of them may wait for running kernels).
+        // Everything before the launch: the module, the collectives' resources, the mailbox
+        // (zeroed), the device communicator, the stream (making any of them may wait for
+        // running kernels). The collectives' lock is taken (and released) before this one's,
+        // in the order `collective` takes them: no deadlock between threads of one rank.
         let step =
             |what: &str| tracing::debug!(target: "ferrolink::coll", rank = self.rank(), "start_persistent: {what}");
         let module = dev.builtin_module()?;
         step("module loaded");
         self.prepare_collectives(cfg.staging_bytes)?;
         step("collectives' resources made");
+        let mut guard = lock(&self.shared.persistent);
+        if guard.is_some() {
+            return Err(Error::InvalidArgument("start_persistent: already started".into()));
+        }
         let mailbox = self.register_window(self.mem_alloc(std::mem::size_of::<Mailbox>())?)?;
         mailbox.zero(0, std::mem::size_of::<Mailbox>())?;
         step("mailbox made");
@@ -163,9 +168,9 @@ impl Communicator {
         let args = CollArgs { kind: persistent::SHUTDOWN, ..CollArgs::default() };
         let op = CollOp { args, ..CollOp::default() };
         post(self, &mut state, op, LaunchTracking::new(self.device()))?;
-        state.stream.synchronize()?;
+        // The shutdown is queued: the drop must not queue another, whatever the kernel's end.
         state.next = 0;
-        Ok(())
+        state.stream.synchronize()
     }
 
     /// Queues `args` (with its windows and output) for the persistent kernel, if persistent

@@ -505,6 +505,12 @@ impl Stream {
         let graph = self.core.backend().end_capture();
         queued?;
         let graph = graph?;
+        let mut captured = captured;
+        // Each captured operation added what it uses: keep each resource once.
+        for list in [&mut captured.reads, &mut captured.writes, &mut captured.holds] {
+            list.sort_by_key(|u| Arc::as_ptr(u) as usize);
+            list.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        }
         let keeper = Arc::new(lifetime::HostFlag::default());
         let keep = Completion::new(keeper.clone(), lifetime::next_stream_id());
         for u in captured.reads.iter().chain(&captured.writes).chain(&captured.holds) {
