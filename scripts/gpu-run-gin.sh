@@ -10,14 +10,14 @@
 #   perf1    ferrolink-perf gin in one process over two GPUs;  lsa  test-lsa/core/device/guide
 #   test-coll tests/coll.rs on CUDA;  test-p2p  tests/p2p.rs on CUDA
 #   vranks   all_reduce of 4 KiB by 8 virtual ranks on GPU 0 (one process), -c 1
-#   persist  ferrolink-perf all_reduce --persistent (PERSIST_ARGS), one process over the GPUs
+#   persist  ferrolink-perf all_reduce --persistent (PERSIST_ARGS, with -g), one process over the GPUs
 #   coll     NCCL's collectives (ref/nccl_coll_ref.cu, nvcc) and `ferrolink-perf <coll>` with the
 #            same arguments (COLL_ARGS), one process over the GPUs; then all_reduce as one
 #            process per GPU
 # Output: $OUT/summary.txt (what passed, the figures) and $OUT/run.log (everything).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-[ -d "$here/bin" ] || tar xzf "$here/bin.tgz" -C "$here"
+[ -d "$here/bin" ] || python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' "$here/bin.txz" "$here"
 out="${OUT:-$here/gpu-out}"; mkdir -p "$out"
 export LD_LIBRARY_PATH="/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}" NCCL_NVLS_ENABLE=0 FERROLINK_BOOTSTRAP_TIMEOUT=60
 export FERROLINK_REQUIRE_GPU=1 FERROLINK_TEST_BACKENDS=cuda FERROLINK_TIMEOUT=${FERROLINK_TIMEOUT:-40} FERROLINK_PROGRESS_SECS=5
@@ -61,7 +61,7 @@ test-p2p) step 150 "test-p2p (cuda)" "$bin/test-p2p" --test-threads=1
   grep -E "^test |test result|panicked|failed on" "$here/last.log" | sed 's/^/    /' >> "$sum" ;;
 vranks) step 90 "all_reduce 4 KiB, 8 virtual ranks on one GPU" "$bin/ferrolink-perf" all_reduce -b 4K -e 64K -f 4 -d f32 -o sum -n 200 -w 20 -c 1 -g 1 --ranks-per-gpu 8
   grep -vE "WARN|^$" "$here/last.log" | sed "s/^/    vranks /" >> "$sum" ;;
-persist) step 90 "ferrolink all_reduce --persistent" "$bin/ferrolink-perf" all_reduce ${PERSIST_ARGS:--b 1K -e 64K -f 4 -d bf16 -o sum -n 200 -w 20 -c 1} -g 2 --persistent
+persist) step 90 "ferrolink all_reduce --persistent" "$bin/ferrolink-perf" all_reduce ${PERSIST_ARGS:--b 1K -e 64K -f 4 -d bf16 -o sum -n 200 -w 20 -c 1 -g 2} --persistent
   grep -vE "^#|WARN|^$|device:" "$here/last.log" | sed "s/^/    persistent /" >> "$sum" ;;
 coll) nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
   NV=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])")

@@ -7,7 +7,7 @@
 # a part.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-[ -d "$here/bin" ] || tar xzf "$here/bin.tgz" -C "$here" # gpu-bundle.sh packs the binaries
+[ -d "$here/bin" ] || python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' "$here/bin.txz" "$here" # gpu-bundle.sh packs the binaries
 out="${OUT:-$here/gpu-out}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"

@@ -416,6 +416,33 @@ fn persistent_mode_runs_every_collective() {
     });
 }
 
+/// Eight ranks on one GPU in one process: their collectives run as one kernel per call
+/// (`coll_mailboxes`, launched by the last rank to call); every collective, both all-reduce
+/// algorithms, every form; then in persistent mode (one kernel for the GPU's ranks).
+#[test]
+fn eight_ranks_on_one_gpu_share_a_launch() {
+    ferrolink::testing::for_each_backend("eight_ranks_on_one_gpu_share_a_launch", |dev| {
+        let comms = comms_of(dev, 8)?;
+        let sizes = [1usize, 37, 1029];
+        for &count in &sizes {
+            for a in [algo::ONE_SHOT, algo::TWO_SHOT] {
+                let c = Collective { algo: Some(a), ..Collective::new(CollKind::AllReduce, count) };
+                forms_of::<f32>(&comms, c, &ALL_FORMS)?;
+            }
+            let c = Collective { op: ReduceOp::Max, ..Collective::new(CollKind::ReduceScatter, count) };
+            forms_of::<bf16>(&comms, c, &[Form::Buffers, Form::Windows])?;
+        }
+        movements_in::<i32>(&comms, &[5], &ALL_FORMS)?;
+        ferrolink::run_ranks(&comms, |c| {
+            c.start_persistent(ferrolink::coll::PersistentConfig { ctas: Some(2), ..Default::default() })
+        })?;
+        reductions_in::<f32>(&comms, &[100], &[Form::Buffers, Form::InPlace])?;
+        ferrolink::run_ranks(&comms, |c| c.stop_persistent())?;
+        reductions_in::<i64>(&comms, &[7], &[Form::Buffers])?;
+        Ok(())
+    });
+}
+
 /// Persistent mode and abort: rank 0 queues an all-reduce that rank 1 never joins; aborting
 /// the communicator ends the persistent kernels and releases rank 0's waiting stream, whose
 /// synchronize reports the abort (no hang); stopping afterwards returns.

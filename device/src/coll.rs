@@ -697,8 +697,11 @@ unsafe fn reduce_kind<T: CollElem, O: Op>(
     }
 }
 
-/// Persistent mode (issue 12): one long-lived kernel per rank takes collectives from a
-/// mailbox in device memory and runs them back to back, with no launch per call.
+/// Mailboxes (issue 12): each rank's stream posts its collectives into a mailbox in device
+/// memory; one kernel serves the mailboxes of every rank of a communicator on its GPU. In
+/// persistent mode that kernel is long-lived and runs the operations back to back with no
+/// launch per call; otherwise the ranks sharing a GPU launch it once per operation (one
+/// launch instead of one per rank).
 pub mod persistent {
     use super::{CollArgs, run_lsa};
     use crate::arch::{self, LoadOrder, RmwOrder, Scope, StoreOrder, atomic};
@@ -713,12 +716,12 @@ pub mod persistent {
     /// What the completion word reads after an abort: every waiter's target is below it.
     pub const ABORTED: u64 = u64::MAX >> 1;
 
-    /// One collective for the persistent kernel, as its rank's stream writes it into the
+    /// One collective for the mailbox kernel, as its rank's stream writes it into the
     /// mailbox (word by word, then `seq`).
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
     pub struct CollOp {
-        /// What to run (`barrier` is ignored: CTA `b` uses barrier `b`).
+        /// What to run (`barrier` is ignored: CTA `b` of a rank's part uses barrier `b`).
         pub args: CollArgs,
         /// The window holding the inputs.
         pub send: DevWindow,
@@ -731,9 +734,10 @@ pub mod persistent {
     /// Words of a [`CollOp`].
     pub const OP_WORDS: usize = core::mem::size_of::<CollOp>() / 8;
 
-    /// The mailbox, in device memory that the stream's memory operations can write (a window
-    /// slot): the operation, then its sequence number (the go word), a count of CTAs done,
-    /// and the completion word streams wait on.
+    /// One rank's mailbox, in device memory that the stream's memory operations can write (a
+    /// window slot): the operation, then its sequence number (the go word), a count of this
+    /// operation's CTAs done, the completion word streams wait on, and the rank's device
+    /// communicator (written before the first operation that uses it).
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
     pub struct Mailbox {
@@ -741,47 +745,97 @@ pub mod persistent {
         pub op: CollOp,
         /// Its sequence number (1, 2, …), written after `op`.
         pub seq: u64,
-        /// CTAs that finished their part, over the kernel's life.
+        /// CTAs of the running operation that finished their part (back to 0 at its end).
         pub ctas_done: u64,
         /// The sequence number of the last finished operation ([`ABORTED`] after an abort).
         pub completed: u64,
+        /// The rank's device communicator.
+        pub comm: DevComm,
     }
 
     /// Byte offsets of the mailbox's words.
     pub const SEQ_OFFSET: usize = core::mem::offset_of!(Mailbox, seq);
     /// See [`SEQ_OFFSET`].
     pub const COMPLETED_OFFSET: usize = core::mem::offset_of!(Mailbox, completed);
+    /// See [`SEQ_OFFSET`].
+    pub const COMM_OFFSET: usize = core::mem::offset_of!(Mailbox, comm);
+    /// Words of a [`DevComm`] (as the stream writes it into [`Mailbox::comm`]).
+    pub const COMM_WORDS: usize = core::mem::size_of::<DevComm>() / 8;
+
+    /// The most ranks of one GPU that one mailbox kernel serves.
+    pub const MAX_LOCAL_RANKS: usize = 16;
+
+    /// The ranks one mailbox kernel serves (ranks of one communicator on one GPU): CTA `b`
+    /// runs part `b % ctas_per_rank` of rank `b / ctas_per_rank`'s operations.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+    pub struct LocalRanks {
+        /// Each rank's [`Mailbox`] (device addresses), `count` of them; 0: the kernel skips
+        /// that rank.
+        pub mailboxes: [u64; MAX_LOCAL_RANKS],
+        /// Each rank's control block ([`DevComm::control`] of the communicator in its
+        /// mailbox): where a waiting CTA looks for an abort.
+        pub controls: [u64; MAX_LOCAL_RANKS],
+        /// Ranks served.
+        pub count: u32,
+        /// CTAs per rank (every rank's part of an operation has as many).
+        pub ctas_per_rank: u32,
+    }
 
     /// Polls between looks at the abort flag.
     const ABORT_POLLS: u32 = 1024;
 
-    /// Runs collectives from `mailbox` until a [`SHUTDOWN`] (or an abort): CTA `cta` of
-    /// `ctas` waits for the next sequence number, runs part `cta` of the operation with LSA
-    /// barrier `cta` ([`run_lsa`]), and counts itself done; the last CTA of an operation
-    /// publishes its sequence number in `completed`.
+    /// Serves the mailboxes of `ranks`: CTA `block` waits for its rank's next sequence number
+    /// (from `first` on), runs its part of the operation with LSA barrier `block %
+    /// ctas_per_rank` of the rank's communicator ([`run_lsa`]), and counts itself done; the
+    /// last CTA of a rank's operation publishes its sequence number in `completed`. With
+    /// `once` it returns after operation `first` (a launch per operation: one kernel for the
+    /// ranks sharing a GPU); else it runs until a [`SHUTDOWN`] (the persistent kernel). On an
+    /// abort it stores [`ABORTED`] in `completed` and returns.
     ///
     /// # Ordering
-    /// The stream writes the operation's words, then `seq`, with its memory operations, each
-    /// of which is preceded by a memory barrier (CUDA's default for stream writes): `seq` is
-    /// visible only after the words. Thread 0 of each CTA reads `seq` relaxed at system scope,
-    /// then fences with acquire at system scope before any thread (after the CTA's `sync`)
-    /// reads the words. Each CTA's part ends with `run_lsa`'s exit barrier; then thread 0
-    /// adds to `ctas_done` with acquire-release at GPU scope, so the last adder has acquired
-    /// every CTA's part; it stores `completed` with a release at system scope, which the
-    /// stream's wait (and the host) observe. The stream writes the next operation only after
-    /// that wait: no CTA reads an operation while it changes.
+    /// The stream writes the operation's words (and, when it changed, the communicator's)
+    /// with memory operations that may be reordered among themselves, then `seq` with one
+    /// that is preceded by a memory barrier: `seq` is visible only after every word before
+    /// it. Thread 0 of each CTA reads `seq` relaxed at system scope, then fences with acquire
+    /// at system scope before any thread (after the CTA's `sync`) reads the words. Each CTA's
+    /// part ends with `run_lsa`'s exit barrier; then thread 0 adds to `ctas_done` with
+    /// acquire-release at GPU scope, so the last adder has acquired every CTA's part; it
+    /// stores 0 into `ctas_done` and then `completed` with a release at system scope, which
+    /// the stream's wait (and the host) observe. The stream writes the next operation only
+    /// after that wait: no CTA reads an operation while it changes, and the next operation's
+    /// adds (after its `seq`, after the wait) see the reset count.
     ///
     /// # Safety
-    /// `mailbox` is a live [`Mailbox`] in device memory, written only as above by this rank's
-    /// stream; every operation's windows and output stay valid until it completes and follow
-    /// [`run_lsa`]'s contract; every rank runs the same operations in the same order with
-    /// the same `ctas`; LSA barriers `0..ctas` are this kernel's.
-    pub unsafe fn run(comm: &DevComm, mailbox: *mut Mailbox, cta: usize, ctas: usize) {
+    /// Each mailbox is a live [`Mailbox`] in device memory, written only as above by its
+    /// rank's stream, holding the rank's communicator before the first operation, and each
+    /// control address is that communicator's; every operation's windows and output stay
+    /// valid until it completes and follow [`run_lsa`]'s contract; every rank of the
+    /// communicator runs the same operations in the same order with the same
+    /// `ctas_per_rank`; LSA barriers `0..ctas_per_rank` of each rank's communicator are this
+    /// kernel's; the grid has `count * ctas_per_rank` CTAs.
+    pub unsafe fn serve(ranks: &LocalRanks, first: u64, once: bool, block: usize) {
+        let per = ranks.ctas_per_rank.max(1) as usize;
+        let (part, cta) = (block / per, block % per);
+        if part >= (ranks.count as usize).min(MAX_LOCAL_RANKS) {
+            return;
+        }
+        let mailbox = ranks.mailboxes[part] as *mut Mailbox;
+        if mailbox.is_null() {
+            // This rank runs the operation otherwise (a launch of its own, captured).
+            return;
+        }
+        let control = ranks.controls[part];
         let coop = CoopCta;
         let seq_word = mailbox.wrapping_byte_add(SEQ_OFFSET) as *mut u64;
         let done_word = mailbox.wrapping_byte_add(core::mem::offset_of!(Mailbox, ctas_done)) as *mut u64;
         let completed = mailbox.wrapping_byte_add(COMPLETED_OFFSET) as *mut u64;
-        let mut next = 1u64;
+        let abort_requested = || {
+            // SAFETY: `control` is the rank's live control block (contract); the host and
+            // kernels access `abort` only atomically.
+            control != 0 && unsafe { atomic::load(control as *const u32, LoadOrder::Relaxed, Scope::Sys) } != 0
+        };
+        let mut next = first;
         loop {
             let mut aborted = false;
             if coop.thread_rank() == 0 {
@@ -789,7 +843,7 @@ pub mod persistent {
                 // SAFETY: the mailbox is live (contract); the stream writes `seq` atomically.
                 while unsafe { atomic::load(seq_word, LoadOrder::Relaxed, Scope::Sys) } < next {
                     polls = polls.wrapping_add(1);
-                    if polls.is_multiple_of(ABORT_POLLS) && comm.abort_requested() {
+                    if polls.is_multiple_of(ABORT_POLLS) && abort_requested() {
                         aborted = true;
                         break;
                     }
@@ -805,8 +859,8 @@ pub mod persistent {
                 }
                 return;
             }
-            // SAFETY: `seq` showed the operation is written (acquired above); it does not
-            // change until it completes.
+            // SAFETY: `seq` showed the operation and the communicator are written (acquired
+            // above); they do not change until the operation completes.
             let op = unsafe { (mailbox as *const CollOp).read_volatile() };
             if op.args.kind == SHUTDOWN {
                 if coop.thread_rank() == 0 && cta == 0 {
@@ -815,17 +869,25 @@ pub mod persistent {
                 }
                 return;
             }
+            // SAFETY: as above.
+            let comm = unsafe { (mailbox.wrapping_byte_add(COMM_OFFSET) as *const DevComm).read_volatile() };
             let args = CollArgs { barrier: 0, ..op.args };
             // SAFETY: the operation follows `run_lsa`'s contract (this function's).
-            unsafe { run_lsa(comm, &op.send, &op.recv_win, &args, op.recv as *mut u8, cta, ctas) };
+            unsafe { run_lsa(&comm, &op.send, &op.recv_win, &args, op.recv as *mut u8, cta, per) };
             coop.sync();
             if coop.thread_rank() == 0 {
-                // SAFETY: the mailbox is live; `ctas_done` is changed only by this add.
+                // SAFETY: the mailbox is live; `ctas_done` is changed only by these CTAs.
                 let before = unsafe { atomic::fetch_add(done_word, 1, RmwOrder::AcqRel, Scope::Gpu) };
-                if before + 1 == next * ctas as u64 {
+                if before + 1 == per as u64 {
                     // SAFETY: as above.
-                    unsafe { atomic::store(completed, next, StoreOrder::Release, Scope::Sys) };
+                    unsafe {
+                        atomic::store(done_word, 0, StoreOrder::Relaxed, Scope::Gpu);
+                        atomic::store(completed, next, StoreOrder::Release, Scope::Sys);
+                    }
                 }
+            }
+            if once {
+                return;
             }
             next += 1;
         }

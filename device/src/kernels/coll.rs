@@ -25,14 +25,16 @@ kernel! {
 }
 
 kernel! {
-    /// The persistent collectives kernel (see [`coll::persistent`]): runs the operations its
-    /// rank's stream posts into `mailbox` until a shutdown or an abort. CTA `b` uses LSA
-    /// barrier `b`.
+    /// The mailbox kernel (see [`coll::persistent`]): one kernel for the ranks of `ranks`
+    /// (those of one communicator on this GPU), CTA `b` serving part `b % ctas_per_rank` of
+    /// rank `b / ctas_per_rank`. With `once != 0` it runs operation `first` of each rank and
+    /// ends (a launch per operation, shared by the GPU's ranks); else it runs operations from
+    /// `first` on until a shutdown or an abort (persistent mode).
     ///
     /// # Safety
-    /// As [`coll::persistent::run`].
-    pub unsafe fn coll_persistent(comm: DevComm, mailbox: *mut coll::persistent::Mailbox) {
+    /// As [`coll::persistent::serve`].
+    pub unsafe fn coll_mailboxes(ranks: coll::persistent::LocalRanks, first: u64, once: u32) {
         // SAFETY: the kernel's contract.
-        unsafe { coll::persistent::run(&comm, mailbox, arch::block_idx_x(), arch::grid_dim_x()) }
+        unsafe { coll::persistent::serve(&ranks, first, once != 0, arch::block_idx_x()) }
     }
 }

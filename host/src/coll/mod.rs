@@ -33,17 +33,21 @@ use crate::comm::Communicator;
 use crate::devcomm::{DevCommHandle, DevCommRequirements};
 use crate::mem::window::Window;
 use crate::ops::launch_copy;
+use crate::runtime::launch::LaunchArg;
 use crate::runtime::launch::LaunchConfig;
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::{Backend, Error, Result};
 use ferrolink_device::coll::CollArgs;
+use ferrolink_device::coll::persistent::CollOp;
 pub use ferrolink_device::coll::{CollElem, CollKind, DataType, RedOp as ReduceOp, algo};
-use ferrolink_device::kernels::coll::coll_lsa;
+use ferrolink_device::kernels::coll::{coll_lsa, coll_mailboxes};
 use ferrolink_device::kernels::copy::ferrolink_copy;
 pub use half::{bf16, f16};
 pub use p2p::{MAX_GROUP_OPS, P2pConfig, P2pGroup};
 pub use persistent::{DEFAULT_PERSISTENT_CTAS, PersistentConfig};
+use std::sync::Arc;
 
+pub(crate) mod mailbox;
 pub mod p2p;
 pub mod persistent;
 
@@ -131,9 +135,55 @@ impl Collective {
 /// makes them in the same call: the calls are collective).
 pub(crate) struct CollState {
     handle: Option<DevCommHandle>,
+    /// Bumped whenever `handle` is replaced (a mailbox holds one generation's).
+    handle_gen: u64,
     /// Staging for inputs (`send`) and outputs (`recv`), grown (collectively) on demand.
     send: Option<Window>,
     recv: Option<Window>,
+    /// The ranks of this communicator on this rank's GPU in this process.
+    group: Arc<mailbox::GpuGroup>,
+    /// This rank's mailbox for launches shared with the other ranks of its GPU: made on
+    /// every rank (a collective registration) when any GPU has several ranks in one process.
+    mailbox: Option<mailbox::RankMailbox>,
+    /// Starts of persistent mode so far (names the members' meeting).
+    pub(crate) persistent_starts: u64,
+}
+
+impl CollState {
+    /// The state of the first collective call (collective: it may register the mailbox).
+    fn new(comm: &Communicator) -> Result<CollState> {
+        let peers = &comm.shared.peers;
+        let shared_somewhere = peers
+            .iter()
+            .enumerate()
+            .any(|(i, p)| peers[..i].iter().any(|q| q.node == p.node && q.pid == p.pid && q.uuid == p.uuid));
+        let mailbox = if shared_somewhere { Some(mailbox::RankMailbox::new(comm)?) } else { None };
+        Ok(CollState {
+            handle: None,
+            handle_gen: 0,
+            send: None,
+            recv: None,
+            group: mailbox::GpuGroup::of(comm),
+            mailbox,
+            persistent_starts: 0,
+        })
+    }
+
+    /// Replaces the device communicator (after the staging windows changed).
+    fn renew_handle(&mut self, comm: &Communicator) -> Result<()> {
+        self.handle =
+            Some(comm.create_dev_comm(&DevCommRequirements { lsa_barrier_count: MAX_CTAS, ..Default::default() })?);
+        self.handle_gen += 1;
+        Ok(())
+    }
+}
+
+/// The collectives' state of `comm`, made by the first call.
+pub(crate) fn coll_state<'a>(comm: &Communicator, guard: &'a mut Option<CollState>) -> Result<&'a mut CollState> {
+    if guard.is_none() {
+        *guard = Some(CollState::new(comm)?);
+    }
+    Ok(guard.as_mut().expect("made above"))
 }
 
 impl Communicator {
@@ -274,7 +324,7 @@ impl Communicator {
         // kernels, and after the set-up below peers' kernels may be waiting for this rank.
         let module = self.device().builtin_module()?;
         let mut guard = crate::runtime::lifetime::lock(&self.shared.coll);
-        let state = guard.get_or_insert_with(|| CollState { handle: None, send: None, recv: None });
+        let state = coll_state(self, &mut guard)?;
         let stream = self.stream();
         let dev = self.device();
         // The input: in a window where it is, else staged into the send window.
@@ -297,8 +347,7 @@ impl Communicator {
         // The device communicator after the windows (windows first, as for every device
         // communicator); a replaced one stays alive until its kernels have run.
         if grew || state.handle.is_none() {
-            state.handle =
-                Some(self.create_dev_comm(&DevCommRequirements { lsa_barrier_count: MAX_CTAS, ..Default::default() })?);
+            state.renew_handle(self)?;
         }
         let handle = state.handle.as_ref().expect("made above");
         let copy_cfg = |bytes: usize| match dev.backend() {
@@ -338,6 +387,8 @@ impl Communicator {
             }
         };
         let recv_staging = state.recv.as_ref();
+        let group = state.group.clone();
+        let shared_launch = persistent_ctas.is_none() && group.members.len() > 1 && group.fits();
         let (recv_win, recv_offset): (&Window, usize) = match (out_via_recv, out_window) {
             (true, _) => (recv_staging.expect("grown above"), 0),
             (false, Some((w, off))) => (w, off),
@@ -373,6 +424,80 @@ impl Communicator {
                 // Persistent mode: the rank's kernel runs it (its CTAs are the parts).
                 let queued = self.enqueue_persistent(args, send_win, recv_win, out_ptr)?;
                 debug_assert!(queued, "persistent mode was on when the grid was chosen");
+            } else if shared_launch {
+                // Ranks sharing this GPU in this process: one kernel for all of them, launched
+                // by the last to get here; each posts its part to its mailbox.
+                let threads = threads(dev);
+                let resident = *group.resident.get_or_init(|| {
+                    module.resident_ctas(&coll_mailboxes, LaunchConfig::linear(1, threads)).ok().flatten()
+                });
+                group.check_resident(ctas, resident, name)?;
+                let mut t = crate::runtime::launch::LaunchTracking::new(dev);
+                send_win.track(&mut t);
+                recv_win.track(&mut t);
+                out_ptr.track(&mut t);
+                handle.track(&mut t);
+                let mut keep = crate::runtime::launch::LaunchTracking::new(dev);
+                handle.track(&mut keep);
+                let control = handle.dev_comm().control;
+                let mb = state.mailbox.as_mut().expect("made on every rank when a GPU has several ranks");
+                // A call captured into a graph is replayed with the sequence number it had
+                // when captured: it runs as a launch of its own (every rank of the GPU
+                // captures it alike); it still meets the others, so that a rank that runs it
+                // now is not left waiting.
+                let capturing = stream.is_capturing();
+                let message = if capturing {
+                    None
+                } else {
+                    let op = CollOp {
+                        args,
+                        send: send_win.param(),
+                        recv_win: recv_win.param(),
+                        recv: out_ptr.param() as u64,
+                    };
+                    Some(mb.message(op, handle, state.handle_gen)?)
+                };
+                let seq = match &message {
+                    Some((_, seq)) => *seq,
+                    None => mb.skip(),
+                };
+                let served =
+                    group.arrive(mailbox::Purpose::Operation, seq, self.rank(), mb, !capturing, control, ctas, keep)?;
+                let writes: &[(u64, u64, u32)] = message.as_ref().map_or(&[], |(w, _)| w);
+                if let Some(served) = &served {
+                    let cfg = LaunchConfig::linear(served.ranks.count * served.ranks.ctas_per_rank, threads);
+                    let (launch_on, own_writes, t_launch) = if capturing {
+                        (group.side_stream(dev)?, &[][..], crate::runtime::launch::LaunchTracking::new(dev))
+                    } else {
+                        (
+                            stream.share(),
+                            writes,
+                            std::mem::replace(&mut t, crate::runtime::launch::LaunchTracking::new(dev)),
+                        )
+                    };
+                    // SAFETY: `coll_mailboxes`' contract: every member's mailbox is live and
+                    // so is its communicator (the launch keeps both: `served`), written only
+                    // by its stream as `serve` says; the controls are those communicators';
+                    // every rank of the communicator makes this call (collective) with the
+                    // same grid per rank; barriers 0..ctas of each rank's device
+                    // communicator serve one collective at a time (its stream's order).
+                    unsafe {
+                        launch_on.launch_after_writes(
+                            module,
+                            &coll_mailboxes,
+                            cfg,
+                            (served, seq, 1u32),
+                            t_launch,
+                            own_writes,
+                        )?
+                    };
+                }
+                if capturing {
+                    // SAFETY: as for `coll_lsa` below.
+                    unsafe { stream.launch(module, &coll_lsa, cfg, (handle, send_win, recv_win, args, out_ptr))? };
+                } else if served.is_none() {
+                    mb.post(stream, t, writes, seq)?;
+                }
             } else {
                 // SAFETY: the kernel's contract: every rank launches the same args and grid (the
                 // call is collective; the debug check verifies it); the input lies at `send_off` of
@@ -403,12 +528,11 @@ impl Communicator {
     /// its kernel starts).
     pub(crate) fn prepare_collectives(&self, staging_bytes: usize) -> Result<()> {
         let mut guard = crate::runtime::lifetime::lock(&self.shared.coll);
-        let state = guard.get_or_insert_with(|| CollState { handle: None, send: None, recv: None });
+        let state = coll_state(self, &mut guard)?;
         let mut grew = grow(self, &mut state.send, staging_bytes, false)?;
         grew |= grow(self, &mut state.recv, staging_bytes, false)?;
         if grew || state.handle.is_none() {
-            state.handle =
-                Some(self.create_dev_comm(&DevCommRequirements { lsa_barrier_count: MAX_CTAS, ..Default::default() })?);
+            state.renew_handle(self)?;
         }
         Ok(())
     }

@@ -1,8 +1,10 @@
-//! Persistent mode: one long-lived kernel per rank runs the collectives (NCCL-style
-//! persistent kernels; the book chapter's device-side work queue).
+//! Persistent mode: one long-lived kernel per GPU runs the collectives of the communicator's
+//! ranks on it (NCCL-style persistent kernels; the book chapter's device-side work queue).
 //!
 //! [`Communicator::start_persistent`] (collective) launches, on a stream of its own, a kernel
-//! of a few CTAs that waits on a mailbox in device memory. From then on each collective call
+//! of a few CTAs per rank that waits on the ranks' mailboxes in device memory (the last rank
+//! of a GPU to start launches it for all of the GPU's ranks in its process; the grid is
+//! checked with the occupancy API to fit on the GPU at once). From then on each collective call
 //! queues, on the rank's stream and in its order, the stream memory writes of the operation
 //! and its sequence number (one `cuStreamBatchMemOp`), then a stream wait for the completion
 //! word (`cuStreamWaitValue64`, greater or equal): no kernel launch, and the stream's later
@@ -30,6 +32,7 @@
 //! # Ok(()) }
 //! ```
 
+use super::mailbox::{Purpose, RankMailbox};
 use crate::comm::Communicator;
 use crate::devcomm::{DevCommHandle, DevCommRequirements};
 use crate::mem::window::Window;
@@ -39,8 +42,8 @@ use crate::runtime::memory::TrackedPtr;
 use crate::runtime::stream::Stream;
 use crate::{Backend, Error, Result};
 use ferrolink_device::coll::CollArgs;
-use ferrolink_device::coll::persistent::{self, COMPLETED_OFFSET, CollOp, Mailbox, OP_WORDS, SEQ_OFFSET};
-use ferrolink_device::kernels::coll::coll_persistent;
+use ferrolink_device::coll::persistent::{self, CollOp, MAX_LOCAL_RANKS};
+use ferrolink_device::kernels::coll::coll_mailboxes;
 use std::time::Duration;
 
 /// CTAs of the persistent kernel by default (each a 256-thread CTA on an SM of its own).
@@ -65,19 +68,20 @@ impl Default for PersistentConfig {
     }
 }
 
-/// One rank's persistent kernel.
+/// One rank's part of its GPU's persistent kernel.
 pub(crate) struct PersistentState {
     ctas: u32,
-    mailbox: Window,
-    /// The kernel's stream (kept: the kernel runs on it until stopped).
-    stream: Stream,
+    mailbox: RankMailbox,
+    /// The kernel's stream, on the rank that launched it (kept: the kernel runs on it until
+    /// every rank of the GPU has stopped).
+    _kernel_stream: Option<Stream>,
     /// The rank's stream: a drop in persistent mode queues the shutdown there, after the
     /// rank's collectives.
     comm_stream: Stream,
-    /// Keeps the kernel's device communicator alive (the launch tracks it too).
-    _handle: DevCommHandle,
-    /// The next operation's sequence number.
-    next: u64,
+    /// The kernel's device communicator for this rank (in the mailbox; alive until stopped).
+    handle: DevCommHandle,
+    /// Whether the shutdown is queued (the drop must not queue another).
+    stopped: bool,
 }
 
 impl Communicator {
@@ -117,38 +121,65 @@ impl Communicator {
         let module = dev.builtin_module()?;
         step("module loaded");
         self.prepare_collectives(cfg.staging_bytes)?;
+        let (group, meeting) = {
+            let mut coll = lock(&self.shared.coll);
+            let state = super::coll_state(self, &mut coll)?;
+            state.persistent_starts += 1;
+            (state.group.clone(), state.persistent_starts)
+        };
         step("collectives' resources made");
+        if !group.fits() {
+            return Err(Error::InvalidArgument(format!(
+                "start_persistent: {} ranks of this communicator share this GPU in this process; one persistent \
+                 kernel serves at most {MAX_LOCAL_RANKS}",
+                group.members.len()
+            )));
+        }
+        let threads = if dev.backend() == Backend::Cuda { 256 } else { 8 };
+        let resident = module.resident_ctas(&coll_mailboxes, LaunchConfig::linear(1, threads))?;
+        group.check_resident(ctas, resident, "start_persistent")?;
         let mut guard = lock(&self.shared.persistent);
         if guard.is_some() {
             return Err(Error::InvalidArgument("start_persistent: already started".into()));
         }
-        let mailbox = self.register_window(self.mem_alloc(std::mem::size_of::<Mailbox>())?)?;
-        mailbox.zero(0, std::mem::size_of::<Mailbox>())?;
-        step("mailbox made");
+        let mut mailbox = RankMailbox::new(self)?;
         let handle = self.create_dev_comm(&DevCommRequirements { lsa_barrier_count: ctas, ..Default::default() })?;
+        mailbox.store_comm(&handle, 0)?;
+        step("mailbox and device communicator made");
         let stream = dev.create_stream()?;
-        step("device communicator and stream made");
         self.barrier()?;
-        let threads = if dev.backend() == Backend::Cuda { 256 } else { 8 };
-        // The kernel runs until stopped: no emulator time limit.
-        let cfg = LaunchConfig {
-            emulator_timeout: Some(Duration::from_secs(10 * 365 * 24 * 3600)),
-            ..LaunchConfig::linear(ctas, threads)
+        let mut keep = LaunchTracking::new(dev);
+        (&handle).track(&mut keep);
+        let control = handle.dev_comm().control;
+        let served = group.arrive(Purpose::Persistent, meeting, self.rank(), &mailbox, true, control, ctas, keep)?;
+        let kernel_stream = match served {
+            Some(served) => {
+                let ranks = served.ranks;
+                // The kernel runs until stopped: no emulator time limit.
+                let cfg = LaunchConfig {
+                    emulator_timeout: Some(Duration::from_secs(10 * 365 * 24 * 3600)),
+                    ..LaunchConfig::linear(ranks.count * ranks.ctas_per_rank, threads)
+                };
+                // SAFETY: the kernel's contract: every member's mailbox is zeroed, holds its
+                // rank's device communicator (whose control block is in `ranks`), and is
+                // written only by its rank's stream as `serve` says (`enqueue_persistent`);
+                // each member keeps its mailbox and communicator until it has stopped (its
+                // part has ended); every rank runs the same operations (collective calls)
+                // with the same `ctas`; the communicators' barriers 0..ctas are the kernel's.
+                unsafe { stream.launch(module, &coll_mailboxes, cfg, (&served, 1u64, 0u32))? };
+                tracing::debug!(target: "ferrolink::coll", rank = self.rank(), ctas, parts = ranks.count,
+                    "persistent kernel launched");
+                Some(stream)
+            }
+            None => None,
         };
-        let slot: TrackedPtr<'_, *mut Mailbox> = mailbox.slot_ptr(0, std::mem::size_of::<Mailbox>())?;
-        // SAFETY: the kernel's contract: the mailbox is this rank's, zeroed, written only by
-        // this rank's stream as `persistent::run` says (`enqueue_persistent`); every rank runs
-        // the same operations (collective calls) with the same `ctas`; the device
-        // communicator's barriers 0..ctas are the kernel's alone.
-        unsafe { stream.launch(module, &coll_persistent, cfg, (&handle, slot))? };
-        tracing::debug!(target: "ferrolink::coll", rank = self.rank(), ctas, "persistent kernel launched");
         *guard = Some(PersistentState {
             ctas,
             mailbox,
-            stream,
+            _kernel_stream: kernel_stream,
             comm_stream: self.stream().share(),
-            _handle: handle,
-            next: 1,
+            handle,
+            stopped: false,
         });
         Ok(())
     }
@@ -159,7 +190,8 @@ impl Communicator {
     }
 
     /// Ends persistent mode (collective): queues the shutdown on this rank's stream after its
-    /// collectives, and waits for the kernel to end.
+    /// collectives, and waits until this rank's part of the kernel has ended (the kernel ends
+    /// when every rank of its GPU has stopped).
     pub fn stop_persistent(&self) -> Result<()> {
         let state = lock(&self.shared.persistent).take();
         let Some(mut state) = state else {
@@ -167,10 +199,11 @@ impl Communicator {
         };
         let args = CollArgs { kind: persistent::SHUTDOWN, ..CollArgs::default() };
         let op = CollOp { args, ..CollOp::default() };
-        post(self, &mut state, op, LaunchTracking::new(self.device()))?;
-        // The shutdown is queued: the drop must not queue another, whatever the kernel's end.
-        state.next = 0;
-        state.stream.synchronize()
+        let queued = post(self, &mut state, op, LaunchTracking::new(self.device()));
+        // Queued or not, the drop must not queue another shutdown.
+        state.stopped = true;
+        queued?;
+        self.stream().synchronize()
     }
 
     /// Queues `args` (with its windows and output) for the persistent kernel, if persistent
@@ -209,42 +242,29 @@ impl Communicator {
 /// Queues on the rank's stream: the operation's words and its sequence number into the
 /// mailbox, then a wait for its completion; `t` tracks what the operation uses.
 fn post(comm: &Communicator, state: &mut PersistentState, op: CollOp, t: LaunchTracking) -> Result<()> {
-    let seq = state.next;
-    let words: [u64; OP_WORDS] = bytemuck::cast(op);
-    let base = state.mailbox.slot_ptr::<*mut u8>(0, std::mem::size_of::<Mailbox>())?.param() as u64;
-    let mut writes: Vec<(u64, u64, u32)> =
-        words.iter().enumerate().map(|(i, &w)| (base + i as u64 * 8, w, 8)).collect();
-    writes.push((base + SEQ_OFFSET as u64, seq, 8));
-    let mut t = t;
-    (&state.mailbox).track(&mut t);
-    // SAFETY: aligned words of the live mailbox window (tracked: kept alive until the wait
-    // has passed), written only by this stream and, atomically, the kernel; `t` covers the
-    // operation's windows and output, which the kernel uses until `completed` reaches `seq`.
-    unsafe { comm.stream().write_then_wait(t, &writes, base + COMPLETED_OFFSET as u64, seq)? };
+    let (writes, seq) = state.mailbox.message(op, &state.handle, 0)?;
+    state.mailbox.post(comm.stream(), t, &writes, seq)?;
     tracing::trace!(target: "ferrolink::coll", rank = comm.rank(), seq, kind = op.args.kind, "posted to the persistent kernel");
-    state.next += 1;
     Ok(())
 }
 
 impl Drop for PersistentState {
     fn drop(&mut self) {
-        // Stopped already (`next` is 0), or dropped in persistent mode: then queue the
-        // shutdown on the rank's stream, after its collectives; nothing waits for it.
-        if self.next == 0 {
+        // Stopped already, or dropped in persistent mode: then queue the shutdown on the
+        // rank's stream, after its collectives; nothing waits for it.
+        if self.stopped {
             return;
         }
-        let Ok(base) = self.mailbox.slot_ptr::<*mut u8>(0, std::mem::size_of::<Mailbox>()).map(|p| p.param() as u64)
-        else {
-            return;
-        };
         let args = CollArgs { kind: persistent::SHUTDOWN, ..CollArgs::default() };
-        let words: [u64; OP_WORDS] = bytemuck::cast(CollOp { args, ..CollOp::default() });
-        let mut writes: Vec<(u64, u64, u32)> =
-            words.iter().enumerate().map(|(i, &w)| (base + i as u64 * 8, w, 8)).collect();
-        writes.push((base + SEQ_OFFSET as u64, self.next, 8));
-        // SAFETY: aligned words of the mailbox, which the kernel's launch keeps alive until
-        // the kernel ends (after this shutdown); the kernel reads them only after `seq`.
-        if let Err(e) = unsafe { self.comm_stream.copy_then_write_raw(None, &writes) } {
+        let result =
+            self.mailbox.message(CollOp { args, ..CollOp::default() }, &self.handle, 0).and_then(|(writes, _)| {
+                let mut t = LaunchTracking::new(self.comm_stream.device());
+                self.mailbox.track(&mut t);
+                // SAFETY: aligned words of the mailbox (tracked until they are written; the
+                // kernel reads them only after `seq`, and its part ends with the shutdown).
+                unsafe { self.comm_stream.post(t, &writes, None) }
+            });
+        if let Err(e) = result {
             tracing::warn!(target: "ferrolink::coll", error = %e, "could not stop the persistent kernel");
         }
     }

@@ -111,7 +111,25 @@ impl Device {
     /// Loads a module of kernels from PTX (built by `ferrolink-builder`). On the CPU backend
     /// the PTX is not needed to run kernels, but it is checked to declare each launched entry.
     pub fn load_module(&self, ptx: &str) -> Result<Module> {
-        Module::load(self, ptx)
+        Module::load(self, ptx, None)
+    }
+
+    /// Loads a module from PTX and the same PTX assembled ahead of time (`cubin`, e.g.
+    /// the file named by ferrolink-builder's `PtxOutput::cubin_path`): on a GPU that can run the cubin
+    /// it is used and the driver's PTX compilation (minutes for large modules on a machine
+    /// with an empty compute cache) is skipped; elsewhere the PTX is compiled as by
+    /// [`Device::load_module`]. The PTX names the kernels either way.
+    ///
+    /// ```no_run
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = ferrolink::Device::open(0)?;
+    /// let ptx = std::fs::read_to_string("kernels.ptx").unwrap();
+    /// let cubin = std::fs::read("kernels.cubin").unwrap();
+    /// let module = dev.load_module_with_cubin(&ptx, &cubin)?;
+    /// # let _ = module; Ok(()) }
+    /// ```
+    pub fn load_module_with_cubin(&self, ptx: &str, cubin: &[u8]) -> Result<Module> {
+        Module::load(self, ptx, Some(cubin))
     }
 
     /// The module of ferrolink's built-in kernels ([`crate::DEVICE_PTX`]), loaded on first use.
@@ -126,7 +144,8 @@ impl Device {
         if let Some(m) = self.0.builtin.get() {
             return Ok(m);
         }
-        let m = Module::load_builtin(self, crate::DEVICE_PTX)?;
+        let cubin = (!crate::DEVICE_CUBIN.is_empty()).then_some(crate::DEVICE_CUBIN);
+        let m = Module::load_builtin(self, crate::DEVICE_PTX, cubin)?;
         Ok(self.0.builtin.get_or_init(|| m))
     }
 

@@ -33,21 +33,21 @@ impl std::fmt::Debug for Module {
 }
 
 impl Module {
-    pub(crate) fn load(dev: &Device, ptx: &str) -> Result<Module> {
-        Module::load_linked(dev, ptx, DeviceLink::Owner(dev.clone()))
+    pub(crate) fn load(dev: &Device, ptx: &str, cubin: Option<&[u8]>) -> Result<Module> {
+        Module::load_linked(dev, ptx, cubin, DeviceLink::Owner(dev.clone()))
     }
 
     /// Loads the device's built-in module, which the device itself stores.
-    pub(crate) fn load_builtin(dev: &Device, ptx: &str) -> Result<Module> {
-        Module::load_linked(dev, ptx, DeviceLink::Builtin(Arc::downgrade(&dev.0)))
+    pub(crate) fn load_builtin(dev: &Device, ptx: &str, cubin: Option<&[u8]>) -> Result<Module> {
+        Module::load_linked(dev, ptx, cubin, DeviceLink::Builtin(Arc::downgrade(&dev.0)))
     }
 
-    fn load_linked(dev: &Device, ptx: &str, link: DeviceLink) -> Result<Module> {
+    fn load_linked(dev: &Device, ptx: &str, cubin: Option<&[u8]>, link: DeviceLink) -> Result<Module> {
         let entries: HashSet<String> = ferrolink_device::kernel::ptx_entry_names(ptx).map(str::to_string).collect();
         if entries.is_empty() {
             return Err(Error::InvalidArgument("the PTX declares no kernel entry (.entry)".into()));
         }
-        let imp = dev.backend_device().load_module(ptx, &entries)?;
+        let imp = dev.backend_device().load_module(ptx, cubin, &entries)?;
         Ok(Module { link, imp: Some(imp), entries, uses: Arc::default(), untracked: dev.0.untracked.clone() })
     }
 
@@ -67,6 +67,21 @@ impl Module {
     /// Whether the module declares a kernel entry called `name`.
     pub fn has_kernel(&self, name: &str) -> bool {
         self.entries.contains(name)
+    }
+
+    /// How many CTAs of `kernel` (launched with `cfg`'s block and shared memory) the device
+    /// holds at once (the occupancy API times the SMs); `None` on the emulator, which runs
+    /// every CTA of a grid at once. Kernels whose CTAs wait for each other (or for other
+    /// ranks' CTAs on the same GPU) need every CTA resident.
+    pub fn resident_ctas<A: ferrolink_device::kernel::KernelArgs>(
+        &self,
+        kernel: &ferrolink_device::kernel::Kernel<A>,
+        cfg: crate::LaunchConfig,
+    ) -> Result<Option<u64>> {
+        let threads = cfg.block.0 * cfg.block.1 * cfg.block.2;
+        let per_sm = self.backend().resident_ctas_per_sm(kernel.name(), threads, cfg.shared_mem_bytes)?;
+        let sms = self.device().map_or(0, |d| d.sm_count());
+        Ok(per_sm.map(|n| u64::from(n) * u64::from(sms)))
     }
 
     pub(crate) fn backend(&self) -> &dyn ModuleBackend {

@@ -288,6 +288,25 @@ impl Stream {
         cfg: LaunchConfig,
         args: L,
     ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_after_writes(module, kernel, cfg, args, LaunchTracking::new(&self.dev), &[]) }
+    }
+
+    /// [`Stream::launch`], preceded by the stream writes `writes` (a message whose last word
+    /// completes it, as [`StreamBackend::post`] queues them) as one piece of work that also
+    /// tracks `extra`: what the kernel uses through addresses it reads from memory.
+    ///
+    /// # Safety
+    /// As [`Stream::launch`], and [`StreamBackend::write_value`] for each write.
+    pub(crate) unsafe fn launch_after_writes<A: KernelArgs, L: LaunchArgs<Params = A>>(
+        &self,
+        module: &Module,
+        kernel: &Kernel<A>,
+        cfg: LaunchConfig,
+        args: L,
+        extra: LaunchTracking,
+        writes: &[(u64, u64, u32)],
+    ) -> Result<()> {
         if !module.belongs_to(&self.dev) {
             return Err(Error::WrongDevice("module"));
         }
@@ -296,7 +315,7 @@ impl Stream {
         if !module.has_kernel(name) {
             return Err(Error::KernelNotFound(name.into()));
         }
-        let mut t = LaunchTracking::new(&self.dev);
+        let mut t = extra;
         args.track(&mut t);
         t.holds.push(module.uses.clone());
         let mut params = args.params();
@@ -313,6 +332,10 @@ impl Stream {
             })
         });
         self.enqueue_tracked(t, |backend| {
+            if !writes.is_empty() {
+                // SAFETY: the caller's contract.
+                unsafe { backend.post(writes, None)? };
+            }
             params.with_param_ptrs(|p| {
                 let req = LaunchRequest { kernel: name, cfg: &cfg, params: p, emulate: &emulate };
                 // SAFETY: the module belongs to this device and declares the kernel (checked
@@ -401,28 +424,22 @@ impl Stream {
         Ok(())
     }
 
-    /// Queues the writes `(addr, value, bytes)` in order, then a wait until the 64-bit word at
-    /// `wait_addr` is at least `wait_value`, as one piece of work tracked by `t` (how a
-    /// collective is handed to the persistent kernel and its end awaited, in stream order).
+    /// Queues the writes `(addr, value, bytes)` in order, then, with `wait` `(addr, value)`,
+    /// a wait until that 64-bit word is at least `value`, as one piece of work tracked by `t`
+    /// (how a collective is handed to a mailbox kernel and its end awaited, in stream order).
+    /// The last write completes the message: the others are only ordered before it.
     ///
     /// # Safety
     /// As [`StreamBackend::write_value`] for each write and [`StreamBackend::wait_value`] for
     /// the wait; `t` covers everything the work the wait stands for uses.
-    pub(crate) unsafe fn write_then_wait(
+    pub(crate) unsafe fn post(
         &self,
         t: LaunchTracking,
         writes: &[(u64, u64, u32)],
-        wait_addr: u64,
-        wait_value: u64,
+        wait: Option<(u64, u64)>,
     ) -> Result<()> {
-        self.enqueue_tracked(t, |b| {
-            for part in writes.chunks(128) {
-                // SAFETY: the caller's contract.
-                unsafe { b.write_values(part)? };
-            }
-            // SAFETY: the caller's contract.
-            unsafe { b.wait_value(wait_addr, wait_value) }
-        })?;
+        // SAFETY: the caller's contract.
+        self.enqueue_tracked(t, |b| unsafe { b.post(writes, wait) })?;
         Ok(())
     }
 

@@ -127,8 +127,11 @@ pub(crate) trait DeviceBackend: Send + Sync + 'static {
 
     /// A stream whose work may run concurrently with other streams' work.
     fn create_stream(&self) -> Result<Box<dyn StreamBackend>>;
-    /// Loads a module and resolves each of `entries`.
-    fn load_module(&self, ptx: &str, entries: &HashSet<String>) -> Result<Box<dyn ModuleBackend>>;
+    /// Loads a module and resolves each of `entries`. `cubin`, when given, is the same
+    /// module assembled ahead of time; a backend that can run it uses it instead of compiling
+    /// the PTX, and falls back to the PTX when the GPU cannot run it.
+    fn load_module(&self, ptx: &str, cubin: Option<&[u8]>, entries: &HashSet<String>)
+    -> Result<Box<dyn ModuleBackend>>;
 
     /// The VMM granularity: sizes and strides of symmetric memory are multiples of it.
     fn vmm_granularity(&self) -> Result<usize>;
@@ -195,6 +198,22 @@ pub(crate) trait StreamBackend: Send + Sync {
     /// `addr` is device memory of this device, 8-byte aligned, valid until the wait has
     /// passed, and written only atomically meanwhile.
     unsafe fn wait_value(&self, addr: u64, value: u64) -> Result<()>;
+    /// Queues a message, `writes` in order whose last write says it is complete (earlier
+    /// writes need only be visible before the last one, not before each other), then with
+    /// `wait` `(addr, value)` [`StreamBackend::wait_value`] for it.
+    ///
+    /// # Safety
+    /// As [`StreamBackend::write_value`] for each write and [`StreamBackend::wait_value`].
+    unsafe fn post(&self, writes: &[(u64, u64, u32)], wait: Option<(u64, u64)>) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.write_values(writes)?;
+            match wait {
+                Some((addr, value)) => self.wait_value(addr, value),
+                None => Ok(()),
+            }
+        }
+    }
     /// Starts capturing: work queued from now on (on this stream, from any thread) is
     /// recorded into a graph instead of run, until [`StreamBackend::end_capture`].
     fn begin_capture(&self) -> Result<()>;
@@ -228,6 +247,13 @@ pub(crate) trait EventBackend: Send + Sync {
 pub(crate) trait ModuleBackend: Send + Sync {
     /// For the backend's own downcasts.
     fn as_any(&self) -> &dyn Any;
+    /// How many CTAs of kernel `name` (of `threads` threads and `shared_bytes` of dynamic
+    /// shared memory) one SM holds at once; `None`: no such limit (the emulator runs every
+    /// CTA of a grid at once).
+    fn resident_ctas_per_sm(&self, name: &str, threads: u32, shared_bytes: u32) -> Result<Option<u32>> {
+        let _ = (name, threads, shared_bytes);
+        Ok(None)
+    }
 }
 
 /// Host memory mapped for a device; freed on drop.

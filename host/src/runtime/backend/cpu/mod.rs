@@ -135,7 +135,12 @@ impl DeviceBackend for CpuDevice {
         Ok(Box::new(stream::CpuStream::new()?))
     }
 
-    fn load_module(&self, _ptx: &str, _entries: &HashSet<String>) -> Result<Box<dyn ModuleBackend>> {
+    fn load_module(
+        &self,
+        _ptx: &str,
+        _cubin: Option<&[u8]>,
+        _entries: &HashSet<String>,
+    ) -> Result<Box<dyn ModuleBackend>> {
         // Kernels run from their host entries; the PTX only tells which entries exist.
         Ok(Box::new(CpuModule))
     }

@@ -256,45 +256,65 @@ pub(super) unsafe fn write_value_async(
     }
 }
 
-/// Queues 4- and 8-byte writes `(addr, value, bytes)` in order with one
-/// `cuStreamBatchMemOp` (one driver call instead of one per write: the GIN copy engine's
-/// value-then-signal pair is on the proxy's latency path).
+/// Queues `writes` `(addr, value, bytes)` (4 or 8 bytes each), then, with `wait`
+/// `(addr, value)`, a wait until that 64-bit word is at least `value`, as one
+/// `cuStreamBatchMemOp` (one driver call). With `fence_last_only`, every write but the last
+/// may be reordered with earlier writes (`CU_STREAM_WRITE_VALUE_FLAG_NO_MEMORY_BARRIER`): the
+/// last one's fence still orders them all, and the kernel's, before it — for a message whose
+/// last word says it is complete (a full fence costs about a microsecond a write).
 ///
 /// # Safety
-/// Each address is device memory writable by the stream's device, aligned to its size.
-pub(super) unsafe fn write_values_batched(writes: &[(u64, u64, u32)], stream: sys::CUstream) -> Result<()> {
+/// Each address is device memory writable by the stream's device, aligned to its size; the
+/// waited word stays valid until the wait has passed and is written only atomically.
+pub(super) unsafe fn write_values_batched(
+    writes: &[(u64, u64, u32)],
+    wait: Option<(u64, u64)>,
+    fence_last_only: bool,
+    stream: sys::CUstream,
+) -> Result<()> {
+    use sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 as WriteValue;
+    let last = writes.len().saturating_sub(1);
     let mut params: Vec<sys::CUstreamBatchMemOpParams> = writes
         .iter()
-        .map(|&(addr, value, bytes)| {
+        .enumerate()
+        .map(|(i, &(addr, value, bytes))| {
             let (operation, v) = if bytes == 4 {
-                (
-                    sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32,
-                    sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
-                        value: value as u32,
-                    },
-                )
+                (sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32, WriteValue { value: value as u32 })
             } else {
-                (
-                    sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_64,
-                    sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
-                        value64: value,
-                    },
-                )
+                (sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_64, WriteValue { value64: value })
+            };
+            let flags = if fence_last_only && i < last {
+                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as u32
+            } else {
+                0
             };
             sys::CUstreamBatchMemOpParams {
                 writeValue: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
                     operation,
                     address: addr,
                     __bindgen_anon_1: v,
-                    flags: 0,
+                    flags,
                     alias: 0,
                 },
             }
         })
         .collect();
+    if let Some((addr, value)) = wait {
+        params.push(sys::CUstreamBatchMemOpParams {
+            waitValue: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
+                operation: sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_64,
+                address: addr,
+                __bindgen_anon_1: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1 {
+                    value64: value,
+                },
+                flags: sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                alias: 0,
+            },
+        });
+    }
     let count = u32::try_from(params.len()).map_err(|_| Error::InvalidArgument("too many stream writes".into()))?;
-    // SAFETY: `params` holds `count` initialized write operations; the caller's contract
-    // covers their addresses.
+    // SAFETY: `params` holds `count` initialized operations; the caller's contract covers
+    // their addresses.
     unsafe { sys::cuStreamBatchMemOp_v2(stream, count, params.as_mut_ptr(), 0) }
         .result()
         .map_err(cuda_err("cuStreamBatchMemOp"))
@@ -355,6 +375,18 @@ pub(super) fn module_load(ptx: &str) -> Result<sys::CUmodule> {
     unsafe { result::module::load_data(image.as_ptr() as *const c_void) }.map_err(cuda_err("cuModuleLoadData"))
 }
 
+/// Loads an assembled module (a cubin for this GPU's architecture) into the current context.
+pub(super) fn module_load_image(image: &[u8]) -> Result<sys::CUmodule> {
+    // A cubin is an ELF image: check the magic so that stray bytes are refused here rather
+    // than handed to the driver as a pointer it would read as text.
+    if image.len() < 4 || &image[..4] != b"\x7fELF" {
+        return Err(Error::InvalidArgument("the module image is not a cubin (no ELF header)".into()));
+    }
+    // SAFETY: `image` is a whole ELF image alive during the call; the driver reads it only
+    // there (it copies what it keeps).
+    unsafe { result::module::load_data(image.as_ptr() as *const c_void) }.map_err(cuda_err("cuModuleLoadData"))
+}
+
 /// Unloads a module.
 ///
 /// # Safety
@@ -387,6 +419,20 @@ pub(super) unsafe fn module_function(module: sys::CUmodule, name: &str) -> Resul
 pub(super) unsafe fn function_attribute(f: sys::CUfunction, attr: sys::CUfunction_attribute) -> Result<i32> {
     // SAFETY: the caller's contract; attribute queries have no side effects.
     unsafe { result::function::get_function_attribute(f, attr) }.map_err(cuda_err("cuFuncGetAttribute"))
+}
+
+/// How many CTAs of `f` with `threads` threads and `shared_bytes` of dynamic shared memory
+/// one SM holds at once (`cuOccupancyMaxActiveBlocksPerMultiprocessor`).
+///
+/// # Safety
+/// `f` is a function of a loaded module.
+pub(super) unsafe fn occupancy_ctas_per_sm(f: sys::CUfunction, threads: u32, shared_bytes: u32) -> Result<u32> {
+    let mut n: i32 = 0;
+    // SAFETY: the caller's contract; `n` is a valid output location.
+    unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, threads as i32, shared_bytes as usize) }
+        .result()
+        .map_err(cuda_err("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+    Ok(n.max(0) as u32)
 }
 
 /// Raises `f`'s dynamic shared memory limit to `bytes`.

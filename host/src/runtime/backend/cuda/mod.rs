@@ -240,13 +240,32 @@ impl DeviceBackend for CudaDevice {
         Ok(Box::new(CudaStream { ctx: self.ctx.clone(), stream: driver::stream_create()? }))
     }
 
-    fn load_module(&self, ptx: &str, entries: &HashSet<String>) -> Result<Box<dyn ModuleBackend>> {
+    fn load_module(
+        &self,
+        ptx: &str,
+        cubin: Option<&[u8]>,
+        entries: &HashSet<String>,
+    ) -> Result<Box<dyn ModuleBackend>> {
         let _g = self.ctx.bind()?;
-        let module = CudaModule {
-            ctx: self.ctx.clone(),
-            module: context_wide(|| driver::module_load(ptx))?,
-            functions: HashMap::new(),
+        let started = std::time::Instant::now();
+        // The driver compiles PTX on first load (the built-in PTX took ~85 s on an H200 with
+        // an empty compute cache); a cubin for this GPU's architecture loads at once.
+        let assembled = cubin.and_then(|image| match context_wide(|| driver::module_load_image(image)) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::info!(target: "ferrolink::runtime", error = %e,
+                    "the ahead-of-time cubin does not load on this GPU; compiling the PTX");
+                None
+            }
+        });
+        let from_cubin = assembled.is_some();
+        let handle = match assembled {
+            Some(m) => m,
+            None => context_wide(|| driver::module_load(ptx))?,
         };
+        tracing::debug!(target: "ferrolink::runtime", from_cubin, seconds = started.elapsed().as_secs_f64(),
+            "module loaded");
+        let module = CudaModule { ctx: self.ctx.clone(), module: handle, functions: HashMap::new() };
         let mut module = module;
         // Resolve every entry now. Under CUDA's lazy loading (the default since 12.2) a
         // function is loaded onto the GPU on first lookup, and that load can wait for running
@@ -332,6 +351,13 @@ impl ModuleBackend for CudaModule {
     fn as_any(&self) -> &dyn Any {
         self
     }
+
+    fn resident_ctas_per_sm(&self, name: &str, threads: u32, shared_bytes: u32) -> Result<Option<u32>> {
+        let f = self.functions.get(name).ok_or_else(|| Error::KernelNotFound(name.to_string()))?;
+        let _g = self.ctx.bind()?;
+        // SAFETY: `f` is a function of this loaded module.
+        unsafe { driver::occupancy_ctas_per_sm(f.f, threads, shared_bytes) }.map(Some)
+    }
 }
 
 impl Drop for CudaModule {
@@ -396,7 +422,7 @@ impl StreamBackend for CudaStream {
         let _g = self.ctx.bind()?;
         if writes.len() > 1 && writes.iter().all(|w| matches!(w.2, 4 | 8)) {
             // SAFETY: the caller's contract.
-            return unsafe { driver::write_values_batched(writes, self.stream) };
+            return unsafe { driver::write_values_batched(writes, None, false, self.stream) };
         }
         for &(addr, value, bytes) in writes {
             // SAFETY: the caller's contract.
@@ -436,6 +462,22 @@ impl StreamBackend for CudaStream {
         }
         // SAFETY: the stream is live.
         unsafe { driver::stream_query(self.stream) }.err()
+    }
+
+    unsafe fn post(&self, writes: &[(u64, u64, u32)], wait: Option<(u64, u64)>) -> Result<()> {
+        if writes.len() >= 255 || !writes.iter().all(|w| matches!(w.2, 4 | 8)) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                self.write_values(writes)?;
+                return match wait {
+                    Some((addr, value)) => self.wait_value(addr, value),
+                    None => Ok(()),
+                };
+            }
+        }
+        let _g = self.ctx.bind()?;
+        // SAFETY: the caller's contract (the last write completes the message).
+        unsafe { driver::write_values_batched(writes, wait, true, self.stream) }
     }
 
     unsafe fn wait_value(&self, addr: u64, value: u64) -> Result<()> {
