@@ -794,10 +794,9 @@ pub mod persistent {
     /// abort it stores [`ABORTED`] in `completed` and returns.
     ///
     /// # Ordering
-    /// The stream writes the operation's words (and, when it changed, the communicator's)
-    /// with memory operations that may be reordered among themselves, then `seq` with one
-    /// that is preceded by a memory barrier: `seq` is visible only after every word before
-    /// it. Thread 0 of each CTA reads `seq` relaxed at system scope, then fences with acquire
+    /// The stream writes the operation's words (and, when it changed, the communicator's),
+    /// then `seq`, with memory operations each preceded by a memory barrier (CUDA's default
+    /// for stream writes): `seq` is visible only after every word before it. Thread 0 of each CTA reads `seq` relaxed at system scope, then fences with acquire
     /// at system scope before any thread (after the CTA's `sync`) reads the words. Each CTA's
     /// part ends with `run_lsa`'s exit barrier; then thread 0 adds to `ctas_done` with
     /// acquire-release at GPU scope, so the last adder has acquired every CTA's part; it

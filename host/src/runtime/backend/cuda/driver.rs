@@ -258,10 +258,10 @@ pub(super) unsafe fn write_value_async(
 
 /// Queues `writes` `(addr, value, bytes)` (4 or 8 bytes each), then, with `wait`
 /// `(addr, value)`, a wait until that 64-bit word is at least `value`, as one
-/// `cuStreamBatchMemOp` (one driver call). With `fence_last_only`, every write but the last
-/// may be reordered with earlier writes (`CU_STREAM_WRITE_VALUE_FLAG_NO_MEMORY_BARRIER`): the
-/// last one's fence still orders them all, and the kernel's, before it — for a message whose
-/// last word says it is complete (a full fence costs about a microsecond a write).
+/// `cuStreamBatchMemOp` (one driver call). Each write is preceded by a memory barrier (the
+/// driver's default; the v2 API refuses `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER` with
+/// CUDA_ERROR_INVALID_VALUE, seen on the H200), so the last write is ordered after the
+/// others and after the stream's earlier work.
 ///
 /// # Safety
 /// Each address is device memory writable by the stream's device, aligned to its size; the
@@ -269,31 +269,23 @@ pub(super) unsafe fn write_value_async(
 pub(super) unsafe fn write_values_batched(
     writes: &[(u64, u64, u32)],
     wait: Option<(u64, u64)>,
-    fence_last_only: bool,
     stream: sys::CUstream,
 ) -> Result<()> {
     use sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 as WriteValue;
-    let last = writes.len().saturating_sub(1);
     let mut params: Vec<sys::CUstreamBatchMemOpParams> = writes
         .iter()
-        .enumerate()
-        .map(|(i, &(addr, value, bytes))| {
+        .map(|&(addr, value, bytes)| {
             let (operation, v) = if bytes == 4 {
                 (sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32, WriteValue { value: value as u32 })
             } else {
                 (sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_64, WriteValue { value64: value })
-            };
-            let flags = if fence_last_only && i < last {
-                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as u32
-            } else {
-                0
             };
             sys::CUstreamBatchMemOpParams {
                 writeValue: sys::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
                     operation,
                     address: addr,
                     __bindgen_anon_1: v,
-                    flags,
+                    flags: 0,
                     alias: 0,
                 },
             }

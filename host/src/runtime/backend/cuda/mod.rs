@@ -422,7 +422,7 @@ impl StreamBackend for CudaStream {
         let _g = self.ctx.bind()?;
         if writes.len() > 1 && writes.iter().all(|w| matches!(w.2, 4 | 8)) {
             // SAFETY: the caller's contract.
-            return unsafe { driver::write_values_batched(writes, None, false, self.stream) };
+            return unsafe { driver::write_values_batched(writes, None, self.stream) };
         }
         for &(addr, value, bytes) in writes {
             // SAFETY: the caller's contract.
@@ -476,8 +476,8 @@ impl StreamBackend for CudaStream {
             }
         }
         let _g = self.ctx.bind()?;
-        // SAFETY: the caller's contract (the last write completes the message).
-        unsafe { driver::write_values_batched(writes, wait, true, self.stream) }
+        // SAFETY: the caller's contract.
+        unsafe { driver::write_values_batched(writes, wait, self.stream) }
     }
 
     unsafe fn wait_value(&self, addr: u64, value: u64) -> Result<()> {
