@@ -173,7 +173,9 @@ impl LaunchArg for &ServedRanks {
         self.ranks
     }
     fn track(&self, t: &mut LaunchTracking) {
-        t.holds.extend(self.keep.iter().cloned());
+        // Keepers, not uses: the members' own streams post to these resources while the
+        // kernel waits for them, so nothing may wait for the kernel through them.
+        t.keeps.extend(self.keep.iter().cloned());
         t.observers.extend(self.observers.iter().cloned());
     }
 }

@@ -93,6 +93,10 @@ pub struct LaunchTracking {
     pub(crate) reads: Vec<Arc<Uses>>,
     pub(crate) writes: Vec<Arc<Uses>>,
     pub(crate) holds: Vec<Arc<Uses>>,
+    /// Kept alive until the work finishes, but never waited for by other work or host
+    /// accesses (a mailbox kernel keeps its ranks' resources: their own streams use them
+    /// meanwhile, and the kernel waits for those streams).
+    pub(crate) keeps: Vec<Arc<Uses>>,
     pub(crate) observers: Vec<Weak<dyn StreamObserver>>,
     pub(crate) untracked: bool,
 }
@@ -105,6 +109,7 @@ impl LaunchTracking {
             reads: Vec::new(),
             writes: Vec::new(),
             holds: Vec::new(),
+            keeps: Vec::new(),
             observers: Vec::new(),
             untracked: false,
         }

@@ -195,6 +195,7 @@ impl Stream {
             cap.reads.extend(t.reads);
             cap.writes.extend(t.writes);
             cap.holds.extend(t.holds);
+            cap.holds.extend(t.keeps);
             cap.untracked |= t.untracked;
             for o in t.observers {
                 self.core.add_observer(o);
@@ -224,6 +225,9 @@ impl Stream {
         }
         for u in &t.holds {
             u.record(&c, false);
+        }
+        for u in &t.keeps {
+            u.record_keeper(&c);
         }
         if t.untracked {
             self.dev.0.untracked.record(&c);
