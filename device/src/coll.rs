@@ -782,15 +782,6 @@ pub mod persistent {
         pub ctas_per_rank: u32,
     }
 
-    /// The operations of a launch per operation, one per served rank, passed as a kernel
-    /// parameter (the driver copies it at the launch: no stream write per word).
-    #[repr(C)]
-    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
-    pub struct LaunchedOps {
-        /// Rank `i`'s operation (as [`LocalRanks::mailboxes`] orders them).
-        pub ops: [CollOp; MAX_LOCAL_RANKS],
-    }
-
     /// Polls between looks at the abort flag.
     const ABORT_POLLS: u32 = 1024;
 
@@ -799,9 +790,7 @@ pub mod persistent {
     /// ctas_per_rank` of the rank's communicator ([`run_lsa`]), and counts itself done; the
     /// last CTA of a rank's operation publishes its sequence number in `completed`. With
     /// `once` it returns after operation `first` (a launch per operation: one kernel for the
-    /// ranks sharing a GPU), whose operations are `launched` (the mailbox then carries only
-    /// the sequence number, and the communicator when it changed); else it runs until a
-    /// [`SHUTDOWN`] (the persistent kernel), reading each operation from the mailbox. On an
+    /// ranks sharing a GPU); else it runs until a [`SHUTDOWN`] (the persistent kernel). On an
     /// abort it stores [`ABORTED`] in `completed` and returns.
     ///
     /// # Ordering
@@ -824,8 +813,7 @@ pub mod persistent {
     /// communicator runs the same operations in the same order with the same
     /// `ctas_per_rank`; LSA barriers `0..ctas_per_rank` of each rank's communicator are this
     /// kernel's; the grid has `count * ctas_per_rank` CTAs.
-    pub unsafe fn serve(ranks: &LocalRanks, launched: Option<&LaunchedOps>, first: u64, block: usize) {
-        let once = launched.is_some();
+    pub unsafe fn serve(ranks: &LocalRanks, first: u64, once: bool, block: usize) {
         let per = ranks.ctas_per_rank.max(1) as usize;
         let (part, cta) = (block / per, block % per);
         if part >= (ranks.count as usize).min(MAX_LOCAL_RANKS) {
@@ -872,10 +860,7 @@ pub mod persistent {
             }
             // SAFETY: `seq` showed the operation and the communicator are written (acquired
             // above); they do not change until the operation completes.
-            let op = match launched {
-                Some(l) => l.ops[part],
-                None => unsafe { (mailbox as *const CollOp).read_volatile() },
-            };
+            let op = unsafe { (mailbox as *const CollOp).read_volatile() };
             if op.args.kind == SHUTDOWN {
                 if coop.thread_rank() == 0 && cta == 0 {
                     // SAFETY: as above.

@@ -152,10 +152,6 @@ unsafe impl KernelParam for crate::coll::CollArgs {
 unsafe impl KernelParam for crate::coll::persistent::LocalRanks {
     const HOLDS_ADDRESS: bool = true;
 }
-// SAFETY: a `#[repr(C)]` Pod struct of u64 and u32 words, device addresses inside.
-unsafe impl KernelParam for crate::coll::persistent::LaunchedOps {
-    const HOLDS_ADDRESS: bool = true;
-}
 // SAFETY: a `#[repr(C)]` Pod struct of u32 words (checked in the PTX), no addresses.
 unsafe impl KernelParam for crate::p2p::P2pArgs {
     const HOLDS_ADDRESS: bool = false;

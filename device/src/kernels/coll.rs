@@ -27,21 +27,14 @@ kernel! {
 kernel! {
     /// The mailbox kernel (see [`coll::persistent`]): one kernel for the ranks of `ranks`
     /// (those of one communicator on this GPU), CTA `b` serving part `b % ctas_per_rank` of
-    /// rank `b / ctas_per_rank`. With `once != 0` it runs operation `first` of each rank,
-    /// given in `ops`, and ends (a launch per operation, shared by the GPU's ranks); else it
-    /// runs operations from the mailboxes, from `first` on, until a shutdown or an abort
-    /// (persistent mode; `ops` unused).
+    /// rank `b / ctas_per_rank`. With `once != 0` it runs operation `first` of each rank and
+    /// ends (a launch per operation, shared by the GPU's ranks); else it runs operations from
+    /// `first` on until a shutdown or an abort (persistent mode).
     ///
     /// # Safety
     /// As [`coll::persistent::serve`].
-    pub unsafe fn coll_mailboxes(
-        ranks: coll::persistent::LocalRanks,
-        ops: coll::persistent::LaunchedOps,
-        first: u64,
-        once: u32,
-    ) {
-        let launched = if once != 0 { Some(&ops) } else { None };
+    pub unsafe fn coll_mailboxes(ranks: coll::persistent::LocalRanks, first: u64, once: u32) {
         // SAFETY: the kernel's contract.
-        unsafe { coll::persistent::serve(&ranks, launched, first, arch::block_idx_x()) }
+        unsafe { coll::persistent::serve(&ranks, first, once != 0, arch::block_idx_x()) }
     }
 }

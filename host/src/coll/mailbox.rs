@@ -29,7 +29,7 @@ use crate::runtime::stream::Stream;
 use crate::runtime::stream::StreamObserver;
 use crate::{Error, Result};
 use ferrolink_device::coll::persistent::{
-    COMM_OFFSET, COMPLETED_OFFSET, CollOp, LaunchedOps, LocalRanks, MAX_LOCAL_RANKS, Mailbox, SEQ_OFFSET,
+    COMM_OFFSET, COMPLETED_OFFSET, CollOp, LocalRanks, MAX_LOCAL_RANKS, Mailbox, SEQ_OFFSET,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -68,12 +68,9 @@ impl RankMailbox {
     /// The stream writes of operation `op` under the next sequence number (preceded by
     /// `handle`'s communicator when the mailbox does not hold generation `generation`), the
     /// sequence number's write last; and that number. Counts the number as used.
-    /// Without `op` (a launch per operation carries it as a kernel parameter) only the
-    /// sequence number (and the communicator) is written: each stream write costs the
-    /// stream about a microsecond.
     pub(crate) fn message(
         &mut self,
-        op: Option<CollOp>,
+        op: CollOp,
         handle: &DevCommHandle,
         generation: u64,
     ) -> Result<(Vec<(u64, u64, u32)>, u64)> {
@@ -87,10 +84,8 @@ impl RankMailbox {
             }
             self.comm_gen = Some(generation);
         }
-        if let Some(op) = &op {
-            for (i, w) in bytemuck::bytes_of(op).chunks_exact(8).enumerate() {
-                writes.push((base + (i * 8) as u64, word(w), 8));
-            }
+        for (i, w) in bytemuck::bytes_of(&op).chunks_exact(8).enumerate() {
+            writes.push((base + (i * 8) as u64, word(w), 8));
         }
         let seq = self.next;
         writes.push((base + SEQ_OFFSET as u64, seq, 8));
@@ -155,7 +150,6 @@ pub(crate) enum Purpose {
 struct Arrival {
     count: usize,
     ranks: LocalRanks,
-    ops: LaunchedOps,
     ctas: u32,
     keep: Vec<Arc<Uses>>,
     observers: Vec<Weak<dyn StreamObserver>>,
@@ -167,24 +161,8 @@ struct Arrival {
 /// stream work).
 pub(crate) struct ServedRanks {
     pub(crate) ranks: LocalRanks,
-    /// The members' operations (a launch per operation).
-    pub(crate) ops: LaunchedOps,
     keep: Vec<Arc<Uses>>,
     observers: Vec<Weak<dyn StreamObserver>>,
-}
-
-/// The operations of a launch per operation, as a launch argument: what they use is tracked
-/// by each member's own stream work.
-pub(crate) struct OpsArg(pub(crate) LaunchedOps);
-
-impl crate::runtime::launch::sealed::Sealed for OpsArg {}
-
-impl LaunchArg for OpsArg {
-    type Param = LaunchedOps;
-    fn param(&self) -> LaunchedOps {
-        self.0
-    }
-    fn track(&self, _: &mut LaunchTracking) {}
 }
 
 impl crate::runtime::launch::sealed::Sealed for &ServedRanks {}
@@ -262,7 +240,6 @@ impl GpuGroup {
         rank: usize,
         mailbox: &RankMailbox,
         mailbox_used: bool,
-        op: CollOp,
         control: u64,
         ctas: u32,
         keep: LaunchTracking,
@@ -277,13 +254,11 @@ impl GpuGroup {
         let a = arrivals.entry((purpose, seq)).or_insert_with(|| Arrival {
             count: 0,
             ranks: LocalRanks { count: self.members.len() as u32, ..LocalRanks::default() },
-            ops: LaunchedOps::default(),
             ctas,
             keep: Vec::new(),
             observers: Vec::new(),
         });
         a.ranks.mailboxes[part] = addr;
-        a.ops.ops[part] = op;
         a.keep.extend(keep.holds.into_iter().chain(keep.reads).chain(keep.writes));
         a.observers.extend(keep.observers);
         a.ranks.controls[part] = control;
@@ -301,7 +276,7 @@ impl GpuGroup {
         if a.ranks.mailboxes.iter().all(|&m| m == 0) {
             return Ok(None);
         }
-        Ok(Some(ServedRanks { ranks: a.ranks, ops: a.ops, keep: a.keep, observers: a.observers }))
+        Ok(Some(ServedRanks { ranks: a.ranks, keep: a.keep, observers: a.observers }))
     }
 
     /// Checks that `ctas` CTAs per member fit on the GPU at once, given `resident` (the

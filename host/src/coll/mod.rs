@@ -446,25 +446,23 @@ impl Communicator {
                 // captures it alike); it still meets the others, so that a rank that runs it
                 // now is not left waiting.
                 let capturing = stream.is_capturing();
-                let op =
-                    CollOp { args, send: send_win.param(), recv_win: recv_win.param(), recv: out_ptr.param() as u64 };
-                // The operation travels as a kernel parameter; the mailbox gets its number.
-                let message = if capturing { None } else { Some(mb.message(None, handle, state.handle_gen)?) };
+                let message = if capturing {
+                    None
+                } else {
+                    let op = CollOp {
+                        args,
+                        send: send_win.param(),
+                        recv_win: recv_win.param(),
+                        recv: out_ptr.param() as u64,
+                    };
+                    Some(mb.message(op, handle, state.handle_gen)?)
+                };
                 let seq = match &message {
                     Some((_, seq)) => *seq,
                     None => mb.skip(),
                 };
-                let served = group.arrive(
-                    mailbox::Purpose::Operation,
-                    seq,
-                    self.rank(),
-                    mb,
-                    !capturing,
-                    op,
-                    control,
-                    ctas,
-                    keep,
-                )?;
+                let served =
+                    group.arrive(mailbox::Purpose::Operation, seq, self.rank(), mb, !capturing, control, ctas, keep)?;
                 let writes: &[(u64, u64, u32)] = message.as_ref().map_or(&[], |(w, _)| w);
                 if let Some(served) = &served {
                     let cfg = LaunchConfig::linear(served.ranks.count * served.ranks.ctas_per_rank, threads);
@@ -488,7 +486,7 @@ impl Communicator {
                             module,
                             &coll_mailboxes,
                             cfg,
-                            (served, mailbox::OpsArg(served.ops), seq, 1u32),
+                            (served, seq, 1u32),
                             t_launch,
                             own_writes,
                         )?

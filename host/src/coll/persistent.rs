@@ -32,7 +32,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::mailbox::{OpsArg, Purpose, RankMailbox};
+use super::mailbox::{Purpose, RankMailbox};
 use crate::comm::Communicator;
 use crate::devcomm::{DevCommHandle, DevCommRequirements};
 use crate::mem::window::Window;
@@ -151,17 +151,7 @@ impl Communicator {
         let mut keep = LaunchTracking::new(dev);
         (&handle).track(&mut keep);
         let control = handle.dev_comm().control;
-        let served = group.arrive(
-            Purpose::Persistent,
-            meeting,
-            self.rank(),
-            &mailbox,
-            true,
-            CollOp::default(),
-            control,
-            ctas,
-            keep,
-        )?;
+        let served = group.arrive(Purpose::Persistent, meeting, self.rank(), &mailbox, true, control, ctas, keep)?;
         let kernel_stream = match served {
             Some(served) => {
                 let ranks = served.ranks;
@@ -176,9 +166,7 @@ impl Communicator {
                 // each member keeps its mailbox and communicator until it has stopped (its
                 // part has ended); every rank runs the same operations (collective calls)
                 // with the same `ctas`; the communicators' barriers 0..ctas are the kernel's.
-                unsafe {
-                    stream.launch(module, &coll_mailboxes, cfg, (&served, OpsArg(Default::default()), 1u64, 0u32))?
-                };
+                unsafe { stream.launch(module, &coll_mailboxes, cfg, (&served, 1u64, 0u32))? };
                 tracing::debug!(target: "ferrolink::coll", rank = self.rank(), ctas, parts = ranks.count,
                     "persistent kernel launched");
                 Some(stream)
@@ -254,7 +242,7 @@ impl Communicator {
 /// Queues on the rank's stream: the operation's words and its sequence number into the
 /// mailbox, then a wait for its completion; `t` tracks what the operation uses.
 fn post(comm: &Communicator, state: &mut PersistentState, op: CollOp, t: LaunchTracking) -> Result<()> {
-    let (writes, seq) = state.mailbox.message(Some(op), &state.handle, 0)?;
+    let (writes, seq) = state.mailbox.message(op, &state.handle, 0)?;
     state.mailbox.post(comm.stream(), t, &writes, seq)?;
     tracing::trace!(target: "ferrolink::coll", rank = comm.rank(), seq, kind = op.args.kind, "posted to the persistent kernel");
     Ok(())
@@ -268,15 +256,14 @@ impl Drop for PersistentState {
             return;
         }
         let args = CollArgs { kind: persistent::SHUTDOWN, ..CollArgs::default() };
-        let result = self.mailbox.message(Some(CollOp { args, ..CollOp::default() }), &self.handle, 0).and_then(
-            |(writes, _)| {
+        let result =
+            self.mailbox.message(CollOp { args, ..CollOp::default() }, &self.handle, 0).and_then(|(writes, _)| {
                 let mut t = LaunchTracking::new(self.comm_stream.device());
                 self.mailbox.track(&mut t);
                 // SAFETY: aligned words of the mailbox (tracked until they are written; the
                 // kernel reads them only after `seq`, and its part ends with the shutdown).
                 unsafe { self.comm_stream.post(t, &writes, None) }
-            },
-        );
+            });
         if let Err(e) = result {
             tracing::warn!(target: "ferrolink::coll", error = %e, "could not stop the persistent kernel");
         }
