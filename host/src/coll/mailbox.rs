@@ -34,6 +34,25 @@ use ferrolink_device::coll::persistent::{
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+/// A stream write: `(device address, value, bytes)`.
+pub(crate) type StreamWrite = (u64, u64, u32);
+
+/// One rank's part of a meeting of its GPU's ranks ([`GpuGroup::arrive`]).
+pub(crate) struct Part<'a> {
+    /// The rank (world).
+    pub(crate) rank: usize,
+    /// Its mailbox.
+    pub(crate) mailbox: &'a RankMailbox,
+    /// Whether the kernel serves it (false: the rank runs this call otherwise, captured).
+    pub(crate) served: bool,
+    /// Its device communicator's control block (where its CTAs look for an abort).
+    pub(crate) control: u64,
+    /// Its CTAs.
+    pub(crate) ctas: u32,
+    /// What the kernel must keep alive for it (its communicator).
+    pub(crate) keep: LaunchTracking,
+}
+
 /// One rank's mailbox (a window of one slot per rank, each rank using its own).
 pub(crate) struct RankMailbox {
     window: Window,
@@ -73,10 +92,10 @@ impl RankMailbox {
         op: CollOp,
         handle: &DevCommHandle,
         generation: u64,
-    ) -> Result<(Vec<(u64, u64, u32)>, u64)> {
+    ) -> Result<(Vec<StreamWrite>, u64)> {
         let base = self.addr()?;
         let word = |bytes: &[u8]| u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
-        let mut writes: Vec<(u64, u64, u32)> = Vec::with_capacity(64);
+        let mut writes: Vec<StreamWrite> = Vec::with_capacity(64);
         if self.comm_gen != Some(generation) {
             let comm = handle.dev_comm();
             for (i, w) in bytemuck::bytes_of(&comm).chunks_exact(8).enumerate() {
@@ -180,8 +199,11 @@ impl LaunchArg for &ServedRanks {
     }
 }
 
-/// Groups alive in this process, by communicator and GPU.
-static GROUPS: Mutex<Vec<((u64, [u8; 16]), Weak<GpuGroup>)>> = Mutex::new(Vec::new());
+/// A group's key: the communicator's id and the GPU's UUID.
+type GroupKey = (u64, [u8; 16]);
+
+/// Groups alive in this process.
+static GROUPS: Mutex<Vec<(GroupKey, Weak<GpuGroup>)>> = Mutex::new(Vec::new());
 
 impl GpuGroup {
     /// The group of `comm`'s rank (made by the first of its members to ask).
@@ -227,23 +249,13 @@ impl GpuGroup {
         self.members.len() <= MAX_LOCAL_RANKS
     }
 
-    /// Notes that `rank` (mailbox `mailbox`, control block `control`, `ctas` CTAs, and `keep`:
-    /// what the kernel must keep alive for it) has queued its part of meeting `(purpose,
-    /// seq)`; returns the kernel's ranks when it was
-    /// the last member to do so (it launches). Parts of one meeting must agree on `ctas`
-    /// (every rank computes it from the same call): a mismatch is an error for the last
-    /// member, and the kernel runs with the largest, so that nothing waits for ever.
-    pub(crate) fn arrive(
-        &self,
-        purpose: Purpose,
-        seq: u64,
-        rank: usize,
-        mailbox: &RankMailbox,
-        mailbox_used: bool,
-        control: u64,
-        ctas: u32,
-        keep: LaunchTracking,
-    ) -> Result<Option<ServedRanks>> {
+    /// Notes that `part` has queued its share of meeting `(purpose, seq)`; returns the
+    /// kernel's ranks when it was the last member to do so (it launches). Parts of one
+    /// meeting must agree on `ctas` (every rank computes it from the same call): a mismatch
+    /// is logged as an error and the kernel runs with the largest, so that nothing waits for
+    /// ever (the barriers' timeouts report the mismatched ranks).
+    pub(crate) fn arrive(&self, purpose: Purpose, seq: u64, part: Part<'_>) -> Result<Option<ServedRanks>> {
+        let Part { rank, mailbox, served: mailbox_used, control, ctas, keep } = part;
         let part = self.part_of(rank);
         // A part without a mailbox (its rank runs this call in a graph being captured) is
         // skipped by the kernel.

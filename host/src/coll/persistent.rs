@@ -32,7 +32,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::mailbox::{Purpose, RankMailbox};
+use super::mailbox::{Part, Purpose, RankMailbox};
 use crate::comm::Communicator;
 use crate::devcomm::{DevCommHandle, DevCommRequirements};
 use crate::mem::window::Window;
@@ -151,7 +151,8 @@ impl Communicator {
         let mut keep = LaunchTracking::new(dev);
         (&handle).track(&mut keep);
         let control = handle.dev_comm().control;
-        let served = group.arrive(Purpose::Persistent, meeting, self.rank(), &mailbox, true, control, ctas, keep)?;
+        let part = Part { rank: self.rank(), mailbox: &mailbox, served: true, control, ctas, keep };
+        let served = group.arrive(Purpose::Persistent, meeting, part)?;
         let kernel_stream = match served {
             Some(served) => {
                 let ranks = served.ranks;
