@@ -29,7 +29,7 @@ use crate::runtime::stream::Stream;
 use crate::runtime::stream::StreamObserver;
 use crate::{Error, Result};
 use ferrolink_device::coll::persistent::{
-    COMM_OFFSET, COMPLETED_OFFSET, CollOp, LocalRanks, MAX_LOCAL_RANKS, Mailbox, SEQ_OFFSET,
+    ABORTED, COMM_OFFSET, COMPLETED_OFFSET, CollOp, LocalRanks, MAX_LOCAL_RANKS, Mailbox, SEQ_OFFSET,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -237,6 +237,31 @@ impl GpuGroup {
             *side = Some(dev.create_stream()?);
         }
         Ok(side.as_ref().expect("made above").share())
+    }
+
+    /// After a failed launch of `served`: releases every served member's stream, which
+    /// waits for its completion word, by writing [`ABORTED`] there from the group's side
+    /// stream (those streams wait on the device, not on the host: without this they would
+    /// wait for ever), and aborts the communicator so that their work reports it.
+    pub(crate) fn release_after_failed_launch(&self, comm: &Communicator, served: &ServedRanks) {
+        comm.abort();
+        let count = (served.ranks.count as usize).min(MAX_LOCAL_RANKS);
+        let side = match self.side_stream(comm.device()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(target: "ferrolink::coll", error = %e, "no stream to release the ranks of a failed launch");
+                return;
+            }
+        };
+        for &mailbox in served.ranks.mailboxes[..count].iter().filter(|&&m| m != 0) {
+            // SAFETY: the completion word of a member's mailbox, 8-byte aligned: the window
+            // lives in its rank's collective state (kept while the communicator lives), and
+            // the write is untracked work, which freeing memory waits for; the word is
+            // written only atomically (stream writes, the kernel's stores).
+            if let Err(e) = unsafe { side.write_value_raw(mailbox + COMPLETED_OFFSET as u64, ABORTED, 8) } {
+                tracing::error!(target: "ferrolink::coll", error = %e, "could not release a rank of a failed launch");
+            }
+        }
     }
 
     /// `rank`'s part in the kernel.

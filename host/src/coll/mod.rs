@@ -482,7 +482,7 @@ impl Communicator {
                     // every rank of the communicator makes this call (collective) with the
                     // same grid per rank; barriers 0..ctas of each rank's device
                     // communicator serve one collective at a time (its stream's order).
-                    unsafe {
+                    let launched = unsafe {
                         launch_on.launch_after_writes(
                             module,
                             &coll_mailboxes,
@@ -490,8 +490,13 @@ impl Communicator {
                             (served, seq, 1u32),
                             t_launch,
                             own_writes,
-                        )?
+                        )
                     };
+                    if let Err(e) = launched {
+                        // The other members' streams already wait for this kernel.
+                        group.release_after_failed_launch(self, served);
+                        return Err(e);
+                    }
                 }
                 if capturing {
                     // SAFETY: as for `coll_lsa` below.
