@@ -706,7 +706,7 @@ fn grid(dev: &crate::Device, bytes: usize) -> u32 {
 
 /// Threads per CTA: 256 on the GPU (the kernel, one body for every type and reduction, uses
 /// up to 254 registers per thread on sm_90: 256 threads is the most a CTA can hold).
-fn threads(dev: &crate::Device) -> u32 {
+pub(crate) fn threads(dev: &crate::Device) -> u32 {
     match dev.backend() {
         Backend::Cuda => 256,
         Backend::Cpu => 8,

@@ -135,7 +135,7 @@ impl Communicator {
                 group.members.len()
             )));
         }
-        let threads = if dev.backend() == Backend::Cuda { 256 } else { 8 };
+        let threads = super::threads(dev);
         let resident = module.resident_ctas(&coll_mailboxes, LaunchConfig::linear(1, threads))?;
         group.check_resident(ctas, resident, "start_persistent")?;
         let mut guard = lock(&self.shared.persistent);
@@ -167,7 +167,12 @@ impl Communicator {
                 // each member keeps its mailbox and communicator until it has stopped (its
                 // part has ended); every rank runs the same operations (collective calls)
                 // with the same `ctas`; the communicators' barriers 0..ctas are the kernel's.
-                unsafe { stream.launch(module, &coll_mailboxes, cfg, (&served, 1u64, 0u32))? };
+                let launched = unsafe { stream.launch(module, &coll_mailboxes, cfg, (&served, 1u64, 0u32)) };
+                if let Err(e) = launched {
+                    // The other members have started: their posts would wait for ever.
+                    group.release_after_failed_launch(self, &served);
+                    return Err(e);
+                }
                 tracing::debug!(target: "ferrolink::coll", rank = self.rank(), ctas, parts = ranks.count,
                     "persistent kernel launched");
                 Some(stream)
