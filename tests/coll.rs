@@ -372,7 +372,7 @@ fn captured_collectives_replay_100_times_with_changing_inputs() {
 }
 
 /// Persistent mode (issue 12): every collective, several types and reductions, every form,
-/// run by each rank's persistent kernel (queued by stream memory operations, no launch),
+/// run by the GPU's persistent kernel (handed over by stream memory operations, no launch),
 /// checked; then stopped (collectives launch again), and a communicator dropped in
 /// persistent mode ends its kernel by itself.
 #[test]
@@ -417,7 +417,7 @@ fn persistent_mode_runs_every_collective() {
 }
 
 /// Eight ranks on one GPU in one process: their collectives run as one kernel per call
-/// (`coll_mailboxes`, launched by the last rank to call); every collective, both all-reduce
+/// (`coll_gpu_group`, launched by the last rank to call); every collective, both all-reduce
 /// algorithms, every form; then in persistent mode (one kernel for the GPU's ranks).
 #[test]
 fn eight_ranks_on_one_gpu_share_a_launch() {
@@ -443,11 +443,11 @@ fn eight_ranks_on_one_gpu_share_a_launch() {
     });
 }
 
-/// Persistent mode and abort: rank 0 queues an all-reduce that rank 1 never joins; aborting
-/// the communicator ends the persistent kernels and releases rank 0's waiting stream, whose
-/// synchronize reports the abort (no hang); stopping afterwards returns.
+/// Persistent mode and abort: rank 0 calls an all-reduce that rank 1 (sharing its GPU) never
+/// joins, so rank 0 waits on the host for it; aborting the communicator from another thread
+/// ends that wait with the abort (no hang); stopping afterwards returns.
 #[test]
-fn an_abort_releases_a_stream_waiting_on_the_persistent_kernel() {
+fn an_abort_ends_a_call_waiting_for_the_other_ranks_of_its_gpu() {
     ferrolink::testing::for_each_backend("persistent_abort", |dev| {
         let comms = comms_of(dev, 2)?;
         ferrolink::run_ranks(&comms, |c| c.start_persistent(Default::default()))?;
@@ -455,15 +455,45 @@ fn an_abort_releases_a_stream_waiting_on_the_persistent_kernel() {
         let mut recv = dev.alloc::<f32>(64)?;
         let c0 = &comms[0];
         let single = Collective { check: Some(false), ..Collective::new(CollKind::AllReduce, 64) };
-        c0.collective::<f32>(&single, Input::Buffer(&send), Output::Buffer(&mut recv))?;
-        c0.abort();
-        let err = c0.synchronize().expect_err("the all-reduce cannot finish without rank 1");
-        check(err.to_string().contains("abort"), || format!("rank 0's stream after the abort: {err}"))?;
+        let result = std::thread::scope(|s| {
+            let waiter = s.spawn(|| c0.collective::<f32>(&single, Input::Buffer(&send), Output::Buffer(&mut recv)));
+            c0.abort();
+            waiter.join().expect("the waiting rank does not panic")
+        });
+        let err = result.expect_err("the all-reduce cannot run without rank 1");
+        check(err.to_string().contains("abort"), || format!("rank 0's call after the abort: {err}"))?;
         for c in &comms {
-            // The kernels have ended: stopping returns (with the abort, or cleanly).
+            // The kernel ends (with the abort, or cleanly): stopping returns.
             let _ = c.stop_persistent();
             check(!c.is_persistent(), || "persistent mode is off after stop".into())?;
         }
+        Ok(())
+    });
+}
+
+/// Ranks sharing a GPU meet on the host: rank 0 called from the only thread waits for rank 1,
+/// and after the communicator's timeout the call fails naming rank 1 and saying why (no hang).
+#[test]
+fn a_rank_whose_gpu_partner_never_calls_times_out_naming_it() {
+    ferrolink::testing::for_each_backend("shared_gpu_timeout", |dev| {
+        let config = ferrolink::CommConfig {
+            timeout: Some(std::time::Duration::from_millis(300)),
+            ..ferrolink::CommConfig::from_env(dev.backend())
+        };
+        let comms = Communicator::init_all_with(&[dev.clone(), dev.clone()], config)?;
+        let send = dev.alloc_from(&[1.0f32; 16])?;
+        let mut recv = dev.alloc::<f32>(16)?;
+        let single = Collective { check: Some(false), ..Collective::new(CollKind::AllReduce, 16) };
+        // Both ranks make the collectives' resources (collective), then rank 0 calls alone.
+        reductions_in::<f32>(&comms, &[16], &[Form::Buffers])?;
+        let err = comms[0]
+            .collective::<f32>(&single, Input::Buffer(&send), Output::Buffer(&mut recv))
+            .expect_err("rank 1 never calls");
+        let text = err.to_string();
+        check(text.contains("rank 0 waits on the host for ranks [1]") && text.contains("thread of its own"), || {
+            format!("the timeout: {text}")
+        })?;
+        check(comms[0].async_error().is_some(), || "the timeout aborted the communicator".into())?;
         Ok(())
     });
 }

@@ -697,12 +697,15 @@ unsafe fn reduce_kind<T: CollElem, O: Op>(
     }
 }
 
-/// Mailboxes (issue 12): each rank's stream posts its collectives into a mailbox in device
-/// memory; one kernel serves the mailboxes of every rank of a communicator on its GPU. In
-/// persistent mode that kernel is long-lived and runs the operations back to back with no
-/// launch per call; otherwise the ranks sharing a GPU launch it once per operation (one
-/// launch instead of one per rank).
-pub mod persistent {
+/// The ranks of one communicator that share a GPU in one process (a *GPU group*, issue 12)
+/// run their collectives in one kernel: CTA `b` of its grid serves part `b % ctas_per_rank`
+/// of rank `b / ctas_per_rank`'s operation. The host writes each rank's operation and device
+/// communicator into a ring of slots in host-mapped memory; the kernel reads its rank's
+/// entry of the slot into shared memory. Without persistent mode the group launches the
+/// kernel once per operation (one launch for the GPU instead of one per rank); in persistent
+/// mode it is long-lived and takes operations in order from a sequence word in device memory
+/// that one stream of the group writes.
+pub mod group {
     use super::{CollArgs, run_lsa};
     use crate::arch::{self, LoadOrder, RmwOrder, Scope, StoreOrder, atomic};
     use crate::comm::DevComm;
@@ -710,14 +713,13 @@ pub mod persistent {
     use crate::window::DevWindow;
     use bytemuck::{Pod, Zeroable};
 
-    /// [`CollArgs::kind`] of the operation that ends the kernel.
+    /// [`CollArgs::kind`] of the operation that ends the persistent kernel.
     pub const SHUTDOWN: u32 = 0xffff;
 
     /// What the completion word reads after an abort: every waiter's target is below it.
     pub const ABORTED: u64 = u64::MAX >> 1;
 
-    /// One collective for the mailbox kernel, as its rank's stream writes it into the
-    /// mailbox (word by word, then `seq`).
+    /// One collective of one rank, as its kernel part runs it.
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
     pub struct CollOp {
@@ -731,161 +733,198 @@ pub mod persistent {
         pub recv: u64,
     }
 
-    /// Words of a [`CollOp`].
-    pub const OP_WORDS: usize = core::mem::size_of::<CollOp>() / 8;
-
-    /// One rank's mailbox, in device memory that the stream's memory operations can write (a
-    /// window slot): the operation, then its sequence number (the go word), a count of this
-    /// operation's CTAs done, the completion word streams wait on, and the rank's device
-    /// communicator (written before the first operation that uses it).
+    /// One rank's entry of a ring slot: its operation and its device communicator.
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
-    pub struct Mailbox {
+    pub struct RankOp {
         /// The operation.
         pub op: CollOp,
-        /// Its sequence number (1, 2, …), written after `op`.
+        /// The rank's device communicator.
+        pub comm: DevComm,
+    }
+
+    /// Words of a [`RankOp`]: the dynamic shared memory a CTA of the kernel needs is
+    /// `RANK_OP_WORDS * 8` bytes.
+    pub const RANK_OP_WORDS: usize = core::mem::size_of::<RankOp>() / 8;
+
+    /// The persistent kernel's words, in device memory: the sequence number of the last
+    /// operation handed to it (written by a stream), a count of that operation's CTAs done,
+    /// and the completion word that stream waits on.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+    pub struct GroupSync {
+        /// The sequence number of the last operation handed over (1, 2, …).
         pub seq: u64,
         /// CTAs of the running operation that finished their part (back to 0 at its end).
         pub ctas_done: u64,
         /// The sequence number of the last finished operation ([`ABORTED`] after an abort).
         pub completed: u64,
-        /// The rank's device communicator.
-        pub comm: DevComm,
+        /// Unused (keeps the block 32 bytes).
+        pub _reserved: u64,
     }
 
-    /// Byte offsets of the mailbox's words.
-    pub const SEQ_OFFSET: usize = core::mem::offset_of!(Mailbox, seq);
+    /// Byte offsets of [`GroupSync`]'s words.
+    pub const SEQ_OFFSET: usize = core::mem::offset_of!(GroupSync, seq);
     /// See [`SEQ_OFFSET`].
-    pub const COMPLETED_OFFSET: usize = core::mem::offset_of!(Mailbox, completed);
-    /// See [`SEQ_OFFSET`].
-    pub const COMM_OFFSET: usize = core::mem::offset_of!(Mailbox, comm);
-    /// Words of a [`DevComm`] (as the stream writes it into [`Mailbox::comm`]).
-    pub const COMM_WORDS: usize = core::mem::size_of::<DevComm>() / 8;
+    pub const COMPLETED_OFFSET: usize = core::mem::offset_of!(GroupSync, completed);
 
-    /// The most ranks of one GPU that one mailbox kernel serves.
+    /// The most ranks of one GPU that one kernel serves.
     pub const MAX_LOCAL_RANKS: usize = 16;
 
-    /// The ranks one mailbox kernel serves (ranks of one communicator on one GPU): CTA `b`
-    /// runs part `b % ctas_per_rank` of rank `b / ctas_per_rank`'s operations.
+    /// The kernel's parameter: where the ring is and how the grid is cut.
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
     pub struct LocalRanks {
-        /// Each rank's [`Mailbox`] (device addresses), `count` of them; 0: the kernel skips
-        /// that rank.
-        pub mailboxes: [u64; MAX_LOCAL_RANKS],
-        /// Each rank's control block ([`DevComm::control`] of the communicator in its
-        /// mailbox): where a waiting CTA looks for an abort.
+        /// The ring (device address of host-mapped memory): `slots` slots of `count`
+        /// [`RankOp`]s each; operation `s` uses slot `s % slots`.
+        pub ring: u64,
+        /// The persistent kernel's [`GroupSync`] (device memory); 0 for a launch per
+        /// operation.
+        pub sync: u64,
+        /// Each rank's control block ([`DevComm::control`]): where a waiting CTA of the
+        /// persistent kernel looks for an abort.
         pub controls: [u64; MAX_LOCAL_RANKS],
-        /// Ranks served.
+        /// Slots of the ring.
+        pub slots: u32,
+        /// Ranks served (parts of every slot).
         pub count: u32,
         /// CTAs per rank (every rank's part of an operation has as many).
         pub ctas_per_rank: u32,
+        /// Bit `p` set: part `p` is not served by this launch (its rank runs the operation
+        /// otherwise: a launch of its own, being captured into a graph).
+        pub skip: u32,
     }
 
     /// Polls between looks at the abort flag.
     const ABORT_POLLS: u32 = 1024;
 
-    /// Serves the mailboxes of `ranks`: CTA `block` waits for its rank's next sequence number
-    /// (from `first` on), runs its part of the operation with LSA barrier `block %
-    /// ctas_per_rank` of the rank's communicator ([`run_lsa`]), and counts itself done; the
-    /// last CTA of a rank's operation publishes its sequence number in `completed`. With
-    /// `once` it returns after operation `first` (a launch per operation: one kernel for the
-    /// ranks sharing a GPU); else it runs until a [`SHUTDOWN`] (the persistent kernel). On an
-    /// abort it stores [`ABORTED`] in `completed` and returns.
+    /// Serves the ranks of `ranks` from its ring: CTA `block` runs part `block %
+    /// ctas_per_rank` of its rank's operations with LSA barrier `block % ctas_per_rank` of the
+    /// rank's communicator ([`run_lsa`]). With `once` it runs operation `first` and returns
+    /// (a launch per operation). Else (persistent, `ranks.sync` set) it runs operations from
+    /// `first` on, each once `sync.seq` has reached its number, counts its CTAs done, and the
+    /// last CTA of the grid publishes the number in `sync.completed`; it returns after a
+    /// [`SHUTDOWN`], or on an abort after storing [`ABORTED`] there.
     ///
     /// # Ordering
-    /// The stream writes the operation's words (and, when it changed, the communicator's),
-    /// then `seq`, with memory operations each preceded by a memory barrier (CUDA's default
-    /// for stream writes): `seq` is visible only after every word before it. Thread 0 of each CTA reads `seq` relaxed at system scope, then fences with acquire
-    /// at system scope before any thread (after the CTA's `sync`) reads the words. Each CTA's
-    /// part ends with `run_lsa`'s exit barrier; then thread 0 adds to `ctas_done` with
-    /// acquire-release at GPU scope, so the last adder has acquired every CTA's part; it
-    /// stores 0 into `ctas_done` and then `completed` with a release at system scope, which
-    /// the stream's wait (and the host) observe. The stream writes the next operation only
-    /// after that wait: no CTA reads an operation while it changes, and the next operation's
-    /// adds (after its `seq`, after the wait) see the reset count.
+    /// The host writes operation `s`'s slot entries (plain stores to host memory) before it
+    /// hands the operation over: before the launch for `once`, before the stream write of
+    /// `seq` in persistent mode; each of those is submitted after the stores, so the GPU sees
+    /// the entries before the launch or the write. Thread 0 reads `seq` relaxed at system
+    /// scope and fences with acquire at system scope; the CTA's threads then read the entry
+    /// (relaxed, system scope: from host memory, never from a stale cache) into shared memory
+    /// and meet at the CTA barrier. Each CTA's part ends with `run_lsa`'s exit barrier; then
+    /// thread 0 adds to `ctas_done` with acquire-release at GPU scope, so the last adder has
+    /// acquired every CTA's part (and their reads of the slot); it stores 0 into `ctas_done`
+    /// and then `completed` with a release at system scope, which the stream's wait observes.
+    /// The next `seq` is written only after that wait (the streams of the group are ordered
+    /// by events on the host side), so no CTA reads an entry while it changes and the next
+    /// operation's adds see the reset count; the host rewrites a slot only after the
+    /// operation that used it has completed (its stream event).
     ///
     /// # Safety
-    /// Each mailbox is a live [`Mailbox`] in device memory, written only as above by its
-    /// rank's stream, holding the rank's communicator before the first operation, and each
-    /// control address is that communicator's; every operation's windows and output stay
-    /// valid until it completes and follow [`run_lsa`]'s contract; every rank of the
-    /// communicator runs the same operations in the same order with the same
-    /// `ctas_per_rank`; LSA barriers `0..ctas_per_rank` of each rank's communicator are this
-    /// kernel's; the grid has `count * ctas_per_rank` CTAs.
+    /// The ring holds, for every operation the kernel runs, each served part's [`RankOp`]:
+    /// a live communicator (whose control block is in `controls`) and an operation following
+    /// [`run_lsa`]'s contract, unchanged until the operation completes; `sync`, if set, is a
+    /// live [`GroupSync`] written only as above; every rank of the communicator runs the same
+    /// operations in the same order with the same `ctas_per_rank`; LSA barriers
+    /// `0..ctas_per_rank` of each rank's communicator are this kernel's; the grid has `count *
+    /// ctas_per_rank` CTAs, each with `RANK_OP_WORDS * 8` bytes of dynamic shared memory.
     pub unsafe fn serve(ranks: &LocalRanks, first: u64, once: bool, block: usize) {
         let per = ranks.ctas_per_rank.max(1) as usize;
         let (part, cta) = (block / per, block % per);
-        if part >= (ranks.count as usize).min(MAX_LOCAL_RANKS) {
+        let count = (ranks.count as usize).min(MAX_LOCAL_RANKS);
+        if part >= count || ranks.skip & (1 << part) != 0 {
             return;
         }
-        let mailbox = ranks.mailboxes[part] as *mut Mailbox;
-        if mailbox.is_null() {
-            // This rank runs the operation otherwise (a launch of its own, captured).
-            return;
-        }
-        let control = ranks.controls[part];
         let coop = CoopCta;
-        let seq_word = mailbox.wrapping_byte_add(SEQ_OFFSET) as *mut u64;
-        let done_word = mailbox.wrapping_byte_add(core::mem::offset_of!(Mailbox, ctas_done)) as *mut u64;
-        let completed = mailbox.wrapping_byte_add(COMPLETED_OFFSET) as *mut u64;
+        let sync = ranks.sync as *mut GroupSync;
+        let persistent = !once && !sync.is_null();
+        let control = ranks.controls[part];
         let abort_requested = || {
             // SAFETY: `control` is the rank's live control block (contract); the host and
             // kernels access `abort` only atomically.
             control != 0 && unsafe { atomic::load(control as *const u32, LoadOrder::Relaxed, Scope::Sys) } != 0
         };
+        let shared = arch::dynamic_shared_mem::<u64>();
         let mut next = first;
         loop {
-            let mut aborted = false;
-            if coop.thread_rank() == 0 {
-                let mut polls = 0u32;
-                // SAFETY: the mailbox is live (contract); the stream writes `seq` atomically.
-                while unsafe { atomic::load(seq_word, LoadOrder::Relaxed, Scope::Sys) } < next {
-                    polls = polls.wrapping_add(1);
-                    if polls.is_multiple_of(ABORT_POLLS) && abort_requested() {
-                        aborted = true;
-                        break;
-                    }
-                    arch::spin_wait_hint(64);
-                }
-                arch::atomic::fence(arch::FenceOrder::Acquire, Scope::Sys);
-            }
-            if coop.sync_any(aborted) {
+            if persistent {
+                let seq_word = sync.wrapping_byte_add(SEQ_OFFSET) as *const u64;
+                let mut aborted = false;
                 if coop.thread_rank() == 0 {
-                    // Release every stream waiting for an operation that will not run.
-                    // SAFETY: as above.
-                    unsafe { atomic::store(completed, ABORTED, StoreOrder::Release, Scope::Sys) };
+                    let mut polls = 0u32;
+                    // SAFETY: `sync` is live (contract); a stream writes `seq` atomically.
+                    while unsafe { atomic::load(seq_word, LoadOrder::Relaxed, Scope::Sys) } < next {
+                        polls = polls.wrapping_add(1);
+                        if polls.is_multiple_of(ABORT_POLLS) && abort_requested() {
+                            aborted = true;
+                            break;
+                        }
+                        arch::spin_wait_hint(64);
+                    }
+                    arch::atomic::fence(arch::FenceOrder::Acquire, Scope::Sys);
                 }
+                if coop.sync_any(aborted) {
+                    if coop.thread_rank() == 0 {
+                        // Release the stream waiting for an operation that will not run.
+                        // SAFETY: as above.
+                        unsafe {
+                            atomic::store(
+                                sync.wrapping_byte_add(COMPLETED_OFFSET) as *mut u64,
+                                ABORTED,
+                                StoreOrder::Release,
+                                Scope::Sys,
+                            )
+                        };
+                    }
+                    return;
+                }
+            }
+            // This rank's entry of the slot, through shared memory (one read of host memory
+            // per word per CTA).
+            let slot = (next % u64::from(ranks.slots.max(1))) as usize;
+            let entry = (ranks.ring as *const u64).wrapping_add((slot * count + part) * RANK_OP_WORDS);
+            let mut w = coop.thread_rank();
+            while w < RANK_OP_WORDS {
+                // SAFETY: the entry is live and unchanged until the operation completes
+                // (contract); the shared memory holds RANK_OP_WORDS words (contract).
+                unsafe { *shared.add(w) = atomic::load(entry.wrapping_add(w), LoadOrder::Relaxed, Scope::Sys) };
+                w += coop.size();
+            }
+            coop.sync();
+            // SAFETY: the words written above, 8-byte aligned.
+            let entry = unsafe { (shared as *const RankOp).read() };
+            coop.sync();
+            let shutdown = entry.op.args.kind == SHUTDOWN;
+            if !shutdown {
+                let (op, comm) = (entry.op, entry.comm);
+                let args = CollArgs { barrier: 0, ..op.args };
+                // SAFETY: the operation follows `run_lsa`'s contract (this function's).
+                unsafe { run_lsa(&comm, &op.send, &op.recv_win, &args, op.recv as *mut u8, cta, per) };
+            }
+            if !persistent {
                 return;
             }
-            // SAFETY: `seq` showed the operation and the communicator are written (acquired
-            // above); they do not change until the operation completes.
-            let op = unsafe { (mailbox as *const CollOp).read_volatile() };
-            if op.args.kind == SHUTDOWN {
-                if coop.thread_rank() == 0 && cta == 0 {
-                    // SAFETY: as above.
-                    unsafe { atomic::store(completed, next, StoreOrder::Release, Scope::Sys) };
-                }
-                return;
-            }
-            // SAFETY: as above.
-            let comm = unsafe { (mailbox.wrapping_byte_add(COMM_OFFSET) as *const DevComm).read_volatile() };
-            let args = CollArgs { barrier: 0, ..op.args };
-            // SAFETY: the operation follows `run_lsa`'s contract (this function's).
-            unsafe { run_lsa(&comm, &op.send, &op.recv_win, &args, op.recv as *mut u8, cta, per) };
             coop.sync();
             if coop.thread_rank() == 0 {
-                // SAFETY: the mailbox is live; `ctas_done` is changed only by these CTAs.
+                let done_word = sync.wrapping_byte_add(core::mem::offset_of!(GroupSync, ctas_done)) as *mut u64;
+                // SAFETY: `sync` is live; `ctas_done` is changed only by these CTAs.
                 let before = unsafe { atomic::fetch_add(done_word, 1, RmwOrder::AcqRel, Scope::Gpu) };
-                if before + 1 == per as u64 {
+                if before + 1 == (count * per) as u64 {
                     // SAFETY: as above.
                     unsafe {
                         atomic::store(done_word, 0, StoreOrder::Relaxed, Scope::Gpu);
-                        atomic::store(completed, next, StoreOrder::Release, Scope::Sys);
+                        atomic::store(
+                            sync.wrapping_byte_add(COMPLETED_OFFSET) as *mut u64,
+                            next,
+                            StoreOrder::Release,
+                            Scope::Sys,
+                        );
                     }
                 }
             }
-            if once {
+            if shutdown {
                 return;
             }
             next += 1;

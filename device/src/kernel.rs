@@ -149,7 +149,7 @@ unsafe impl KernelParam for crate::coll::CollArgs {
     const HOLDS_ADDRESS: bool = false;
 }
 // SAFETY: a `#[repr(C)]` Pod struct of u64 and u32 words, device addresses inside.
-unsafe impl KernelParam for crate::coll::persistent::LocalRanks {
+unsafe impl KernelParam for crate::coll::group::LocalRanks {
     const HOLDS_ADDRESS: bool = true;
 }
 // SAFETY: a `#[repr(C)]` Pod struct of u32 words (checked in the PTX), no addresses.

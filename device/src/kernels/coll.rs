@@ -25,16 +25,17 @@ kernel! {
 }
 
 kernel! {
-    /// The mailbox kernel (see [`coll::persistent`]): one kernel for the ranks of `ranks`
+    /// The GPU group's kernel (see [`coll::group`]): one kernel for the ranks of `ranks`
     /// (those of one communicator on this GPU), CTA `b` serving part `b % ctas_per_rank` of
-    /// rank `b / ctas_per_rank`. With `once != 0` it runs operation `first` of each rank and
-    /// ends (a launch per operation, shared by the GPU's ranks); else it runs operations from
-    /// `first` on until a shutdown or an abort (persistent mode).
+    /// rank `b / ctas_per_rank`, each reading its rank's operation from the ring. With
+    /// `once != 0` it runs operation `first` and ends (a launch per operation, shared by the
+    /// GPU's ranks); else it runs operations from `first` on until a shutdown or an abort
+    /// (persistent mode). Needs `RANK_OP_WORDS * 8` bytes of dynamic shared memory per CTA.
     ///
     /// # Safety
-    /// As [`coll::persistent::serve`].
-    pub unsafe fn coll_mailboxes(ranks: coll::persistent::LocalRanks, first: u64, once: u32) {
+    /// As [`coll::group::serve`].
+    pub unsafe fn coll_gpu_group(ranks: coll::group::LocalRanks, first: u64, once: u32) {
         // SAFETY: the kernel's contract.
-        unsafe { coll::persistent::serve(&ranks, first, once != 0, arch::block_idx_x()) }
+        unsafe { coll::group::serve(&ranks, first, once != 0, arch::block_idx_x()) }
     }
 }

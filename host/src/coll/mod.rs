@@ -38,16 +38,16 @@ use crate::runtime::launch::LaunchConfig;
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::{Backend, Error, Result};
 use ferrolink_device::coll::CollArgs;
-use ferrolink_device::coll::persistent::CollOp;
+use ferrolink_device::coll::group::{CollOp, RankOp};
 pub use ferrolink_device::coll::{CollElem, CollKind, DataType, RedOp as ReduceOp, algo};
-use ferrolink_device::kernels::coll::{coll_lsa, coll_mailboxes};
+use ferrolink_device::kernels::coll::{coll_gpu_group, coll_lsa};
 use ferrolink_device::kernels::copy::ferrolink_copy;
 pub use half::{bf16, f16};
 pub use p2p::{MAX_GROUP_OPS, P2pConfig, P2pGroup};
 pub use persistent::{DEFAULT_PERSISTENT_CTAS, PersistentConfig};
 use std::sync::Arc;
 
-pub(crate) mod mailbox;
+pub(crate) mod group;
 pub mod p2p;
 pub mod persistent;
 
@@ -135,45 +135,28 @@ impl Collective {
 /// makes them in the same call: the calls are collective).
 pub(crate) struct CollState {
     handle: Option<DevCommHandle>,
-    /// Bumped whenever `handle` is replaced (a mailbox holds one generation's).
-    handle_gen: u64,
     /// Staging for inputs (`send`) and outputs (`recv`), grown (collectively) on demand.
     send: Option<Window>,
     recv: Option<Window>,
     /// The ranks of this communicator on this rank's GPU in this process.
-    group: Arc<mailbox::GpuGroup>,
-    /// This rank's mailbox for launches shared with the other ranks of its GPU: made on
-    /// every rank (a collective registration) when any GPU has several ranks in one process.
-    mailbox: Option<mailbox::RankMailbox>,
-    /// Starts of persistent mode so far (names the members' meeting).
-    pub(crate) persistent_starts: u64,
+    pub(crate) group: Arc<group::GpuGroup>,
 }
 
 impl CollState {
-    /// The state of the first collective call (collective: it may register the mailbox).
+    /// The state of the first collective call.
     fn new(comm: &Communicator) -> Result<CollState> {
-        let peers = &comm.shared.peers;
-        let shared_somewhere = peers
-            .iter()
-            .enumerate()
-            .any(|(i, p)| peers[..i].iter().any(|q| q.node == p.node && q.pid == p.pid && q.uuid == p.uuid));
-        let mailbox = if shared_somewhere { Some(mailbox::RankMailbox::new(comm)?) } else { None };
-        Ok(CollState {
-            handle: None,
-            handle_gen: 0,
-            send: None,
-            recv: None,
-            group: mailbox::GpuGroup::of(comm),
-            mailbox,
-            persistent_starts: 0,
-        })
+        let group = group::GpuGroup::of(comm);
+        if group.members.len() > 1 {
+            // The ring now, before any of the group's kernels runs.
+            group.prepare(comm.device())?;
+        }
+        Ok(CollState { handle: None, send: None, recv: None, group })
     }
 
     /// Replaces the device communicator (after the staging windows changed).
     fn renew_handle(&mut self, comm: &Communicator) -> Result<()> {
         self.handle =
             Some(comm.create_dev_comm(&DevCommRequirements { lsa_barrier_count: MAX_CTAS, ..Default::default() })?);
-        self.handle_gen += 1;
         Ok(())
     }
 }
@@ -388,8 +371,7 @@ impl Communicator {
         };
         let recv_staging = state.recv.as_ref();
         let group = state.group.clone();
-        let shared_launch =
-            persistent_ctas.is_none() && group.members.len() > 1 && group.fits() && shared_launches(dev.backend());
+        let shared_launch = persistent_ctas.is_none() && group.members.len() > 1 && group.fits() && shared_launches();
         let (recv_win, recv_offset): (&Window, usize) = match (out_via_recv, out_window) {
             (true, _) => (recv_staging.expect("grown above"), 0),
             (false, Some((w, off))) => (w, off),
@@ -421,88 +403,51 @@ impl Communicator {
                 (Some(b), false) => b.bytes_at_mut(0)?,
                 (None, false) => unreachable!("an output is a buffer or a window"),
             };
+            let mut uses = crate::runtime::launch::LaunchTracking::new(dev);
+            send_win.track(&mut uses);
+            recv_win.track(&mut uses);
+            out_ptr.track(&mut uses);
+            let op = CollOp { args, send: send_win.param(), recv_win: recv_win.param(), recv: out_ptr.param() as u64 };
             if persistent_ctas.is_some() {
-                // Persistent mode: the rank's kernel runs it (its CTAs are the parts).
-                let queued = self.enqueue_persistent(args, send_win, recv_win, out_ptr)?;
+                // Persistent mode: the GPU's persistent kernel runs it.
+                let queued = self.enqueue_persistent(op, uses)?;
                 debug_assert!(queued, "persistent mode was on when the grid was chosen");
             } else if shared_launch {
                 // Ranks sharing this GPU in this process: one kernel for all of them, launched
-                // by the last to get here; each posts its part to its mailbox.
+                // by the last to get here (see `group`).
                 let threads = threads(dev);
                 let resident = *group.resident.get_or_init(|| {
-                    module.resident_ctas(&coll_mailboxes, LaunchConfig::linear(1, threads)).ok().flatten()
+                    module.resident_ctas(&coll_gpu_group, group::kernel_config(1, threads)).ok().flatten()
                 });
                 group.check_resident(ctas, resident, name)?;
-                let mut t = crate::runtime::launch::LaunchTracking::new(dev);
-                send_win.track(&mut t);
-                recv_win.track(&mut t);
-                out_ptr.track(&mut t);
-                handle.track(&mut t);
-                let mut keep = crate::runtime::launch::LaunchTracking::new(dev);
-                handle.track(&mut keep);
-                let control = handle.dev_comm().control;
-                let mb = state.mailbox.as_mut().expect("made on every rank when a GPU has several ranks");
+                handle.track(&mut uses);
+                let comm = handle.dev_comm();
                 // A call captured into a graph is replayed with the sequence number it had
                 // when captured: it runs as a launch of its own (every rank of the GPU
                 // captures it alike); it still meets the others, so that a rank that runs it
                 // now is not left waiting.
                 let capturing = stream.is_capturing();
-                let message = if capturing {
-                    None
-                } else {
-                    let op = CollOp {
-                        args,
-                        send: send_win.param(),
-                        recv_win: recv_win.param(),
-                        recv: out_ptr.param() as u64,
-                    };
-                    Some(mb.message(op, handle, state.handle_gen)?)
+                let seq = group.next_seq(self.rank());
+                let part = group::Part {
+                    rank: self.rank(),
+                    entry: (!capturing).then_some(RankOp { op, comm }),
+                    served: !capturing,
+                    control: comm.control,
+                    sync: 0,
+                    ctas,
+                    uses,
+                    stream: (!capturing).then_some(stream),
+                    wait: (!capturing).then_some(self),
                 };
-                let seq = match &message {
-                    Some((_, seq)) => *seq,
-                    None => mb.skip(),
-                };
-                let part = mailbox::Part { rank: self.rank(), mailbox: mb, served: !capturing, control, ctas, keep };
-                let served = group.arrive(mailbox::Purpose::Operation, seq, part)?;
-                let writes: &[mailbox::StreamWrite] = message.as_ref().map_or(&[], |(w, _)| w);
-                if let Some(served) = &served {
-                    let cfg = LaunchConfig::linear(served.ranks.count * served.ranks.ctas_per_rank, threads);
-                    let (launch_on, own_writes, t_launch) = if capturing {
-                        (group.side_stream(dev)?, &[][..], crate::runtime::launch::LaunchTracking::new(dev))
-                    } else {
-                        (
-                            stream.share(),
-                            writes,
-                            std::mem::replace(&mut t, crate::runtime::launch::LaunchTracking::new(dev)),
-                        )
-                    };
-                    // SAFETY: `coll_mailboxes`' contract: every member's mailbox is live and
-                    // so is its communicator (the launch keeps both: `served`), written only
-                    // by its stream as `serve` says; the controls are those communicators';
-                    // every rank of the communicator makes this call (collective) with the
-                    // same grid per rank; barriers 0..ctas of each rank's device
-                    // communicator serve one collective at a time (its stream's order).
-                    let launched = unsafe {
-                        launch_on.launch_after_writes(
-                            module,
-                            &coll_mailboxes,
-                            cfg,
-                            (served, seq, 1u32),
-                            t_launch,
-                            own_writes,
-                        )
-                    };
-                    if let Err(e) = launched {
-                        // The other members' streams already wait for this kernel.
-                        group.release_after_failed_launch(self, served);
-                        return Err(e);
-                    }
+                if let Some(g) = group.meet(dev, group::Purpose::Operation, seq, part)?
+                    && !g.nothing_served()
+                {
+                    let launch_on = if capturing { group.side_stream(dev)? } else { stream.share() };
+                    group.run(Some(self), g, &launch_on, seq, group::Work::Launch { module, threads })?;
                 }
                 if capturing {
                     // SAFETY: as for `coll_lsa` below.
                     unsafe { stream.launch(module, &coll_lsa, cfg, (handle, send_win, recv_win, args, out_ptr))? };
-                } else if served.is_none() {
-                    mb.post(stream, t, writes, seq)?;
                 }
             } else {
                 // SAFETY: the kernel's contract: every rank launches the same args and grid (the
@@ -654,16 +599,13 @@ pub fn expected_output<T: CollElem>(
 }
 
 /// Whether ranks sharing a GPU in a process share one launch per collective
-/// (`FERROLINK_SHARED_LAUNCH=1|0`; by default on the emulator only: on the H200 an 8-rank test
-/// stalled once after 12 shared launches, 2026-12-01, not yet understood — until it is, CUDA
-/// launches each rank's kernel, the path verified there). Every rank of the process reads the
-/// same variable, so they agree.
-fn shared_launches(backend: Backend) -> bool {
-    match std::env::var("FERROLINK_SHARED_LAUNCH").ok().as_deref() {
-        Some("1") => true,
-        Some("0") => false,
-        _ => backend == Backend::Cpu,
-    }
+/// (`FERROLINK_SHARED_LAUNCH=1|0`, default on). Off, each rank launches its own kernel, and
+/// the ranks' kernels must all be resident at once: on the H200 with
+/// `CUDA_DEVICE_MAX_CONNECTIONS=1` they never were (their streams share one hardware queue,
+/// 2026-12-01), so off is for comparisons only. Every rank of the process reads the same
+/// variable, so they agree.
+fn shared_launches() -> bool {
+    std::env::var("FERROLINK_SHARED_LAUNCH").ok().as_deref() != Some("0")
 }
 
 /// Whether calls are compared across ranks (debug builds, or `FERROLINK_COLL_CHECK=1`).

@@ -2,16 +2,19 @@
 //! ranks on it (NCCL-style persistent kernels; the book chapter's device-side work queue).
 //!
 //! [`Communicator::start_persistent`] (collective) launches, on a stream of its own, a kernel
-//! of a few CTAs per rank that waits on the ranks' mailboxes in device memory (the last rank
-//! of a GPU to start launches it for all of the GPU's ranks in its process; the grid is
-//! checked with the occupancy API to fit on the GPU at once). From then on each collective call
-//! queues, on the rank's stream and in its order, the stream memory writes of the operation
-//! and its sequence number (one `cuStreamBatchMemOp`), then a stream wait for the completion
-//! word (`cuStreamWaitValue64`, greater or equal): no kernel launch, and the stream's later
-//! work (and the host, through the stream) sees the result when the kernel has finished it.
-//! Staging copies for device buffers stay kernels on the stream, as without persistent mode.
-//! [`Communicator::stop_persistent`] ends the kernel; an abort of the communicator ends it
-//! too, and releases every stream waiting on it (their work then reports the abort).
+//! of a few CTAs per rank (the last rank of a GPU to start launches it for all of the GPU's
+//! ranks in its process; the grid is checked with the occupancy API to fit on the GPU at
+//! once). From then on each collective call writes the rank's operation into the GPU group's
+//! ring in host-mapped memory, and one stream hands it over: one `cuStreamBatchMemOp` with a
+//! write of its sequence number into the kernel's sync block and a wait for its completion
+//! word (greater or equal). With one rank per GPU that stream is the rank's own; ranks
+//! sharing a GPU meet on the host and the last of them posts, ordered after the others'
+//! streams by events, which then wait for it by an event (see `coll::group` for why). No
+//! kernel launch: the stream's later work (and the host, through the stream) sees the result
+//! when the kernel has finished it. Staging copies for device buffers stay kernels on the
+//! stream, as without persistent mode. [`Communicator::stop_persistent`] ends the kernel; an
+//! abort of the communicator ends it too, and releases a stream waiting on it (its work then
+//! reports the abort).
 //!
 //! ```
 //! # fn main() -> ferrolink::Result<()> {
@@ -32,18 +35,18 @@
 //! # Ok(()) }
 //! ```
 
-use super::mailbox::{Part, Purpose, RankMailbox};
+use super::group::{self, GpuGroup, Part, Purpose, Work};
 use crate::comm::Communicator;
 use crate::devcomm::{DevCommHandle, DevCommRequirements};
 use crate::mem::window::Window;
 use crate::runtime::launch::{LaunchArg, LaunchConfig, LaunchTracking};
 use crate::runtime::lifetime::lock;
-use crate::runtime::memory::TrackedPtr;
 use crate::runtime::stream::Stream;
 use crate::{Backend, Error, Result};
 use ferrolink_device::coll::CollArgs;
-use ferrolink_device::coll::persistent::{self, CollOp, MAX_LOCAL_RANKS};
-use ferrolink_device::kernels::coll::coll_mailboxes;
+use ferrolink_device::coll::group::{self as device_group, CollOp, GroupSync, MAX_LOCAL_RANKS, RankOp};
+use ferrolink_device::kernels::coll::coll_gpu_group;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// CTAs of the persistent kernel by default (each a 256-thread CTA on an SM of its own).
@@ -71,14 +74,17 @@ impl Default for PersistentConfig {
 /// One rank's part of its GPU's persistent kernel.
 pub(crate) struct PersistentState {
     ctas: u32,
-    mailbox: RankMailbox,
+    group: Arc<GpuGroup>,
+    rank: usize,
+    /// This rank's sync block (a window slot; the kernel uses part 0's).
+    _sync: Window,
     /// The kernel's stream, on the rank that launched it (kept: the kernel runs on it until
     /// every rank of the GPU has stopped).
     _kernel_stream: Option<Stream>,
     /// The rank's stream: a drop in persistent mode queues the shutdown there, after the
     /// rank's collectives.
     comm_stream: Stream,
-    /// The kernel's device communicator for this rank (in the mailbox; alive until stopped).
+    /// The kernel's device communicator for this rank (alive until stopped).
     handle: DevCommHandle,
     /// Whether the shutdown is queued (the drop must not queue another).
     stopped: bool,
@@ -86,7 +92,7 @@ pub(crate) struct PersistentState {
 
 impl Communicator {
     /// Starts persistent mode (collective: every rank calls it with the same `cfg`).
-    /// Collectives then run in this rank's persistent kernel, queued by stream memory
+    /// Collectives then run in this GPU's persistent kernel, handed over by stream memory
     /// operations instead of launched. See the [module docs](self).
     pub fn start_persistent(&self, cfg: PersistentConfig) -> Result<()> {
         let ctas = cfg.ctas;
@@ -112,21 +118,21 @@ impl Communicator {
         if self.is_persistent() {
             return Err(Error::InvalidArgument("start_persistent: already started".into()));
         }
-        // Everything before the launch: the module, the collectives' resources, the mailbox
-        // (zeroed), the device communicator, the stream (making any of them may wait for
-        // running kernels). The collectives' lock is taken (and released) before this one's,
-        // in the order `collective` takes them: no deadlock between threads of one rank.
+        // Everything before the launch: the module, the collectives' resources, the ring,
+        // the sync block (zeroed), the device communicator, the stream (making any of them
+        // may wait for running kernels). The collectives' lock is taken (and released)
+        // before this one's, in the order `collective` takes them: no deadlock between
+        // threads of one rank.
         let step =
             |what: &str| tracing::debug!(target: "ferrolink::coll", rank = self.rank(), "start_persistent: {what}");
         let module = dev.builtin_module()?;
         step("module loaded");
         self.prepare_collectives(cfg.staging_bytes)?;
-        let (group, meeting) = {
+        let group = {
             let mut coll = lock(&self.shared.coll);
-            let state = super::coll_state(self, &mut coll)?;
-            state.persistent_starts += 1;
-            (state.group.clone(), state.persistent_starts)
+            super::coll_state(self, &mut coll)?.group.clone()
         };
+        group.prepare(dev)?;
         step("collectives' resources made");
         if !group.fits() {
             return Err(Error::InvalidArgument(format!(
@@ -136,43 +142,63 @@ impl Communicator {
             )));
         }
         let threads = super::threads(dev);
-        let resident = module.resident_ctas(&coll_mailboxes, LaunchConfig::linear(1, threads))?;
+        let resident = module.resident_ctas(&coll_gpu_group, group::kernel_config(1, threads))?;
         group.check_resident(ctas, resident, "start_persistent")?;
         let mut guard = lock(&self.shared.persistent);
         if guard.is_some() {
             return Err(Error::InvalidArgument("start_persistent: already started".into()));
         }
-        let mut mailbox = RankMailbox::new(self)?;
+        let size = std::mem::size_of::<GroupSync>();
+        let sync = self.register_window(self.mem_alloc(size)?)?;
+        sync.zero(0, size)?;
+        let sync_addr = sync.slot_ptr::<*mut u8>(0, size)?.param() as u64;
         let handle = self.create_dev_comm(&DevCommRequirements { lsa_barrier_count: ctas, ..Default::default() })?;
-        mailbox.store_comm(&handle, 0)?;
-        step("mailbox and device communicator made");
+        step("sync block and device communicator made");
         let stream = dev.create_stream()?;
         self.barrier()?;
+        // The kernel keeps every member's communicator and sync block, and the ring, until
+        // it ends (keepers: the members' own streams use them meanwhile).
+        let mut held = LaunchTracking::new(dev);
+        (&handle).track(&mut held);
+        (&sync).track(&mut held);
         let mut keep = LaunchTracking::new(dev);
-        (&handle).track(&mut keep);
-        let control = handle.dev_comm().control;
-        let part = Part { rank: self.rank(), mailbox: &mailbox, served: true, control, ctas, keep };
-        let served = group.arrive(Purpose::Persistent, meeting, part)?;
-        let kernel_stream = match served {
-            Some(served) => {
-                let ranks = served.ranks;
+        keep.keeps.extend(held.reads.into_iter().chain(held.writes).chain(held.holds).chain(held.keeps));
+        let seq = group.next_seq(self.rank());
+        let part = Part {
+            rank: self.rank(),
+            entry: None,
+            served: true,
+            control: handle.dev_comm().control,
+            sync: sync_addr,
+            ctas,
+            uses: keep,
+            stream: None,
+            wait: None,
+        };
+        let kernel_stream = match group.meet(dev, Purpose::Persistent, seq, part)? {
+            Some(g) => {
+                let (ranks, mut uses) = g.into_parts();
                 // The kernel runs until stopped: no emulator time limit.
                 let cfg = LaunchConfig {
                     emulator_timeout: Some(Duration::from_secs(10 * 365 * 24 * 3600)),
-                    ..LaunchConfig::linear(ranks.count * ranks.ctas_per_rank, threads)
+                    ..group::kernel_config(ranks.count * ranks.ctas_per_rank, threads)
                 };
-                // SAFETY: the kernel's contract: every member's mailbox is zeroed, holds its
-                // rank's device communicator (whose control block is in `ranks`), and is
-                // written only by its rank's stream as `serve` says (`enqueue_persistent`);
-                // each member keeps its mailbox and communicator until it has stopped (its
-                // part has ended); every rank runs the same operations (collective calls)
-                // with the same `ctas`; the communicators' barriers 0..ctas are the kernel's.
-                let launched = unsafe { stream.launch(module, &coll_mailboxes, cfg, (&served, 1u64, 0u32)) };
+                group.keep_ring(&mut uses);
+                let param = group::GroupParam(ranks);
+                // SAFETY: the kernel's contract: the sync block (part 0's) is zeroed and
+                // written only by the group's meetings; every operation's ring entries are
+                // written before its sequence number (`GpuGroup::meet`), each with its rank's
+                // live communicator (control blocks in `ranks`), unchanged until it completes;
+                // the launch keeps the communicators, sync blocks and ring until the kernel
+                // ends; every rank runs the same operations (collective calls) with the same
+                // `ctas`; the communicators' barriers 0..ctas are the kernel's.
+                let launched =
+                    unsafe { stream.launch_tracked(module, &coll_gpu_group, cfg, (&param, seq + 1, 0u32), uses) };
                 if let Err(e) = launched {
-                    // The other members have started: their posts would wait for ever.
-                    group.release_after_failed_launch(self, &served);
+                    self.shared.control.abort(e.clone());
                     return Err(e);
                 }
+                *lock(&group.persistent_sync) = Some(ranks.sync);
                 tracing::debug!(target: "ferrolink::coll", rank = self.rank(), ctas, parts = ranks.count,
                     "persistent kernel launched");
                 Some(stream)
@@ -181,7 +207,9 @@ impl Communicator {
         };
         *guard = Some(PersistentState {
             ctas,
-            mailbox,
+            group,
+            rank: self.rank(),
+            _sync: sync,
             _kernel_stream: kernel_stream,
             comm_stream: self.stream().share(),
             handle,
@@ -196,33 +224,24 @@ impl Communicator {
     }
 
     /// Ends persistent mode (collective): queues the shutdown on this rank's stream after its
-    /// collectives, and waits until this rank's part of the kernel has ended (the kernel ends
-    /// when every rank of its GPU has stopped).
+    /// collectives, and waits until the kernel has ended.
     pub fn stop_persistent(&self) -> Result<()> {
         let state = lock(&self.shared.persistent).take();
         let Some(mut state) = state else {
             return Err(Error::InvalidArgument("stop_persistent: persistent mode is not on".into()));
         };
-        let args = CollArgs { kind: persistent::SHUTDOWN, ..CollArgs::default() };
-        let op = CollOp { args, ..CollOp::default() };
-        let queued = post(self, &mut state, op, LaunchTracking::new(self.device()));
+        let queued = post(Some(self), &state, shutdown(&state.handle), LaunchTracking::new(self.device()));
         // Queued or not, the drop must not queue another shutdown.
         state.stopped = true;
         queued?;
         self.stream().synchronize()
     }
 
-    /// Queues `args` (with its windows and output) for the persistent kernel, if persistent
-    /// mode is on: `Ok(false)` if it is not.
-    pub(crate) fn enqueue_persistent(
-        &self,
-        args: CollArgs,
-        send: &Window,
-        recv_win: &Window,
-        recv: TrackedPtr<'_, *mut u8>,
-    ) -> Result<bool> {
-        let mut guard = lock(&self.shared.persistent);
-        let Some(state) = guard.as_mut() else { return Ok(false) };
+    /// Queues `op` (tracked by `uses`) for the persistent kernel, if persistent mode is on:
+    /// `Ok(false)` if it is not.
+    pub(crate) fn enqueue_persistent(&self, op: CollOp, uses: LaunchTracking) -> Result<bool> {
+        let guard = lock(&self.shared.persistent);
+        let Some(state) = guard.as_ref() else { return Ok(false) };
         if self.stream().is_capturing() {
             return Err(Error::InvalidArgument(
                 "a collective in persistent mode cannot be captured into a graph: its sequence number is \
@@ -230,12 +249,7 @@ impl Communicator {
                     .into(),
             ));
         }
-        let mut t = LaunchTracking::new(self.device());
-        send.track(&mut t);
-        recv_win.track(&mut t);
-        recv.track(&mut t);
-        let op = CollOp { args, send: send.param(), recv_win: recv_win.param(), recv: recv.param() as u64 };
-        post(self, state, op, t)?;
+        post(Some(self), state, RankOp { op, comm: state.handle.dev_comm() }, uses)?;
         Ok(true)
     }
 
@@ -245,12 +259,39 @@ impl Communicator {
     }
 }
 
-/// Queues on the rank's stream: the operation's words and its sequence number into the
-/// mailbox, then a wait for its completion; `t` tracks what the operation uses.
-fn post(comm: &Communicator, state: &mut PersistentState, op: CollOp, t: LaunchTracking) -> Result<()> {
-    let (writes, seq) = state.mailbox.message(op, &state.handle, 0)?;
-    state.mailbox.post(comm.stream(), t, &writes, seq)?;
-    tracing::trace!(target: "ferrolink::coll", rank = comm.rank(), seq, kind = op.args.kind, "posted to the persistent kernel");
+/// The shutdown entry of a rank whose kernel communicator is `handle`.
+fn shutdown(handle: &DevCommHandle) -> RankOp {
+    let args = CollArgs { kind: device_group::SHUTDOWN, ..CollArgs::default() };
+    RankOp { op: CollOp { args, ..CollOp::default() }, comm: handle.dev_comm() }
+}
+
+/// Hands `entry` to the persistent kernel as this rank's part of its next operation (the
+/// group's meeting; the last member posts). With `comm`, the rank's stream waits for the
+/// operation (and the call for the other members); without (a drop), nothing waits.
+fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, uses: LaunchTracking) -> Result<()> {
+    let group = &state.group;
+    let seq = group.next_seq(state.rank);
+    let part = Part {
+        rank: state.rank,
+        entry: Some(entry),
+        served: true,
+        control: entry.comm.control,
+        sync: 0,
+        ctas: state.ctas,
+        uses,
+        stream: Some(&state.comm_stream),
+        wait: comm,
+    };
+    if let Some(g) = group.meet(state.comm_stream.device(), Purpose::Operation, seq, part)? {
+        let sync = lock(&group.persistent_sync).ok_or_else(|| {
+            Error::InvalidArgument("persistent mode: the GPU's persistent kernel is not running".into())
+        })?;
+        group.run(comm, g, &state.comm_stream, seq, Work::Persistent { sync, wait: comm.is_some() })?;
+        if entry.op.args.kind == device_group::SHUTDOWN {
+            *lock(&group.persistent_sync) = None;
+        }
+    }
+    tracing::trace!(target: "ferrolink::coll", rank = state.rank, seq, kind = entry.op.args.kind, "posted to the persistent kernel");
     Ok(())
 }
 
@@ -261,16 +302,7 @@ impl Drop for PersistentState {
         if self.stopped {
             return;
         }
-        let args = CollArgs { kind: persistent::SHUTDOWN, ..CollArgs::default() };
-        let result =
-            self.mailbox.message(CollOp { args, ..CollOp::default() }, &self.handle, 0).and_then(|(writes, _)| {
-                let mut t = LaunchTracking::new(self.comm_stream.device());
-                self.mailbox.track(&mut t);
-                // SAFETY: aligned words of the mailbox (tracked until they are written; the
-                // kernel reads them only after `seq`, and its part ends with the shutdown).
-                unsafe { self.comm_stream.post(t, &writes, None) }
-            });
-        if let Err(e) = result {
+        if let Err(e) = post(None, self, shutdown(&self.handle), LaunchTracking::new(self.comm_stream.device())) {
             tracing::warn!(target: "ferrolink::coll", error = %e, "could not stop the persistent kernel");
         }
     }

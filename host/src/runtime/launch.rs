@@ -94,8 +94,8 @@ pub struct LaunchTracking {
     pub(crate) writes: Vec<Arc<Uses>>,
     pub(crate) holds: Vec<Arc<Uses>>,
     /// Kept alive until the work finishes, but never waited for by other work or host
-    /// accesses (a mailbox kernel keeps its ranks' resources: their own streams use them
-    /// meanwhile, and the kernel waits for those streams).
+    /// accesses (the persistent kernel keeps its ranks' resources: their own streams use
+    /// them meanwhile, and the kernel runs until they stop it).
     pub(crate) keeps: Vec<Arc<Uses>>,
     pub(crate) observers: Vec<Weak<dyn StreamObserver>>,
     pub(crate) untracked: bool,
@@ -120,6 +120,25 @@ impl LaunchTracking {
         if !dev.same_as(&self.device) && self.wrong_device.is_none() {
             self.wrong_device = Some(what);
         }
+    }
+
+    /// The device the work runs on.
+    pub(crate) fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Adds what `other` tracks (another rank's part of one piece of work).
+    pub(crate) fn absorb(&mut self, other: LaunchTracking) {
+        if !other.device.same_as(&self.device) && self.wrong_device.is_none() {
+            self.wrong_device = Some("a part of a shared launch");
+        }
+        self.wrong_device = self.wrong_device.or(other.wrong_device);
+        self.reads.extend(other.reads);
+        self.writes.extend(other.writes);
+        self.holds.extend(other.holds);
+        self.keeps.extend(other.keeps);
+        self.observers.extend(other.observers);
+        self.untracked |= other.untracked;
     }
 
     pub(crate) fn check(&self) -> Result<()> {

@@ -293,24 +293,22 @@ impl Stream {
         args: L,
     ) -> Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { self.launch_after_writes(module, kernel, cfg, args, LaunchTracking::new(&self.dev), &[]) }
+        unsafe { self.launch_tracked(module, kernel, cfg, args, LaunchTracking::new(&self.dev)).map(drop) }
     }
 
-    /// [`Stream::launch`], preceded by the stream writes `writes` (a message whose last word
-    /// completes it, as [`StreamBackend::post`] queues them) as one piece of work that also
-    /// tracks `extra`: what the kernel uses through addresses it reads from memory.
+    /// [`Stream::launch`], also tracking `extra` (what the kernel uses through addresses it
+    /// reads from memory); returns the launch's completion.
     ///
     /// # Safety
-    /// As [`Stream::launch`], and [`StreamBackend::write_value`] for each write.
-    pub(crate) unsafe fn launch_after_writes<A: KernelArgs, L: LaunchArgs<Params = A>>(
+    /// As [`Stream::launch`].
+    pub(crate) unsafe fn launch_tracked<A: KernelArgs, L: LaunchArgs<Params = A>>(
         &self,
         module: &Module,
         kernel: &Kernel<A>,
         cfg: LaunchConfig,
         args: L,
         extra: LaunchTracking,
-        writes: &[(u64, u64, u32)],
-    ) -> Result<()> {
+    ) -> Result<Completion> {
         if !module.belongs_to(&self.dev) {
             return Err(Error::WrongDevice("module"));
         }
@@ -336,10 +334,6 @@ impl Stream {
             })
         });
         self.enqueue_tracked(t, |backend| {
-            if !writes.is_empty() {
-                // SAFETY: the caller's contract.
-                unsafe { backend.post(writes, None)? };
-            }
             params.with_param_ptrs(|p| {
                 let req = LaunchRequest { kernel: name, cfg: &cfg, params: p, emulate: &emulate };
                 // SAFETY: the module belongs to this device and declares the kernel (checked
@@ -347,8 +341,7 @@ impl Stream {
                 // kernel's contract.
                 unsafe { backend.launch(module.backend(), req) }
             })
-        })?;
-        Ok(())
+        })
     }
 
     /// Queues a copy of `src` into `dst` by the driver's copy path (`cuMemcpyDtoDAsync`; on
@@ -430,7 +423,7 @@ impl Stream {
 
     /// Queues the writes `(addr, value, bytes)` in order, then, with `wait` `(addr, value)`,
     /// a wait until that 64-bit word is at least `value`, as one piece of work tracked by `t`
-    /// (how a collective is handed to a mailbox kernel and its end awaited, in stream order).
+    /// (how a collective is handed to the persistent kernel and its end awaited, in stream order).
     /// The last write completes the message: the others are only ordered before it.
     ///
     /// # Safety
@@ -441,10 +434,24 @@ impl Stream {
         t: LaunchTracking,
         writes: &[(u64, u64, u32)],
         wait: Option<(u64, u64)>,
-    ) -> Result<()> {
+    ) -> Result<Completion> {
         // SAFETY: the caller's contract.
-        self.enqueue_tracked(t, |b| unsafe { b.post(writes, wait) })?;
-        Ok(())
+        self.enqueue_tracked(t, |b| unsafe { b.post(writes, wait) })
+    }
+
+    /// A completion recorded here now: the point other streams wait for with
+    /// [`Stream::wait_for`] (not while capturing: a capture's events are not this stream's).
+    pub(crate) fn record_completion(&self) -> Result<Completion> {
+        Ok(Completion::new(self.core.backend().record(false)?, self.core.id))
+    }
+
+    /// Makes this stream's later work wait until `c` has passed (a CUDA-visible dependency
+    /// between streams: an event wait, never a wait on a memory value).
+    pub(crate) fn wait_for(&self, c: &Completion) -> Result<()> {
+        if c.stream() == self.core.id {
+            return Ok(());
+        }
+        self.core.backend().wait_event(c.event())
     }
 
     /// Queues the copy `(dst, src, bytes)` if any, then the writes `(addr, value, bytes)` in

@@ -1,0 +1,549 @@
+//! GPU groups: the ranks of one communicator that share a GPU in this process run their
+//! collectives in one kernel (`ferrolink_device::kernels::coll::coll_gpu_group`; device side
+//! at `ferrolink_device::coll::group`).
+//!
+//! Each member's call writes its operation and device communicator into its entry of the
+//! group's ring slot for the call (host-mapped memory: no stream work to hand it over) and
+//! arrives at the call's *meeting*. A member that is not the last records an event on its
+//! stream (after its earlier work, such as staging copies) and waits on the host. The last
+//! makes its stream wait for those events, then either launches the kernel for every member
+//! (one launch for the GPU instead of one per rank) or, in persistent mode, hands the
+//! operation to the running kernel with one stream write of its sequence number followed by
+//! a stream wait for its completion word; it publishes the completion of that work, and every
+//! other member makes its stream wait for it.
+//!
+//! Why events and a meeting on the host: every dependency between the members' streams is
+//! then one that CUDA's scheduler knows. A stream that waits on a memory value for work that
+//! another stream has still to reach may deadlock when the two share a hardware queue. On
+//! the H200 (2026-12-01), ranks posting a write and a value wait each on their own stream, or
+//! launching a kernel each, hung with `CUDA_DEVICE_MAX_CONNECTIONS=1`, and some calls hung
+//! with 8 or 32 queues. Here the only value wait follows its own write on one stream, and the
+//! persistent kernel it waits for is already running.
+//!
+//! The members wait on the host for the last to arrive: ranks sharing a GPU must call from
+//! threads of their own (as [`crate::run_ranks`] does). A wait past the communicator's
+//! timeout is an error naming the ranks that did not come, and aborts the communicator; an
+//! abort ends every wait; a wait logs who it waits for at the progress interval.
+//!
+//! # Ordering
+//! A member writes its ring entry (plain stores to host memory) before it arrives, under the
+//! meeting's mutex; the last member launches (or writes the sequence number) after taking
+//! that mutex, so every entry was written before the work that reads it was submitted, and
+//! the GPU reads host memory as the host wrote it before a submission. A slot is rewritten
+//! only after the work that read it has completed (its completion, kept per slot, is waited
+//! for). The device side's argument is at `ferrolink_device::coll::group::serve`.
+
+use crate::comm::Communicator;
+use crate::runtime::host_mapped::HostMapped;
+use crate::runtime::launch::LaunchConfig;
+use crate::runtime::launch::{LaunchArg, LaunchTracking};
+use crate::runtime::lifetime::{Completion, lock};
+use crate::runtime::module::Module;
+use crate::runtime::stream::Stream;
+use crate::{Error, Result};
+use ferrolink_device::coll::group::{COMPLETED_OFFSET, LocalRanks, MAX_LOCAL_RANKS, RANK_OP_WORDS, RankOp, SEQ_OFFSET};
+use ferrolink_device::kernels::coll::coll_gpu_group;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// Slots of a group's ring: how many operations the host may run ahead of the GPU.
+pub(crate) const RING_SLOTS: usize = 32;
+
+/// How long a waiting member spins before it sleeps on the condition variable: a meeting of
+/// threads that call together ends within microseconds.
+const SPIN: Duration = Duration::from_micros(200);
+
+/// The group's ring of operation slots in host-mapped memory.
+struct Ring {
+    mem: HostMapped,
+    /// Entries per slot (the group's members).
+    parts: usize,
+    /// Per slot: the completion of the last work that read it.
+    last_use: Mutex<Vec<Option<Completion>>>,
+}
+
+impl Ring {
+    fn new(dev: &crate::Device, parts: usize) -> Result<Ring> {
+        let mem = HostMapped::alloc(dev, RING_SLOTS * parts * std::mem::size_of::<RankOp>())?;
+        Ok(Ring { mem, parts, last_use: Mutex::new(vec![None; RING_SLOTS]) })
+    }
+
+    /// Writes `entry` as part `part` of operation `seq`'s slot, once the work that last
+    /// read the slot has completed.
+    fn write(&self, seq: u64, part: usize, entry: &RankOp) {
+        let slot = (seq % RING_SLOTS as u64) as usize;
+        let previous = lock(&self.last_use)[slot].clone();
+        if let Some(c) = previous {
+            c.wait();
+        }
+        assert!(part < self.parts, "a part of the ring");
+        // SAFETY: the entry lies inside the block (slot < RING_SLOTS, part < parts), 8-byte
+        // aligned (the block is page-aligned, a RankOp a multiple of 8 bytes); no kernel
+        // reads it now (the slot's last reader has completed) and only this member writes
+        // its entry of a slot.
+        unsafe {
+            (self.mem.host_ptr() as *mut RankOp).add(slot * self.parts + part).write_volatile(*entry);
+        }
+    }
+}
+
+/// Why the members meet: one operation, or the start of persistent mode.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum Purpose {
+    Operation,
+    Persistent,
+}
+
+/// One member's part of a meeting ([`GpuGroup::meet`]).
+pub(crate) struct Part<'a> {
+    /// The rank (world).
+    pub(crate) rank: usize,
+    /// Its entry of the operation's ring slot (none for the start of persistent mode).
+    pub(crate) entry: Option<RankOp>,
+    /// Whether the kernel serves it (false: the rank runs this call otherwise, captured).
+    pub(crate) served: bool,
+    /// Its device communicator's control block (where its CTAs look for an abort).
+    pub(crate) control: u64,
+    /// Its persistent kernel's sync block (start of persistent mode), else 0.
+    pub(crate) sync: u64,
+    /// Its CTAs.
+    pub(crate) ctas: u32,
+    /// What the work uses for it.
+    pub(crate) uses: LaunchTracking,
+    /// Its stream, when the work must come after the stream's earlier work.
+    pub(crate) stream: Option<&'a Stream>,
+    /// The communicator whose timeout and abort a wait follows, when the stream must wait
+    /// for the work (`None`: return at once).
+    pub(crate) wait: Option<&'a Communicator>,
+}
+
+/// What a waiting member learns from the last: the completion of the work, or why there is
+/// none.
+#[derive(Default)]
+struct Outcome {
+    ready: AtomicBool,
+    value: Mutex<Option<std::result::Result<Completion, Error>>>,
+    published: Condvar,
+}
+
+impl Outcome {
+    fn set(&self, value: std::result::Result<Completion, Error>) {
+        *lock(&self.value) = Some(value);
+        self.ready.store(true, Ordering::Release);
+        self.published.notify_all();
+    }
+}
+
+struct Meeting {
+    arrived: Vec<usize>,
+    ranks: LocalRanks,
+    ctas: u32,
+    mismatch: bool,
+    events: Vec<Completion>,
+    uses: Option<LaunchTracking>,
+    outcome: Arc<Outcome>,
+}
+
+/// What the last member to arrive does the work with ([`GpuGroup::meet`]); dropped without
+/// [`Gathered::publish`], it tells the waiting members that the work failed.
+pub(crate) struct Gathered {
+    /// The kernel's parameter (ring, parts, grid).
+    pub(crate) ranks: LocalRanks,
+    /// The other members' events: the stream doing the work waits for them first.
+    pub(crate) events: Vec<Completion>,
+    /// What the work uses for every member.
+    pub(crate) uses: LaunchTracking,
+    outcome: Option<Arc<Outcome>>,
+}
+
+impl Gathered {
+    /// Publishes the work's completion (or its failure) to the waiting members.
+    pub(crate) fn publish(mut self, result: &Result<Completion>) {
+        if let Some(o) = self.outcome.take() {
+            o.set(result.clone());
+        }
+    }
+
+    /// The kernel's parameter and what the members' parts use, for work that nobody waits
+    /// for through the meeting (the start of persistent mode).
+    pub(crate) fn into_parts(mut self) -> (LocalRanks, LaunchTracking) {
+        self.outcome = None;
+        let dev = self.uses.device().clone();
+        let uses = std::mem::replace(&mut self.uses, LaunchTracking::new(&dev));
+        (self.ranks, uses)
+    }
+
+    /// Whether no member is served (every one runs the call otherwise): nothing to run.
+    pub(crate) fn nothing_served(&self) -> bool {
+        let count = (self.ranks.count as usize).min(MAX_LOCAL_RANKS);
+        (0..count).all(|p| self.ranks.skip & (1 << p) != 0)
+    }
+}
+
+impl Drop for Gathered {
+    fn drop(&mut self) {
+        if let Some(o) = self.outcome.take() {
+            o.set(Err(Error::Aborted(
+                "the rank that ran this GPU's shared collective failed before queuing it".into(),
+            )));
+        }
+    }
+}
+
+/// The kernel's parameter as a launch argument; what the launch uses is tracked through the
+/// launch's extra tracking (every member's part).
+pub(crate) struct GroupParam(pub(crate) LocalRanks);
+
+impl crate::runtime::launch::sealed::Sealed for &GroupParam {}
+
+impl LaunchArg for &GroupParam {
+    type Param = LocalRanks;
+    fn param(&self) -> LocalRanks {
+        self.0
+    }
+    fn track(&self, _t: &mut LaunchTracking) {}
+}
+
+/// The ranks of one communicator on one GPU in this process.
+pub(crate) struct GpuGroup {
+    /// Their world ranks, ascending: a rank's place here is its part of the kernel.
+    pub(crate) members: Vec<usize>,
+    /// How many CTAs of the group's kernel the GPU holds at once (occupancy API; `None`: no
+    /// limit), once asked.
+    pub(crate) resident: OnceLock<Option<u64>>,
+    ring: Mutex<Option<Arc<Ring>>>,
+    meetings: Mutex<HashMap<(Purpose, u64), Meeting>>,
+    /// The persistent kernel's sync block, while it runs.
+    pub(crate) persistent_sync: Mutex<Option<u64>>,
+    side: Mutex<Option<Stream>>,
+    /// Each member's next sequence number (its calls' count: the same on every member).
+    seqs: Vec<AtomicU64>,
+}
+
+/// How the last member of a meeting runs the work ([`GpuGroup::run`]).
+pub(crate) enum Work<'a> {
+    /// Launch the kernel for this operation.
+    Launch { module: &'a Module, threads: u32 },
+    /// Hand the operation to the persistent kernel through its sync block (a device
+    /// address), and with `wait` make the stream wait for its completion.
+    Persistent { sync: u64, wait: bool },
+}
+
+/// The launch shape of the group's kernel: `ctas` CTAs of `threads`, each with the shared
+/// memory its rank's ring entry takes.
+pub(crate) fn kernel_config(ctas: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig::linear(ctas, threads).with_shared_mem((RANK_OP_WORDS * 8) as u32)
+}
+
+/// A group's key: the communicator's id and the GPU's UUID.
+type GroupKey = (u64, [u8; 16]);
+
+/// Groups alive in this process.
+static GROUPS: Mutex<Vec<(GroupKey, Weak<GpuGroup>)>> = Mutex::new(Vec::new());
+
+impl GpuGroup {
+    /// The group of `comm`'s rank (made by the first of its members to ask).
+    pub(crate) fn of(comm: &Communicator) -> Arc<GpuGroup> {
+        let peers = &comm.shared.peers;
+        let me = &peers[comm.rank()];
+        let members: Vec<usize> = (0..peers.len())
+            .filter(|&r| peers[r].node == me.node && peers[r].pid == me.pid && peers[r].uuid == me.uuid)
+            .collect();
+        let key = (comm.shared.id, me.uuid);
+        let mut groups = lock(&GROUPS);
+        groups.retain(|(_, g)| g.strong_count() > 0);
+        if let Some(g) = groups.iter().find(|(k, _)| *k == key).and_then(|(_, g)| g.upgrade()) {
+            return g;
+        }
+        let g = Arc::new(GpuGroup::new(members));
+        groups.push((key, Arc::downgrade(&g)));
+        g
+    }
+
+    fn new(members: Vec<usize>) -> GpuGroup {
+        GpuGroup {
+            resident: OnceLock::new(),
+            ring: Mutex::new(None),
+            meetings: Mutex::new(HashMap::new()),
+            persistent_sync: Mutex::new(None),
+            side: Mutex::new(None),
+            seqs: (0..members.len()).map(|_| AtomicU64::new(1)).collect(),
+            members,
+        }
+    }
+
+    /// `rank`'s next sequence number (counted as used).
+    pub(crate) fn next_seq(&self, rank: usize) -> u64 {
+        self.seqs[self.part_of(rank)].fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The last member's share of meeting `seq`: makes `stream` wait for the other members'
+    /// events, runs `work` tracked by everything the members use, notes the slot's use and
+    /// publishes the completion to the waiting members. A failure aborts `comm` (the
+    /// communicator's other ranks would wait for this work).
+    pub(crate) fn run(
+        &self,
+        comm: Option<&Communicator>,
+        mut g: Gathered,
+        stream: &Stream,
+        seq: u64,
+        work: Work<'_>,
+    ) -> Result<()> {
+        let mut uses = std::mem::replace(&mut g.uses, LaunchTracking::new(stream.device()));
+        self.hold_ring(&mut uses);
+        let result = (|| -> Result<Completion> {
+            for e in &g.events {
+                stream.wait_for(e)?;
+            }
+            match work {
+                Work::Launch { module, threads } => {
+                    let cfg = kernel_config(g.ranks.count * g.ranks.ctas_per_rank, threads);
+                    let param = GroupParam(g.ranks);
+                    // SAFETY: `coll_gpu_group`'s contract: every served member wrote its ring
+                    // entry for `seq` (a live communicator, whose control block is in the
+                    // parameter, and an operation whose windows and output the launch tracks
+                    // through `uses`), unchanged until this launch completes (the slot's
+                    // completion is noted below); every rank of the communicator makes this
+                    // call (collective) with the same grid per rank; barriers 0..ctas of each
+                    // rank's device communicator serve one collective at a time (the ranks'
+                    // streams are ordered by the meetings); shared memory per `kernel_config`.
+                    unsafe { stream.launch_tracked(module, &coll_gpu_group, cfg, (&param, seq, 1u32), uses) }
+                }
+                Work::Persistent { sync, wait } => {
+                    let writes = [(sync + SEQ_OFFSET as u64, seq, 8u32)];
+                    let wait = wait.then_some((sync + COMPLETED_OFFSET as u64, seq));
+                    // SAFETY: aligned words of the persistent kernel's live sync block (a
+                    // window slot that the kernel keeps), written by streams only here, one
+                    // meeting at a time; `uses` covers what the operation uses.
+                    unsafe { stream.post(uses, &writes, wait) }
+                }
+            }
+        })();
+        match &result {
+            Ok(c) => self.slot_used(seq, c),
+            Err(e) => {
+                if let Some(comm) = comm {
+                    comm.shared.control.abort(e.clone());
+                }
+            }
+        }
+        g.publish(&result);
+        result.map(drop)
+    }
+
+    /// Makes the ring now (a call that may allocate: before any of the group's kernels
+    /// runs).
+    pub(crate) fn prepare(&self, dev: &crate::Device) -> Result<()> {
+        self.ring(dev).map(drop)
+    }
+
+    fn ring(&self, dev: &crate::Device) -> Result<Arc<Ring>> {
+        let mut ring = lock(&self.ring);
+        if ring.is_none() {
+            *ring = Some(Arc::new(Ring::new(dev, self.members.len())?));
+        }
+        Ok(ring.as_ref().expect("made above").clone())
+    }
+
+    /// A stream of the group's for launches that cannot go on the caller's stream (it is
+    /// capturing a graph while other members' calls must run now).
+    pub(crate) fn side_stream(&self, dev: &crate::Device) -> Result<Stream> {
+        let mut side = lock(&self.side);
+        if side.is_none() {
+            *side = Some(dev.create_stream()?);
+        }
+        Ok(side.as_ref().expect("made above").share())
+    }
+
+    /// `rank`'s part in the kernel.
+    pub(crate) fn part_of(&self, rank: usize) -> usize {
+        self.members.iter().position(|&r| r == rank).expect("a member of its own group")
+    }
+
+    /// Whether one kernel can serve every member (at most [`MAX_LOCAL_RANKS`]).
+    pub(crate) fn fits(&self) -> bool {
+        self.members.len() <= MAX_LOCAL_RANKS
+    }
+
+    /// Tracks the ring in `t` as held by the work (it reads it).
+    pub(crate) fn hold_ring(&self, t: &mut LaunchTracking) {
+        if let Some(r) = lock(&self.ring).as_ref() {
+            t.holds.push(r.mem.uses.clone());
+        }
+    }
+
+    /// Tracks the ring in `t` as kept by long-lived work (the persistent kernel).
+    pub(crate) fn keep_ring(&self, t: &mut LaunchTracking) {
+        if let Some(r) = lock(&self.ring).as_ref() {
+            t.keeps.push(r.mem.uses.clone());
+        }
+    }
+
+    /// Takes `part` of meeting `(purpose, seq)` (see the [module docs](self)). Returns
+    /// `Some` to the last member to arrive, which does the work and publishes it; the
+    /// others return once their stream waits for that work (or at once, without `wait`).
+    /// Members must agree on `ctas` (every rank computes it from the same call): a mismatch
+    /// is logged as an error and the kernel runs with the largest, so that nothing waits for
+    /// ever (the barriers' timeouts report the mismatched ranks).
+    pub(crate) fn meet(
+        &self,
+        dev: &crate::Device,
+        purpose: Purpose,
+        seq: u64,
+        part: Part<'_>,
+    ) -> Result<Option<Gathered>> {
+        let Part { rank, entry, served, control, sync, ctas, uses, stream, wait } = part;
+        let p = self.part_of(rank);
+        let ring = self.ring(dev)?;
+        if let Some(e) = &entry {
+            ring.write(seq, p, e);
+        }
+        let (comm, outcome) = {
+            let mut meetings = lock(&self.meetings);
+            let m = meetings.entry((purpose, seq)).or_insert_with(|| Meeting {
+                arrived: Vec::new(),
+                ranks: LocalRanks {
+                    ring: ring.mem.device_addr(),
+                    slots: RING_SLOTS as u32,
+                    count: self.members.len() as u32,
+                    ..LocalRanks::default()
+                },
+                ctas,
+                mismatch: false,
+                events: Vec::new(),
+                uses: None,
+                outcome: Arc::default(),
+            });
+            m.arrived.push(p);
+            m.ranks.controls[p] = control;
+            if !served {
+                m.ranks.skip |= 1 << p;
+            }
+            if sync != 0 && (m.ranks.sync == 0 || p == 0) {
+                m.ranks.sync = sync;
+            }
+            m.mismatch |= m.ctas != ctas;
+            m.ctas = m.ctas.max(ctas);
+            match m.uses.as_mut() {
+                Some(u) => u.absorb(uses),
+                None => m.uses = Some(uses),
+            }
+            let last = m.arrived.len() == self.members.len();
+            if !last {
+                if let Some(s) = stream {
+                    // Recorded under the meeting's lock: the last member, which takes it
+                    // after, finds it.
+                    m.events.push(s.record_completion()?);
+                }
+                match wait {
+                    Some(comm) => (comm, m.outcome.clone()),
+                    None => return Ok(None),
+                }
+            } else {
+                let m = meetings.remove(&(purpose, seq)).expect("present");
+                if m.mismatch {
+                    tracing::error!(target: "ferrolink::coll", ?purpose, seq, "ranks sharing a GPU asked for different grids");
+                }
+                let mut ranks = m.ranks;
+                ranks.ctas_per_rank = m.ctas;
+                let uses = m.uses.expect("set by the first member");
+                return Ok(Some(Gathered { ranks, events: m.events, uses, outcome: Some(m.outcome) }));
+            }
+        };
+        let done = self.await_outcome(comm, purpose, seq, &outcome)?;
+        stream.expect("a waiting member has a stream").wait_for(&done)?;
+        Ok(None)
+    }
+
+    /// Notes that the work `c` read the ring slot of operation `seq` (the slot is rewritten
+    /// only after it).
+    pub(crate) fn slot_used(&self, seq: u64, c: &Completion) {
+        if let Some(r) = lock(&self.ring).as_ref() {
+            lock(&r.last_use)[(seq % RING_SLOTS as u64) as usize] = Some(c.clone());
+        }
+    }
+
+    /// Waits on the host for the last member's outcome of meeting `(purpose, seq)`.
+    fn await_outcome(&self, comm: &Communicator, purpose: Purpose, seq: u64, o: &Outcome) -> Result<Completion> {
+        let start = Instant::now();
+        while !o.ready.load(Ordering::Acquire) && start.elapsed() < SPIN {
+            std::hint::spin_loop();
+        }
+        let config = comm.config();
+        let mut next_report = config.progress_interval;
+        let mut value = lock(&o.value);
+        loop {
+            if let Some(v) = value.as_ref() {
+                return v.clone();
+            }
+            if comm.shared.control.is_aborted() {
+                return Err(comm.shared.control.error().unwrap_or_else(|| Error::Aborted("the communicator".into())));
+            }
+            let waited = start.elapsed();
+            if config.timeout.is_some_and(|t| waited >= t) || waited >= next_report {
+                let missing = self.missing(purpose, seq);
+                let why = format!(
+                    "rank {} waits on the host for ranks {missing:?} sharing its GPU to make collective call #{seq} \
+                     ({purpose:?}) (waited {:.1}s): ranks sharing a GPU meet on the host, so each must call from a \
+                     thread of its own (as run_ranks does)",
+                    comm.rank(),
+                    waited.as_secs_f64()
+                );
+                if config.timeout.is_some_and(|t| waited >= t) {
+                    let err = Error::WaitTimeout(format!("{why}, over the communicator's timeout (FERROLINK_TIMEOUT)"));
+                    drop(value);
+                    comm.shared.control.abort(err.clone());
+                    return Err(err);
+                }
+                tracing::warn!(target: "ferrolink::coll", "{why}");
+                next_report += config.progress_interval;
+            }
+            value = o.published.wait_timeout(value, Duration::from_millis(20)).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// The members that have not arrived at meeting `(purpose, seq)` (world ranks).
+    fn missing(&self, purpose: Purpose, seq: u64) -> Vec<usize> {
+        let meetings = lock(&self.meetings);
+        let arrived = meetings.get(&(purpose, seq)).map(|m| m.arrived.clone()).unwrap_or_default();
+        (0..self.members.len()).filter(|p| !arrived.contains(p)).map(|p| self.members[p]).collect()
+    }
+
+    /// Checks that `ctas` CTAs per member fit on the GPU at once, given `resident` (the
+    /// occupancy API's answer for the whole GPU).
+    pub(crate) fn check_resident(&self, ctas: u32, resident: Option<u64>, what: &str) -> Result<()> {
+        let grid = u64::from(ctas) * self.members.len() as u64;
+        match resident {
+            Some(most) if grid > most => Err(Error::InvalidArgument(format!(
+                "{what}: {} ranks share this GPU, {ctas} CTAs each: {grid} CTAs must run at once (they wait for \
+                 each other) but the GPU holds {most} of this kernel (occupancy API); use fewer CTAs or fewer \
+                 ranks per GPU",
+                self.members.len()
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grid_that_cannot_be_resident_is_an_error_naming_the_numbers() {
+        let g = GpuGroup::new((0..8).collect());
+        assert!(g.check_resident(16, Some(132), "all_reduce").is_ok());
+        assert!(g.check_resident(1000, None, "all_reduce").is_ok(), "the emulator has no limit");
+        let err = g.check_resident(17, Some(132), "all_reduce").unwrap_err().to_string();
+        assert!(
+            err.contains("8 ranks share this GPU") && err.contains("136 CTAs") && err.contains("holds 132"),
+            "{err}"
+        );
+        assert!(
+            GpuGroup::new((0..MAX_LOCAL_RANKS).collect()).fits()
+                && !GpuGroup::new((0..=MAX_LOCAL_RANKS).collect()).fits()
+        );
+    }
+}
