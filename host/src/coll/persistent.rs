@@ -128,9 +128,22 @@ impl Communicator {
         let module = dev.builtin_module()?;
         step("module loaded");
         self.prepare_collectives(cfg.staging_bytes)?;
+        // The kernel keeps the collectives' staging windows and device communicator too, so
+        // that none is freed while it runs: a rank dropped in persistent mode frees its
+        // resources before the GPU's last rank has queued the shutdown, and on the H200
+        // freeing memory while the kernel ran blocked the driver (the test that drops
+        // communicators in persistent mode hung until they were kept).
+        let mut held = LaunchTracking::new(dev);
         let group = {
             let mut coll = lock(&self.shared.coll);
-            super::coll_state(self, &mut coll)?.group.clone()
+            let state = super::coll_state(self, &mut coll)?;
+            for w in state.send.iter().chain(state.recv.iter()) {
+                w.track(&mut held);
+            }
+            if let Some(h) = state.handle.as_ref() {
+                h.track(&mut held);
+            }
+            state.group.clone()
         };
         group.prepare(dev)?;
         step("collectives' resources made");
@@ -158,7 +171,6 @@ impl Communicator {
         self.barrier()?;
         // The kernel keeps every member's communicator and sync block, and the ring, until
         // it ends (keepers: the members' own streams use them meanwhile).
-        let mut held = LaunchTracking::new(dev);
         (&handle).track(&mut held);
         (&sync).track(&mut held);
         let mut keep = LaunchTracking::new(dev);
@@ -302,6 +314,7 @@ impl Drop for PersistentState {
         if self.stopped {
             return;
         }
+        tracing::debug!(target: "ferrolink::coll", rank = self.rank, "dropped in persistent mode: queuing the shutdown");
         if let Err(e) = post(None, self, shutdown(&self.handle), LaunchTracking::new(self.comm_stream.device())) {
             tracing::warn!(target: "ferrolink::coll", error = %e, "could not stop the persistent kernel");
         }
