@@ -416,6 +416,62 @@ fn persistent_mode_runs_every_collective() {
     });
 }
 
+/// Persistent mode with one rank per GPU (two emulated GPUs; on CUDA when a second GPU is
+/// there): the rank's stream hands operations over without waiting for each (its waits trail
+/// by `PIPELINE` operations), so consecutive collectives run back to back. Each all-reduce
+/// here reads the previous one's output (zero copy, windows in turn), so the kernel must not
+/// start one before the previous has ended; a host read, a staged call (a copy kernel on the
+/// stream) and the stop each see every operation complete.
+#[test]
+fn a_rank_alone_on_its_gpu_hands_operations_over_without_waiting() {
+    ferrolink::testing::for_each_backend("persistent_pipeline", |dev| {
+        let second = match Device::open_with(dev.backend(), 1) {
+            Ok(d) => d,
+            Err(e) => {
+                println!("persistent_pipeline: skipped on {}: no second device ({e})", dev.backend());
+                return Ok(());
+            }
+        };
+        let comms = Communicator::init_all(&[dev.clone(), second])?;
+        const COUNT: usize = 1000;
+        const STEPS: usize = 20;
+        let sums = ferrolink::run_ranks(&comms, |c| {
+            let bytes = COUNT * std::mem::size_of::<i64>();
+            let wins = [c.register_window(c.mem_alloc(bytes)?)?, c.register_window(c.mem_alloc(bytes)?)?];
+            let start: Vec<i64> = (0..COUNT).map(|i| (i % 7) as i64 + c.rank() as i64).collect();
+            wins[0].copy_from_host(0, &start)?;
+            c.start_persistent(Default::default())?;
+            let sum = Collective { check: Some(false), ..Collective::new(CollKind::AllReduce, COUNT) };
+            for step in 0..STEPS {
+                let (from, to) = (&wins[step % 2], &wins[(step + 1) % 2]);
+                c.collective::<i64>(&sum, Input::Window(from, 0), Output::Window(to, 0))?;
+            }
+            let chained = wins[STEPS % 2].read::<i64>(0, COUNT)?;
+            // A staged call: the copy kernel before it comes after every deferred operation.
+            let send = c.device().alloc_from(&chained)?;
+            let mut recv = c.device().alloc::<i64>(COUNT)?;
+            c.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+            let staged = recv.to_vec()?;
+            c.stop_persistent()?;
+            Ok((chained, staged))
+        })?;
+        for (r, (chained, staged)) in sums.iter().enumerate() {
+            for i in 0..COUNT {
+                // Step 1 sums the two ranks' values; each later step doubles them.
+                let first = 2 * (i % 7) as i64 + 1;
+                let want = first << (STEPS - 1);
+                check(chained[i] == want, || {
+                    format!("rank {r}, element {i}: {} after {STEPS} steps, want {want}", chained[i])
+                })?;
+                check(staged[i] == 2 * want, || {
+                    format!("rank {r}, element {i}: staged {} want {}", staged[i], 2 * want)
+                })?;
+            }
+        }
+        Ok(())
+    });
+}
+
 /// Eight ranks on one GPU in one process: their collectives run as one kernel per call
 /// (`coll_gpu_group`, launched by the last rank to call); every collective, both all-reduce
 /// algorithms, every form; then in persistent mode (one kernel for the GPU's ranks).

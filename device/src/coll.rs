@@ -811,16 +811,20 @@ pub mod group {
     /// hands the operation over: before the launch for `once`, before the stream write of
     /// `seq` in persistent mode; each of those is submitted after the stores, so the GPU sees
     /// the entries before the launch or the write. Thread 0 reads `seq` relaxed at system
-    /// scope and fences with acquire at system scope; the CTA's threads then read the entry
+    /// scope, and (after the first operation) `completed` relaxed at GPU scope until it shows
+    /// the previous operation done, then fences with acquire at system scope (acquiring the
+    /// last CTA's release of `completed`, hence every CTA's part of that operation: no
+    /// operation overlaps the previous one, whose outputs it may read); the CTA's threads then read the entry
     /// (relaxed, system scope: from host memory, never from a stale cache) into shared memory
     /// and meet at the CTA barrier. Each CTA's part ends with `run_lsa`'s exit barrier; then
     /// thread 0 adds to `ctas_done` with acquire-release at GPU scope, so the last adder has
     /// acquired every CTA's part (and their reads of the slot); it stores 0 into `ctas_done`
     /// and then `completed` with a release at system scope, which the stream's wait observes.
-    /// The next `seq` is written only after that wait (the streams of the group are ordered
-    /// by events on the host side), so no CTA reads an entry while it changes and the next
-    /// operation's adds see the reset count; the host rewrites a slot only after the
-    /// operation that used it has completed (its stream event).
+    /// A stream may write the next `seq` before that (a rank alone on its GPU hands several
+    /// operations over before waiting), but no CTA starts the next operation before
+    /// `completed` shows this one, so the next operation's adds see the reset count; the
+    /// host rewrites a slot only after the operation that used it has completed (a stream
+    /// event after the wait for it).
     ///
     /// # Safety
     /// The ring holds, for every operation the kernel runs, each served part's [`RankOp`]:
@@ -851,11 +855,21 @@ pub mod group {
         loop {
             if persistent {
                 let seq_word = sync.wrapping_byte_add(SEQ_OFFSET) as *const u64;
+                let completed_word = sync.wrapping_byte_add(COMPLETED_OFFSET) as *const u64;
                 let mut aborted = false;
                 if coop.thread_rank() == 0 {
                     let mut polls = 0u32;
-                    // SAFETY: `sync` is live (contract); a stream writes `seq` atomically.
-                    while unsafe { atomic::load(seq_word, LoadOrder::Relaxed, Scope::Sys) } < next {
+                    // Operation `next` is handed over, and (after the first) its predecessor
+                    // has completed on every CTA: a stream may hand operations over before the
+                    // previous ones complete, and operations run one at a time.
+                    // SAFETY: `sync` is live (contract); a stream writes `seq` atomically, the
+                    // kernel `completed`.
+                    let ready = || unsafe {
+                        atomic::load(seq_word, LoadOrder::Relaxed, Scope::Sys) >= next
+                            && (next == first
+                                || atomic::load(completed_word, LoadOrder::Relaxed, Scope::Gpu) + 1 >= next)
+                    };
+                    while !ready() {
                         polls = polls.wrapping_add(1);
                         if polls.is_multiple_of(ABORT_POLLS) && abort_requested() {
                             aborted = true;

@@ -227,9 +227,25 @@ pub(crate) enum Work<'a> {
     /// Launch the kernel for this operation.
     Launch { module: &'a Module, threads: u32 },
     /// Hand the operation to the persistent kernel through its sync block (a device
-    /// address), and with `wait` make the stream wait for its completion.
-    Persistent { sync: u64, wait: bool },
+    /// address); `wait` says how the stream waits for it.
+    Persistent { sync: u64, wait: Wait },
 }
+
+/// How a stream that hands an operation to the persistent kernel waits for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// In the same batch (the other members' streams then wait for that batch).
+    Now,
+    /// Before the stream's next other work, or `PIPELINE` operations later
+    /// ([`Stream::post_deferred`]): a rank alone on its GPU.
+    Deferred,
+    /// Not at all (the shutdown queued by a drop).
+    Never,
+}
+
+/// How many operations a rank alone on its GPU hands over before its stream waits for the
+/// oldest ([`Wait::Deferred`]); under the ring's slots.
+pub(crate) const PIPELINE: u64 = 8;
 
 /// The launch shape of the group's kernel: `ctas` CTAs of `threads`, each with the shared
 /// memory its rank's ring entry takes.
@@ -312,12 +328,19 @@ impl GpuGroup {
                     unsafe { stream.launch_tracked(module, &coll_gpu_group, cfg, (&param, seq, 1u32), uses) }
                 }
                 Work::Persistent { sync, wait } => {
-                    let writes = [(sync + SEQ_OFFSET as u64, seq, 8u32)];
-                    let wait = wait.then_some((sync + COMPLETED_OFFSET as u64, seq));
+                    let (seq_word, completed_word) = (sync + SEQ_OFFSET as u64, sync + COMPLETED_OFFSET as u64);
+                    let writes = [(seq_word, seq, 8u32)];
                     // SAFETY: aligned words of the persistent kernel's live sync block (a
-                    // window slot that the kernel keeps), written by streams only here, one
-                    // meeting at a time; `uses` covers what the operation uses.
-                    unsafe { stream.post(uses, &writes, wait) }
+                    // window slot that the kernel keeps and `uses` holds), written by streams
+                    // only here, one meeting at a time; the kernel raises `completed` in order
+                    // of operations; `uses` covers what the operation uses.
+                    unsafe {
+                        match wait {
+                            Wait::Now => stream.post(uses, &writes, Some((completed_word, seq))),
+                            Wait::Never => stream.post(uses, &writes, None),
+                            Wait::Deferred => stream.post_deferred(uses, seq_word, completed_word, seq, PIPELINE),
+                        }
+                    }
                 }
             }
         })();

@@ -35,7 +35,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::group::{self, GpuGroup, Part, Purpose, Work};
+use super::group::{self, GpuGroup, Part, Purpose, Wait, Work};
 use crate::comm::Communicator;
 use crate::devcomm::{DevCommHandle, DevCommRequirements};
 use crate::mem::window::Window;
@@ -77,7 +77,7 @@ pub(crate) struct PersistentState {
     group: Arc<GpuGroup>,
     rank: usize,
     /// This rank's sync block (a window slot; the kernel uses part 0's).
-    _sync: Window,
+    sync: Window,
     /// The kernel's stream, on the rank that launched it (kept: the kernel runs on it until
     /// every rank of the GPU has stopped).
     _kernel_stream: Option<Stream>,
@@ -221,7 +221,7 @@ impl Communicator {
             ctas,
             group,
             rank: self.rank(),
-            _sync: sync,
+            sync,
             _kernel_stream: kernel_stream,
             comm_stream: self.stream().share(),
             handle,
@@ -280,8 +280,10 @@ fn shutdown(handle: &DevCommHandle) -> RankOp {
 /// Hands `entry` to the persistent kernel as this rank's part of its next operation (the
 /// group's meeting; the last member posts). With `comm`, the rank's stream waits for the
 /// operation (and the call for the other members); without (a drop), nothing waits.
-fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, uses: LaunchTracking) -> Result<()> {
+fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, mut uses: LaunchTracking) -> Result<()> {
     let group = &state.group;
+    // The stream's waits use the sync block (part 0's: this rank's when it is alone).
+    (&state.sync).track(&mut uses);
     let seq = group.next_seq(state.rank);
     let part = Part {
         rank: state.rank,
@@ -298,7 +300,14 @@ fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, use
         let sync = lock(&group.persistent_sync).ok_or_else(|| {
             Error::InvalidArgument("persistent mode: the GPU's persistent kernel is not running".into())
         })?;
-        group.run(comm, g, &state.comm_stream, seq, Work::Persistent { sync, wait: comm.is_some() })?;
+        // A rank alone on its GPU lets its stream trail the kernel (no other stream waits
+        // for this post); ranks sharing a GPU wait in the post, which their streams wait for.
+        let wait = match comm {
+            None => Wait::Never,
+            Some(_) if group.members.len() == 1 => Wait::Deferred,
+            Some(_) => Wait::Now,
+        };
+        group.run(comm, g, &state.comm_stream, seq, Work::Persistent { sync, wait })?;
         if entry.op.args.kind == device_group::SHUTDOWN {
             *lock(&group.persistent_sync) = None;
         }

@@ -270,6 +270,13 @@ fn reaper() {
 /// Frees `payload` once every completion in `waits` has passed: at once if they all have,
 /// else later, without blocking the caller. `what` names the resource in logs.
 pub(crate) fn retire(waits: Vec<Completion>, payload: Payload, what: &'static str) {
+    // A persistent collective that its stream has not waited for yet: queue that wait now,
+    // or the free would wait for the stream's next work.
+    for c in &waits {
+        if let Err(e) = crate::runtime::stream::settled(c.event()) {
+            tracing::warn!(target: "ferrolink::runtime", what, error = %e, "could not queue a stream's deferred wait");
+        }
+    }
     if waits.iter().all(Completion::finished) {
         drop(payload);
         graveyard().retired.fetch_add(1, Ordering::Relaxed);

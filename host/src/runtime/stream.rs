@@ -1,7 +1,7 @@
 //! Streams (ordered queues of device work) and events (points in a stream).
 
 use crate::runtime::backend::{
-    EmulatedLaunch, EmulatedLaunchFactory, EventBackend, GraphBackend, LaunchRequest, StreamBackend,
+    EmulatedLaunch, EmulatedLaunchFactory, EventBackend, EventState, GraphBackend, LaunchRequest, StreamBackend,
 };
 use crate::runtime::device::Device;
 use crate::runtime::launch::LaunchArg;
@@ -13,7 +13,7 @@ use crate::{Error, Result};
 use bytemuck::Pod;
 use ferrolink_device::emulator;
 use ferrolink_device::kernel::Kernel;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 /// Something a stream's errors are explained by, or raised from: a communicator whose
 /// kernels run on the stream (its abort and asynchronous errors), a device communicator
@@ -34,6 +34,67 @@ pub(crate) struct StreamCore {
     tail: Mutex<Option<Completion>>,
     /// While [`Stream::capture`] runs: what the captured work uses.
     capture: Mutex<Option<Captured>>,
+    /// Operations handed to a persistent kernel that the stream has not waited for yet
+    /// ([`Stream::post_deferred`]).
+    deferred: Mutex<Deferred>,
+}
+
+/// Operations handed to a persistent kernel on a stream and not waited for yet: the stream
+/// waits for them (a wait on their completion word) before any other work it queues, before
+/// a host wait for any of them, and before another stream waits for one.
+#[derive(Default)]
+struct Deferred {
+    /// The completion word the waits are on.
+    word: u64,
+    /// Each operation's sequence number and the event that stands for its end.
+    pending: Vec<(u64, Arc<DeferredEvent>)>,
+}
+
+/// The end of an operation handed over by [`Stream::post_deferred`]: pending until its stream
+/// has queued the wait for it, then that wait's event. A host wait for it queues the wait
+/// first ([`settled`]); so does a stream that waits for it.
+pub(crate) struct DeferredEvent {
+    stream: Weak<StreamCore>,
+    real: OnceLock<Arc<dyn EventBackend>>,
+}
+
+impl DeferredEvent {
+    fn settled(&self) -> Result<Arc<dyn EventBackend>> {
+        if self.real.get().is_none()
+            && let Some(s) = self.stream.upgrade()
+        {
+            s.settle()?;
+        }
+        self.real
+            .get()
+            .cloned()
+            .ok_or_else(|| Error::StreamFailed("the wait for a persistent collective could not be queued".into()))
+    }
+}
+
+impl EventBackend for DeferredEvent {
+    fn query(&self) -> EventState {
+        // A query does not queue the wait: only waiting for the event does.
+        self.real.get().map_or(EventState::Pending, |e| e.query())
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.settled()?.synchronize()
+    }
+    fn elapsed_ms_since(&self, _start: &dyn EventBackend) -> Result<f32> {
+        Err(Error::InvalidArgument("a collective's completion carries no time".into()))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// `event`, or for a deferred event the event of its stream's wait (queued now if needed):
+/// what a stream may wait for.
+pub(crate) fn settled(event: &Arc<dyn EventBackend>) -> Result<Arc<dyn EventBackend>> {
+    match event.as_any().downcast_ref::<DeferredEvent>() {
+        Some(d) => d.settled(),
+        None => Ok(event.clone()),
+    }
 }
 
 /// What captured work uses (the graph's tracking, recorded at each launch).
@@ -46,8 +107,72 @@ struct Captured {
 }
 
 impl StreamCore {
+    /// The stream's backend, for queuing work: first the waits for deferred operations (any
+    /// work after them must see them complete).
     pub(crate) fn backend(&self) -> Arc<dyn StreamBackend> {
+        if let Err(e) = self.settle() {
+            tracing::error!(target: "ferrolink::runtime", stream = self.id, error = %e,
+                "could not queue the wait for persistent collectives");
+        }
+        self.raw_backend()
+    }
+
+    fn raw_backend(&self) -> Arc<dyn StreamBackend> {
         self.backend.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Queues the wait for every deferred operation and resolves their events.
+    fn settle(&self) -> Result<()> {
+        let mut d = lock(&self.deferred);
+        let Some(&(last, _)) = d.pending.last() else { return Ok(()) };
+        let b = self.raw_backend();
+        // SAFETY: the completion word of a live persistent kernel's sync block
+        // (`post_deferred`'s contract: its work keeps it alive until the wait has passed).
+        unsafe { b.post(&[], Some((d.word, last)))? };
+        let e = b.record(false)?;
+        for (_, ev) in d.pending.drain(..) {
+            let _ = ev.real.set(e.clone());
+        }
+        Ok(())
+    }
+
+    /// Makes the stream wait for the other streams' pending uses that `t` conflicts with.
+    fn wait_foreign(&self, backend: &dyn StreamBackend, t: &LaunchTracking) -> Result<()> {
+        let foreign = |c: &Completion| c.stream() != self.id;
+        for u in &t.writes {
+            for c in u.pending().iter().filter(|c| foreign(c)) {
+                backend.wait_event(&settled(c.event())?)?;
+            }
+        }
+        for u in &t.reads {
+            for c in u.pending_writes().iter().filter(|c| foreign(c)) {
+                backend.wait_event(&settled(c.event())?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Notes `c` in everything `t` uses, and as the stream's tail.
+    fn record_uses(&self, dev: &Device, t: LaunchTracking, c: &Completion) {
+        for u in &t.reads {
+            u.record(c, false);
+        }
+        for u in &t.writes {
+            u.record(c, true);
+        }
+        for u in &t.holds {
+            u.record(c, false);
+        }
+        for u in &t.keeps {
+            u.record_keeper(c);
+        }
+        if t.untracked {
+            dev.0.untracked.record(c);
+        }
+        for o in t.observers {
+            self.add_observer(o);
+        }
+        *lock(&self.tail) = Some(c.clone());
     }
 
     fn observers(&self) -> Vec<Arc<dyn StreamObserver>> {
@@ -77,6 +202,16 @@ impl StreamCore {
         list.retain(|w| w.strong_count() > 0);
         if !list.iter().any(|w| Weak::ptr_eq(w, &o)) {
             list.push(o);
+        }
+    }
+}
+
+impl Drop for StreamCore {
+    fn drop(&mut self) {
+        // Deferred operations' events must resolve: queue their wait (nothing waits here).
+        if let Err(e) = self.settle() {
+            tracing::warn!(target: "ferrolink::runtime", stream = self.id, error = %e,
+                "could not queue the wait for persistent collectives of a dropped stream");
         }
     }
 }
@@ -114,6 +249,7 @@ impl Stream {
             observers: Mutex::new(Vec::new()),
             tail: Mutex::new(None),
             capture: Mutex::new(None),
+            deferred: Mutex::new(Deferred::default()),
         });
         Ok(Stream { dev: dev.clone(), core })
     }
@@ -204,38 +340,10 @@ impl Stream {
             reached.raise();
             return Ok(Completion::new(reached, id));
         }
-        let foreign = |c: &Completion| c.stream() != id;
-        for u in &t.writes {
-            for c in u.pending().iter().filter(|c| foreign(c)) {
-                backend.wait_event(c.event())?;
-            }
-        }
-        for u in &t.reads {
-            for c in u.pending_writes().iter().filter(|c| foreign(c)) {
-                backend.wait_event(c.event())?;
-            }
-        }
+        self.core.wait_foreign(&*backend, &t)?;
         op(&*backend)?;
         let c = Completion::new(backend.record(false)?, id);
-        for u in &t.reads {
-            u.record(&c, false);
-        }
-        for u in &t.writes {
-            u.record(&c, true);
-        }
-        for u in &t.holds {
-            u.record(&c, false);
-        }
-        for u in &t.keeps {
-            u.record_keeper(&c);
-        }
-        if t.untracked {
-            self.dev.0.untracked.record(&c);
-        }
-        for o in t.observers {
-            self.core.add_observer(o);
-        }
-        *lock(&self.core.tail) = Some(c.clone());
+        self.core.record_uses(&self.dev, t, &c);
         Ok(c)
     }
 
@@ -451,7 +559,63 @@ impl Stream {
         if c.stream() == self.core.id {
             return Ok(());
         }
-        self.core.backend().wait_event(c.event())
+        self.core.backend().wait_event(&settled(c.event())?)
+    }
+
+    /// Hands operation `seq` to a persistent kernel without waiting for it: queues the write
+    /// of `seq` into `seq_word` and, when an earlier deferred operation is `window` or more
+    /// behind, a wait until `completed_word` reaches `seq - window` (one batch). The stream
+    /// waits for the rest before any other work it queues (and a host or stream wait for the
+    /// returned completion queues it): consecutive operations run back to back on the kernel
+    /// while the stream's waits trail behind. `t` (what the operation uses) is ordered after
+    /// other streams' uses now and noted with the returned completion, which stands for the
+    /// operation's end.
+    ///
+    /// # Safety
+    /// As [`StreamBackend::write_value`] for `seq_word` and [`StreamBackend::wait_value`] for
+    /// `completed_word`, which must stay live until every deferred wait on it has passed
+    /// (`t` holds it); the kernel publishes completion of operation `s` by raising
+    /// `completed_word` to at least `s`, in order.
+    pub(crate) unsafe fn post_deferred(
+        &self,
+        t: LaunchTracking,
+        seq_word: u64,
+        completed_word: u64,
+        seq: u64,
+        window: u64,
+    ) -> Result<Completion> {
+        t.check()?;
+        if self.is_capturing() {
+            return Err(Error::InvalidArgument("a persistent collective cannot be captured into a graph".into()));
+        }
+        let stale = {
+            let d = lock(&self.core.deferred);
+            !d.pending.is_empty() && d.word != completed_word
+        };
+        if stale {
+            self.core.settle()?;
+        }
+        let mut d = lock(&self.core.deferred);
+        d.word = completed_word;
+        let backend = self.core.raw_backend();
+        self.core.wait_foreign(&*backend, &t)?;
+        let target = seq.saturating_sub(window);
+        let wait = d.pending.first().is_some_and(|&(s, _)| s <= target);
+        // SAFETY: the caller's contract.
+        unsafe { backend.post(&[(seq_word, seq, 8)], wait.then_some((completed_word, target)))? };
+        if wait {
+            let e = backend.record(false)?;
+            let done = d.pending.iter().take_while(|(s, _)| *s <= target).count();
+            for (_, ev) in d.pending.drain(..done) {
+                let _ = ev.real.set(e.clone());
+            }
+        }
+        let ev = Arc::new(DeferredEvent { stream: Arc::downgrade(&self.core), real: OnceLock::new() });
+        d.pending.push((seq, ev.clone()));
+        drop(d);
+        let c = Completion::new(ev, self.core.id);
+        self.core.record_uses(&self.dev, t, &c);
+        Ok(c)
     }
 
     /// Queues the copy `(dst, src, bytes)` if any, then the writes `(addr, value, bytes)` in
