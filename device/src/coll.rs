@@ -759,8 +759,15 @@ pub mod group {
         pub ctas_done: u64,
         /// The sequence number of the last finished operation ([`ABORTED`] after an abort).
         pub completed: u64,
-        /// Unused (keeps the block 32 bytes).
-        pub _reserved: u64,
+        /// Operations CTA 0 has run (with the times below).
+        pub ops: u64,
+        /// Nanoseconds CTA 0 waited for operations to be handed over (and for the previous
+        /// one to end), summed over `ops` (diagnostics: the host logs the means at stop).
+        pub waiting_ns: u64,
+        /// Nanoseconds CTA 0 took to read its ring entries from host memory, summed.
+        pub reading_ns: u64,
+        /// Nanoseconds CTA 0's parts of the operations took, summed.
+        pub running_ns: u64,
     }
 
     /// Byte offsets of [`GroupSync`]'s words.
@@ -851,8 +858,18 @@ pub mod group {
             control != 0 && unsafe { atomic::load(control as *const u32, LoadOrder::Relaxed, Scope::Sys) } != 0
         };
         let shared = arch::dynamic_shared_mem::<u64>();
+        // CTA 0's thread 0 times its steps (persistent mode; see `GroupSync`).
+        let timing = persistent && block == 0 && coop.thread_rank() == 0;
+        let stamp = |offset: usize, t0: u64, t1: u64| {
+            if timing {
+                let word = sync.wrapping_byte_add(offset) as *mut u64;
+                // SAFETY: `sync` is live; these words are written only by this thread.
+                unsafe { word.write_volatile(word.read_volatile() + t1.saturating_sub(t0)) };
+            }
+        };
         let mut next = first;
         loop {
+            let t_wait = arch::global_timer_ns();
             if persistent {
                 let seq_word = sync.wrapping_byte_add(SEQ_OFFSET) as *const u64;
                 let completed_word = sync.wrapping_byte_add(COMPLETED_OFFSET) as *const u64;
@@ -895,6 +912,7 @@ pub mod group {
                     return;
                 }
             }
+            let t_ready = arch::global_timer_ns();
             // This rank's entry of the slot, through shared memory (one read of host memory
             // per word per CTA).
             let slot = (next % u64::from(ranks.slots.max(1))) as usize;
@@ -910,6 +928,7 @@ pub mod group {
             // SAFETY: the words written above, 8-byte aligned.
             let entry = unsafe { (shared as *const RankOp).read() };
             coop.sync();
+            let t_read = arch::global_timer_ns();
             let shutdown = entry.op.args.kind == SHUTDOWN;
             if !shutdown {
                 let (op, comm) = (entry.op, entry.comm);
@@ -921,6 +940,12 @@ pub mod group {
                 return;
             }
             coop.sync();
+            if timing && !shutdown {
+                stamp(core::mem::offset_of!(GroupSync, waiting_ns), t_wait, t_ready);
+                stamp(core::mem::offset_of!(GroupSync, reading_ns), t_ready, t_read);
+                stamp(core::mem::offset_of!(GroupSync, running_ns), t_read, arch::global_timer_ns());
+                stamp(core::mem::offset_of!(GroupSync, ops), 0, 1);
+            }
             if coop.thread_rank() == 0 {
                 let done_word = sync.wrapping_byte_add(core::mem::offset_of!(GroupSync, ctas_done)) as *mut u64;
                 // SAFETY: `sync` is live; `ctas_done` is changed only by these CTAs.

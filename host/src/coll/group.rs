@@ -423,6 +423,12 @@ impl GpuGroup {
         if let Some(e) = &entry {
             ring.write(seq, p, e);
         }
+        // The arrival event, recorded outside the meeting's lock (the members record theirs at
+        // once); the last member does not need its own (the work goes on its stream after it).
+        let arrival = match stream {
+            Some(s) if self.members.len() > 1 => Some(s.record_completion()?),
+            _ => None,
+        };
         let (comm, outcome) = {
             let mut meetings = lock(&self.meetings);
             let m = meetings.entry((purpose, seq)).or_insert_with(|| Meeting {
@@ -455,11 +461,7 @@ impl GpuGroup {
             }
             let last = m.arrived.len() == self.members.len();
             if !last {
-                if let Some(s) = stream {
-                    // Recorded under the meeting's lock: the last member, which takes it
-                    // after, finds it.
-                    m.events.push(s.record_completion()?);
-                }
+                m.events.extend(arrival);
                 match wait {
                     Some(comm) => (comm, m.outcome.clone()),
                     None => return Ok(None),

@@ -246,7 +246,11 @@ impl Communicator {
         // Queued or not, the drop must not queue another shutdown.
         state.stopped = true;
         queued?;
-        self.stream().synchronize()
+        self.stream().synchronize()?;
+        if state.group.part_of(self.rank()) == 0 {
+            log_kernel_times(&state.sync);
+        }
+        Ok(())
     }
 
     /// Queues `op` (tracked by `uses`) for the persistent kernel, if persistent mode is on:
@@ -269,6 +273,21 @@ impl Communicator {
     pub(crate) fn persistent_ctas(&self) -> Option<u32> {
         lock(&self.shared.persistent).as_ref().map(|s| s.ctas)
     }
+}
+
+/// Logs where the persistent kernel's CTA 0 spent its time (the sync block's sums, read
+/// after the kernel ended): waiting for operations, reading them from the ring, running them.
+fn log_kernel_times(sync: &Window) {
+    let words = std::mem::size_of::<GroupSync>() / 8;
+    let Ok(w) = sync.read::<u64>(0, words) else { return };
+    let s: GroupSync = bytemuck::pod_read_unaligned(bytemuck::cast_slice(&w));
+    if s.ops == 0 {
+        return;
+    }
+    let mean = |ns: u64| ns as f64 / s.ops as f64 / 1e3;
+    tracing::info!(target: "ferrolink::coll", ops = s.ops,
+        "persistent kernel, CTA 0, µs per operation: waiting {:.2}, reading the ring {:.2}, running {:.2}",
+        mean(s.waiting_ns), mean(s.reading_ns), mean(s.running_ns));
 }
 
 /// The shutdown entry of a rank whose kernel communicator is `handle`.
