@@ -164,6 +164,11 @@ pub(super) unsafe fn load_v4(p: *const U32x4) -> U32x4 {
     unsafe { p.read() }
 }
 
+pub(super) unsafe fn load_v4_volatile(p: *const U32x4) -> U32x4 {
+    // SAFETY: the caller guarantees 16 valid, aligned bytes.
+    unsafe { p.read_volatile() }
+}
+
 pub(super) unsafe fn load_v4_nc(p: *const U32x4) -> U32x4 {
     // SAFETY: as above.
     unsafe { p.read() }

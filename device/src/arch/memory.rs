@@ -18,6 +18,19 @@ pub unsafe fn load_v4(p: *const U32x4) -> U32x4 {
     unsafe { imp::load_v4(p) }
 }
 
+/// Loads 16 bytes in one volatile instruction: `ld.volatile.global.v4.u32` (never from a
+/// cache line that may be stale: for memory another agent writes, such as host memory the
+/// host rewrites between operations; as a relaxed load at system scope, ordered by fences).
+///
+/// # Safety
+/// As [`load_v4`], except that other agents may write the bytes between such loads (each
+/// load reads them whole only if the writer wrote them before the reader's acquire).
+#[inline(always)]
+pub unsafe fn load_v4_volatile(p: *const U32x4) -> U32x4 {
+    // SAFETY: forwarded contract.
+    unsafe { imp::load_v4_volatile(p) }
+}
+
 /// Stores 16 bytes in one instruction: `st.global.v4.u32`.
 ///
 /// # Safety

@@ -243,6 +243,18 @@ pub(super) unsafe fn load_v4(p: *const U32x4) -> U32x4 {
 }
 
 #[inline(always)]
+pub(super) unsafe fn load_v4_volatile(p: *const U32x4) -> U32x4 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees 16 valid, aligned global bytes at `p`.
+    unsafe {
+        asm!("ld.volatile.global.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+            p = in(reg64) p, options(nostack, readonly))
+    };
+    U32x4([a, b, c, d])
+}
+
+#[inline(always)]
 pub(super) unsafe fn load_v4_nc(p: *const U32x4) -> U32x4 {
     let (a, b, c, d): (u32, u32, u32, u32);
     // SAFETY: the caller guarantees 16 valid, aligned, read-only global bytes at `p`.

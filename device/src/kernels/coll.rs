@@ -30,7 +30,7 @@ kernel! {
     /// rank `b / ctas_per_rank`, each reading its rank's operation from the ring. With
     /// `once != 0` it runs operation `first` and ends (a launch per operation, shared by the
     /// GPU's ranks); else it runs operations from `first` on until a shutdown or an abort
-    /// (persistent mode). Needs `RANK_OP_WORDS * 8` bytes of dynamic shared memory per CTA.
+    /// (persistent mode). Needs `RANK_OP_STRIDE` bytes of dynamic shared memory per CTA.
     ///
     /// # Safety
     /// As [`coll::group::serve`].

@@ -41,7 +41,9 @@ use crate::runtime::lifetime::{Completion, lock};
 use crate::runtime::module::Module;
 use crate::runtime::stream::Stream;
 use crate::{Error, Result};
-use ferrolink_device::coll::group::{COMPLETED_OFFSET, LocalRanks, MAX_LOCAL_RANKS, RANK_OP_WORDS, RankOp, SEQ_OFFSET};
+use ferrolink_device::coll::group::{
+    COMPLETED_OFFSET, LocalRanks, MAX_LOCAL_RANKS, RANK_OP_STRIDE, RankOp, SEQ_OFFSET,
+};
 use ferrolink_device::kernels::coll::coll_gpu_group;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -66,7 +68,7 @@ struct Ring {
 
 impl Ring {
     fn new(dev: &crate::Device, parts: usize) -> Result<Ring> {
-        let mem = HostMapped::alloc(dev, RING_SLOTS * parts * std::mem::size_of::<RankOp>())?;
+        let mem = HostMapped::alloc(dev, RING_SLOTS * parts * RANK_OP_STRIDE)?;
         Ok(Ring { mem, parts, last_use: Mutex::new(vec![None; RING_SLOTS]) })
     }
 
@@ -79,13 +81,12 @@ impl Ring {
             c.wait();
         }
         assert!(part < self.parts, "a part of the ring");
-        // SAFETY: the entry lies inside the block (slot < RING_SLOTS, part < parts), 8-byte
-        // aligned (the block is page-aligned, a RankOp a multiple of 8 bytes); no kernel
-        // reads it now (the slot's last reader has completed) and only this member writes
-        // its entry of a slot.
-        unsafe {
-            (self.mem.host_ptr() as *mut RankOp).add(slot * self.parts + part).write_volatile(*entry);
-        }
+        let at = (slot * self.parts + part) * RANK_OP_STRIDE;
+        assert!(at + std::mem::size_of::<RankOp>() <= self.mem.len() && self.mem.host_ptr().align_offset(16) == 0);
+        // SAFETY: the entry lies inside the block (checked), 16-byte aligned (the block is,
+        // and the stride is a multiple of 16); no kernel reads it now (the slot's last
+        // reader has completed) and only this member writes its entry of a slot.
+        unsafe { (self.mem.host_ptr().add(at) as *mut RankOp).write_volatile(*entry) };
     }
 }
 
@@ -250,7 +251,7 @@ pub(crate) const PIPELINE: u64 = 8;
 /// The launch shape of the group's kernel: `ctas` CTAs of `threads`, each with the shared
 /// memory its rank's ring entry takes.
 pub(crate) fn kernel_config(ctas: u32, threads: u32) -> LaunchConfig {
-    LaunchConfig::linear(ctas, threads).with_shared_mem((RANK_OP_WORDS * 8) as u32)
+    LaunchConfig::linear(ctas, threads).with_shared_mem(RANK_OP_STRIDE as u32)
 }
 
 /// A group's key: the communicator's id and the GPU's UUID.
