@@ -595,10 +595,12 @@ impl Stream {
         if stale {
             self.core.settle()?;
         }
+        let backend = self.core.raw_backend();
+        // Before taking this stream's lock: waiting for another stream's deferred operation
+        // takes that stream's lock (two streams waiting for each other's must not deadlock).
+        self.core.wait_foreign(&*backend, &t)?;
         let mut d = lock(&self.core.deferred);
         d.word = completed_word;
-        let backend = self.core.raw_backend();
-        self.core.wait_foreign(&*backend, &t)?;
         let target = seq.saturating_sub(window);
         let wait = d.pending.first().is_some_and(|&(s, _)| s <= target);
         // SAFETY: the caller's contract.
