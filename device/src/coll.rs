@@ -769,6 +769,10 @@ pub mod group {
         pub reading_ns: u64,
         /// Nanoseconds CTA 0's parts of the operations took, summed.
         pub running_ns: u64,
+        /// CTAs that left on an abort: the last of them publishes [`ABORTED`] (before that,
+        /// another CTA may still be running an operation whose memory the waiting stream's
+        /// release would let the host free).
+        pub aborted_ctas: u64,
     }
 
     /// Byte offsets of [`GroupSync`]'s words.
@@ -813,7 +817,7 @@ pub mod group {
     /// (a launch per operation). Else (persistent, `ranks.sync` set) it runs operations from
     /// `first` on, each once `sync.seq` has reached its number, counts its CTAs done, and the
     /// last CTA of the grid publishes the number in `sync.completed`; it returns after a
-    /// [`SHUTDOWN`], or on an abort after storing [`ABORTED`] there.
+    /// [`SHUTDOWN`], or on an abort (the last CTA to leave stores [`ABORTED`] there).
     ///
     /// # Ordering
     /// The host writes operation `s`'s slot entries (plain stores to host memory) before it
@@ -901,16 +905,23 @@ pub mod group {
                 }
                 if coop.sync_any(aborted) {
                     if coop.thread_rank() == 0 {
-                        // Release the stream waiting for an operation that will not run.
-                        // SAFETY: as above.
-                        unsafe {
-                            atomic::store(
-                                sync.wrapping_byte_add(COMPLETED_OFFSET) as *mut u64,
-                                ABORTED,
-                                StoreOrder::Release,
-                                Scope::Sys,
-                            )
-                        };
+                        // The last CTA to leave releases the stream waiting for an operation
+                        // that will not run (every CTA has stopped touching operations' memory:
+                        // each one's add is a release, acquired by the last).
+                        let left = sync.wrapping_byte_add(core::mem::offset_of!(GroupSync, aborted_ctas)) as *mut u64;
+                        // SAFETY: as above; `aborted_ctas` is changed only by these CTAs.
+                        let before = unsafe { atomic::fetch_add(left, 1, RmwOrder::AcqRel, Scope::Gpu) };
+                        if before + 1 == (count * per) as u64 {
+                            // SAFETY: as above.
+                            unsafe {
+                                atomic::store(
+                                    sync.wrapping_byte_add(COMPLETED_OFFSET) as *mut u64,
+                                    ABORTED,
+                                    StoreOrder::Release,
+                                    Scope::Sys,
+                                )
+                            };
+                        }
                     }
                     return;
                 }

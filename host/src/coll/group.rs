@@ -34,6 +34,7 @@
 //! for). The device side's argument is at `ferrolink_device::coll::group::serve`.
 
 use crate::comm::Communicator;
+use crate::mem::window::Window;
 use crate::runtime::host_mapped::HostMapped;
 use crate::runtime::launch::LaunchConfig;
 use crate::runtime::launch::{LaunchArg, LaunchTracking};
@@ -107,8 +108,10 @@ pub(crate) struct Part<'a> {
     pub(crate) served: bool,
     /// Its device communicator's control block (where its CTAs look for an abort).
     pub(crate) control: u64,
-    /// Its persistent kernel's sync block (start of persistent mode), else 0.
-    pub(crate) sync: u64,
+    /// Its persistent kernel's sync block and its device address (start of persistent
+    /// mode): the kernel uses part 0's, which the group then keeps (every member's posts
+    /// write it, whichever member goes first).
+    pub(crate) sync: Option<(Window, u64)>,
     /// Its CTAs.
     pub(crate) ctas: u32,
     /// What the work uses for it.
@@ -144,6 +147,7 @@ struct Meeting {
     mismatch: bool,
     events: Vec<Completion>,
     uses: Option<LaunchTracking>,
+    sync: Option<(Window, u64)>,
     outcome: Arc<Outcome>,
 }
 
@@ -156,6 +160,8 @@ pub(crate) struct Gathered {
     pub(crate) events: Vec<Completion>,
     /// What the work uses for every member.
     pub(crate) uses: LaunchTracking,
+    /// The sync block the members brought (start of persistent mode), part 0's.
+    pub(crate) sync: Option<(Window, u64)>,
     outcome: Option<Arc<Outcome>>,
 }
 
@@ -169,11 +175,11 @@ impl Gathered {
 
     /// The kernel's parameter and what the members' parts use, for work that nobody waits
     /// for through the meeting (the start of persistent mode).
-    pub(crate) fn into_parts(mut self) -> (LocalRanks, LaunchTracking) {
+    pub(crate) fn into_parts(mut self) -> (LocalRanks, LaunchTracking, Option<(Window, u64)>) {
         self.outcome = None;
         let dev = self.uses.device().clone();
         let uses = std::mem::replace(&mut self.uses, LaunchTracking::new(&dev));
-        (self.ranks, uses)
+        (self.ranks, uses, self.sync.take())
     }
 
     /// Whether no member is served (every one runs the call otherwise): nothing to run.
@@ -216,8 +222,8 @@ pub(crate) struct GpuGroup {
     pub(crate) resident: OnceLock<Option<u64>>,
     ring: Mutex<Option<Arc<Ring>>>,
     meetings: Mutex<HashMap<(Purpose, u64), Meeting>>,
-    /// The persistent kernel's sync block, while it runs.
-    pub(crate) persistent_sync: Mutex<Option<u64>>,
+    /// The persistent kernel's sync block and its device address, while it runs.
+    pub(crate) persistent_sync: Mutex<Option<(Window, u64)>>,
     side: Mutex<Option<Stream>>,
     /// Each member's next sequence number (its calls' count: the same on every member).
     seqs: Vec<AtomicU64>,
@@ -228,8 +234,8 @@ pub(crate) enum Work<'a> {
     /// Launch the kernel for this operation.
     Launch { module: &'a Module, threads: u32 },
     /// Hand the operation to the persistent kernel through its sync block (a device
-    /// address); `wait` says how the stream waits for it.
-    Persistent { sync: u64, wait: Wait },
+    /// address, tracked as held by the work); `wait` says how the stream waits for it.
+    Persistent { sync: (Window, u64), wait: Wait },
 }
 
 /// How a stream that hands an operation to the persistent kernel waits for it.
@@ -329,6 +335,9 @@ impl GpuGroup {
                     unsafe { stream.launch_tracked(module, &coll_gpu_group, cfg, (&param, seq, 1u32), uses) }
                 }
                 Work::Persistent { sync, wait } => {
+                    let mut uses = uses;
+                    (&sync.0).track(&mut uses);
+                    let sync = sync.1;
                     let (seq_word, completed_word) = (sync + SEQ_OFFSET as u64, sync + COMPLETED_OFFSET as u64);
                     let writes = [(seq_word, seq, 8u32)];
                     // SAFETY: aligned words of the persistent kernel's live sync block (a
@@ -444,6 +453,7 @@ impl GpuGroup {
                 mismatch: false,
                 events: Vec::new(),
                 uses: None,
+                sync: None,
                 outcome: Arc::default(),
             });
             m.arrived.push(p);
@@ -451,8 +461,11 @@ impl GpuGroup {
             if !served {
                 m.ranks.skip |= 1 << p;
             }
-            if sync != 0 && (m.ranks.sync == 0 || p == 0) {
-                m.ranks.sync = sync;
+            if let Some((window, addr)) = sync
+                && (m.sync.is_none() || p == 0)
+            {
+                m.ranks.sync = addr;
+                m.sync = Some((window, addr));
             }
             m.mismatch |= m.ctas != ctas;
             m.ctas = m.ctas.max(ctas);
@@ -475,7 +488,7 @@ impl GpuGroup {
                 let mut ranks = m.ranks;
                 ranks.ctas_per_rank = m.ctas;
                 let uses = m.uses.expect("set by the first member");
-                return Ok(Some(Gathered { ranks, events: m.events, uses, outcome: Some(m.outcome) }));
+                return Ok(Some(Gathered { ranks, events: m.events, uses, sync: m.sync, outcome: Some(m.outcome) }));
             }
         };
         let done = self.await_outcome(comm, purpose, seq, &outcome)?;

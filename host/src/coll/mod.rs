@@ -433,7 +433,7 @@ impl Communicator {
                     entry: (!capturing).then_some(RankOp { op, comm }),
                     served: !capturing,
                     control: comm.control,
-                    sync: 0,
+                    sync: None,
                     ctas,
                     uses,
                     stream: (!capturing).then_some(stream),

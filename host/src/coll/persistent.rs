@@ -76,7 +76,8 @@ pub(crate) struct PersistentState {
     ctas: u32,
     group: Arc<GpuGroup>,
     rank: usize,
-    /// This rank's sync block (a window slot; the kernel uses part 0's).
+    /// This rank's sync block (a window slot; the kernel uses part 0's, which the group
+    /// keeps while the kernel runs).
     sync: Window,
     /// The kernel's stream, on the rank that launched it (kept: the kernel runs on it until
     /// every rank of the GPU has stopped).
@@ -181,7 +182,7 @@ impl Communicator {
             entry: None,
             served: true,
             control: handle.dev_comm().control,
-            sync: sync_addr,
+            sync: Some((sync.clone(), sync_addr)),
             ctas,
             uses: keep,
             stream: None,
@@ -189,7 +190,7 @@ impl Communicator {
         };
         let kernel_stream = match group.meet(dev, Purpose::Persistent, seq, part)? {
             Some(g) => {
-                let (ranks, mut uses) = g.into_parts();
+                let (ranks, mut uses, kernel_sync) = g.into_parts();
                 // The kernel runs until stopped: no emulator time limit.
                 let cfg = LaunchConfig {
                     emulator_timeout: Some(Duration::from_secs(10 * 365 * 24 * 3600)),
@@ -210,7 +211,7 @@ impl Communicator {
                     self.shared.control.abort(e.clone());
                     return Err(e);
                 }
-                *lock(&group.persistent_sync) = Some(ranks.sync);
+                *lock(&group.persistent_sync) = kernel_sync;
                 tracing::debug!(target: "ferrolink::coll", rank = self.rank(), ctas, parts = ranks.count,
                     "persistent kernel launched");
                 Some(stream)
@@ -299,24 +300,22 @@ fn shutdown(handle: &DevCommHandle) -> RankOp {
 /// Hands `entry` to the persistent kernel as this rank's part of its next operation (the
 /// group's meeting; the last member posts). With `comm`, the rank's stream waits for the
 /// operation (and the call for the other members); without (a drop), nothing waits.
-fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, mut uses: LaunchTracking) -> Result<()> {
+fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, uses: LaunchTracking) -> Result<()> {
     let group = &state.group;
-    // The stream's waits use the sync block (part 0's: this rank's when it is alone).
-    (&state.sync).track(&mut uses);
     let seq = group.next_seq(state.rank);
     let part = Part {
         rank: state.rank,
         entry: Some(entry),
         served: true,
         control: entry.comm.control,
-        sync: 0,
+        sync: None,
         ctas: state.ctas,
         uses,
         stream: Some(&state.comm_stream),
         wait: comm,
     };
     if let Some(g) = group.meet(state.comm_stream.device(), Purpose::Operation, seq, part)? {
-        let sync = lock(&group.persistent_sync).ok_or_else(|| {
+        let sync = lock(&group.persistent_sync).clone().ok_or_else(|| {
             Error::InvalidArgument("persistent mode: the GPU's persistent kernel is not running".into())
         })?;
         // A rank alone on its GPU lets its stream trail the kernel (no other stream waits
