@@ -699,12 +699,12 @@ unsafe fn reduce_kind<T: CollElem, O: Op>(
 
 /// The ranks of one communicator that share a GPU in one process (a *GPU group*, issue 12)
 /// run their collectives in one kernel: CTA `b` of its grid serves part `b % ctas_per_rank`
-/// of rank `b / ctas_per_rank`'s operation. The host writes each rank's operation and device
-/// communicator into a ring of slots in host-mapped memory; the kernel reads its rank's
-/// entry of the slot into shared memory. Without persistent mode the group launches the
-/// kernel once per operation (one launch for the GPU instead of one per rank); in persistent
-/// mode it is long-lived and takes operations in order from a sequence word in device memory
-/// that one stream of the group writes.
+/// of rank `b / ctas_per_rank`'s operation (its [`RankOp`](group::RankOp): the operation
+/// and the rank's device communicator), which the CTA reads into shared memory. Without
+/// persistent mode the group launches a kernel per operation (one launch for the GPU
+/// instead of one per rank) that carries the entries in its parameter ([`group::GroupLaunch`]);
+/// in persistent mode the kernel is long-lived and takes operations in order from a ring of
+/// slots in device memory and a sequence word, which one stream of the group writes.
 pub mod group {
     use super::{CollArgs, run_lsa};
     use crate::arch::{self, LoadOrder, RmwOrder, Scope, StoreOrder, U32x4, atomic};
@@ -765,7 +765,7 @@ pub mod group {
         /// Nanoseconds CTA 0 waited for operations to be handed over (and for the previous
         /// one to end), summed over `ops` (diagnostics: the host logs the means at stop).
         pub waiting_ns: u64,
-        /// Nanoseconds CTA 0 took to read its ring entries from host memory, summed.
+        /// Nanoseconds CTA 0 took to read its ring entries (device memory), summed.
         pub reading_ns: u64,
         /// Nanoseconds CTA 0's parts of the operations took, summed.
         pub running_ns: u64,
@@ -787,9 +787,9 @@ pub mod group {
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
     pub struct LocalRanks {
-        /// The ring (device address of host-mapped memory, 16-byte aligned): `slots` slots of
-        /// `count` [`RankOp`]s each, [`RANK_OP_STRIDE`] bytes apart; operation `s` uses slot
-        /// `s % slots`.
+        /// The ring (device memory, 16-byte aligned; a stream copies each slot in): `slots`
+        /// slots of `count` [`RankOp`]s each, [`RANK_OP_STRIDE`] bytes apart; operation `s`
+        /// uses slot `s % slots`.
         pub ring: u64,
         /// The persistent kernel's [`GroupSync`] (device memory); 0 for a launch per
         /// operation.
@@ -808,28 +808,123 @@ pub mod group {
         pub skip: u32,
     }
 
+    /// The parameter of a shared launch (one operation, no persistent kernel): the grid's
+    /// cut and every served rank's entry, carried by the launch itself, so that no CTA reads
+    /// host memory (a read of host memory from an SM took about 18 µs on the H200).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+    pub struct GroupLaunch {
+        /// Ranks served (parts).
+        pub count: u32,
+        /// CTAs per rank.
+        pub ctas_per_rank: u32,
+        /// Bit `p` set: part `p` is not served (as [`LocalRanks::skip`]).
+        pub skip: u32,
+        /// Unused (alignment).
+        pub reserved: u32,
+        /// Part `p`'s [`RankOp`] in its first bytes (entries [`RANK_OP_STRIDE`] bytes apart).
+        pub ops: [[u64; RANK_OP_STRIDE / 8]; MAX_LOCAL_RANKS],
+    }
+
+    impl Default for GroupLaunch {
+        fn default() -> Self {
+            Zeroable::zeroed()
+        }
+    }
+
+    impl GroupLaunch {
+        /// Puts `op` as part `part`'s entry.
+        pub fn set(&mut self, part: usize, op: &RankOp) {
+            let words = &mut self.ops[part];
+            bytemuck::cast_slice_mut::<u64, u8>(words)[..core::mem::size_of::<RankOp>()]
+                .copy_from_slice(bytemuck::bytes_of(op));
+        }
+    }
+
+    /// Byte offset of [`GroupLaunch::ops`].
+    pub const GROUP_LAUNCH_OPS_OFFSET: usize = core::mem::offset_of!(GroupLaunch, ops);
+
+    /// Runs one operation of a shared launch: CTA `block` runs part `block % ctas_per_rank`
+    /// of its rank's entry, read 16 bytes per thread from the kernel's parameter at `ops` (the
+    /// parameter-space address of [`GroupLaunch::ops`]) into shared memory.
+    ///
+    /// # Safety
+    /// `ops` is the address of the launch's [`GroupLaunch::ops`], whose served entries
+    /// follow [`serve`]'s contract for the ring's; the grid has `count * ctas_per_rank` CTAs,
+    /// each with [`RANK_OP_STRIDE`] bytes of dynamic shared memory.
+    pub unsafe fn serve_launch(count: u32, ctas_per_rank: u32, skip: u32, ops: u64, block: usize) {
+        let per = ctas_per_rank.max(1) as usize;
+        let (part, cta) = (block / per, block % per);
+        if part >= (count as usize).min(MAX_LOCAL_RANKS) || skip & (1 << part) != 0 {
+            return;
+        }
+        let base = ops + (part * RANK_OP_STRIDE) as u64;
+        // SAFETY: each 16-byte chunk lies inside the entry, 8-byte aligned (contract).
+        let entry = unsafe { read_entry(|c| arch::load_param_v2(base + 16 * c as u64)) };
+        run_entry(&entry, cta, per);
+    }
+
+    /// Copies a [`RankOp`] into shared memory, `load(c)` giving its 16-byte chunk `c` (one
+    /// per thread, all at once), and reads it back: every thread of the CTA gets it.
+    ///
+    /// # Safety
+    /// `load` is safe to call for chunks `0..RANK_OP_STRIDE / 16`; the CTA has
+    /// [`RANK_OP_STRIDE`] bytes of dynamic shared memory; every thread calls this.
+    #[inline(always)]
+    unsafe fn read_entry(load: impl Fn(usize) -> [u64; 2]) -> RankOp {
+        let coop = CoopCta;
+        let shared = arch::dynamic_shared_mem::<u64>();
+        let mut c = coop.thread_rank();
+        while c < RANK_OP_STRIDE / 16 {
+            let [a, b] = load(c);
+            // SAFETY: the shared memory holds RANK_OP_STRIDE bytes (contract), 8-byte aligned.
+            unsafe {
+                shared.add(2 * c).write(a);
+                shared.add(2 * c + 1).write(b);
+            }
+            c += coop.size();
+        }
+        coop.sync();
+        // SAFETY: the words written above, 8-byte aligned.
+        let entry = unsafe { (shared as *const RankOp).read() };
+        coop.sync();
+        entry
+    }
+
+    /// Runs part `cta` of `per` of `entry`'s operation, unless it is a [`SHUTDOWN`]; returns
+    /// whether it was.
+    #[inline(always)]
+    fn run_entry(entry: &RankOp, cta: usize, per: usize) -> bool {
+        if entry.op.args.kind == SHUTDOWN {
+            return true;
+        }
+        let (op, comm) = (entry.op, entry.comm);
+        let args = CollArgs { barrier: 0, ..op.args };
+        // SAFETY: the operation follows `run_lsa`'s contract (the callers' contracts).
+        unsafe { run_lsa(&comm, &op.send, &op.recv_win, &args, op.recv as *mut u8, cta, per) };
+        false
+    }
+
     /// Polls between looks at the abort flag.
     const ABORT_POLLS: u32 = 1024;
 
-    /// Serves the ranks of `ranks` from its ring: CTA `block` runs part `block %
-    /// ctas_per_rank` of its rank's operations with LSA barrier `block % ctas_per_rank` of the
-    /// rank's communicator ([`run_lsa`]). With `once` it runs operation `first` and returns
-    /// (a launch per operation). Else (persistent, `ranks.sync` set) it runs operations from
-    /// `first` on, each once `sync.seq` has reached its number, counts its CTAs done, and the
+    /// The persistent kernel: serves the ranks of `ranks` from its ring. CTA `block` runs
+    /// part `block % ctas_per_rank` of its rank's operations with LSA barrier `block %
+    /// ctas_per_rank` of the rank's communicator ([`run_lsa`]), from operation `first` on, each once `sync.seq` has reached its number, counts its CTAs done, and the
     /// last CTA of the grid publishes the number in `sync.completed`; it returns after a
     /// [`SHUTDOWN`], or on an abort (the last CTA to leave stores [`ABORTED`] there).
     ///
     /// # Ordering
     /// The host writes operation `s`'s slot entries (plain stores to host memory) before it
-    /// hands the operation over: before the launch for `once`, before the stream write of
-    /// `seq` in persistent mode; each of those is submitted after the stores, so the GPU sees
-    /// the entries before the launch or the write. Thread 0 reads `seq` relaxed at system
-    /// scope, and (after the first operation) `completed` relaxed at GPU scope until it shows
-    /// the previous operation done, then fences with acquire at system scope (acquiring the
-    /// last CTA's release of `completed`, hence every CTA's part of that operation: no
-    /// operation overlaps the previous one, whose outputs it may read); the CTA's threads then read the entry
-    /// (relaxed, system scope: from host memory, never from a stale cache) into shared memory
-    /// and meet at the CTA barrier. Each CTA's part ends with `run_lsa`'s exit barrier; then
+    /// hands the operation over; the stream that hands it over, submitted after the stores,
+    /// copies the slot into the ring (device memory) and then writes `seq`, a stream write
+    /// that is a system-scope memory barrier for the copy before it. Thread 0 reads `seq`
+    /// relaxed at system scope, and (after the first operation) `completed` relaxed at GPU
+    /// scope until it shows the previous operation done, then fences with acquire at system
+    /// scope (acquiring the last CTA's release of `completed`, hence every CTA's part of that
+    /// operation: no operation overlaps the previous one, whose outputs it may read); the
+    /// CTA's threads then read the entry (volatile: never from a stale cache line) into
+    /// shared memory and meet at the CTA barrier. Each CTA's part ends with `run_lsa`'s exit barrier; then
     /// thread 0 adds to `ctas_done` with acquire-release at GPU scope, so the last adder has
     /// acquired every CTA's part (and their reads of the slot); it stores 0 into `ctas_done`
     /// and then `completed` with a release at system scope, which the stream's wait observes.
@@ -843,12 +938,12 @@ pub mod group {
     /// The ring holds, for every operation the kernel runs, each served part's [`RankOp`]:
     /// a live communicator (whose control block is in `controls`) and an operation following
     /// [`run_lsa`]'s contract, unchanged until the operation completes; `sync`, if set, is a
-    /// live [`GroupSync`] written only as above; every rank of the communicator runs the same
+    /// live [`GroupSync`] written only as above (none: the kernel returns at once); every rank of the communicator runs the same
     /// operations in the same order with the same `ctas_per_rank`; LSA barriers
     /// `0..ctas_per_rank` of each rank's communicator are this kernel's; the grid has `count *
     /// ctas_per_rank` CTAs, each with `RANK_OP_STRIDE` bytes of dynamic shared memory; the
     /// ring's entries are `RANK_OP_STRIDE` bytes apart from a 16-byte aligned base.
-    pub unsafe fn serve(ranks: &LocalRanks, first: u64, once: bool, block: usize) {
+    pub unsafe fn serve(ranks: &LocalRanks, first: u64, block: usize) {
         let per = ranks.ctas_per_rank.max(1) as usize;
         let (part, cta) = (block / per, block % per);
         let count = (ranks.count as usize).min(MAX_LOCAL_RANKS);
@@ -857,16 +952,17 @@ pub mod group {
         }
         let coop = CoopCta;
         let sync = ranks.sync as *mut GroupSync;
-        let persistent = !once && !sync.is_null();
+        if sync.is_null() {
+            return;
+        }
         let control = ranks.controls[part];
         let abort_requested = || {
             // SAFETY: `control` is the rank's live control block (contract); the host and
             // kernels access `abort` only atomically.
             control != 0 && unsafe { atomic::load(control as *const u32, LoadOrder::Relaxed, Scope::Sys) } != 0
         };
-        let shared = arch::dynamic_shared_mem::<u64>();
-        // CTA 0's thread 0 times its steps (persistent mode; see `GroupSync`).
-        let timing = persistent && block == 0 && coop.thread_rank() == 0;
+        // CTA 0's thread 0 times its steps (see `GroupSync`).
+        let timing = block == 0 && coop.thread_rank() == 0;
         let stamp = |offset: usize, t0: u64, t1: u64| {
             if timing {
                 let word = sync.wrapping_byte_add(offset) as *mut u64;
@@ -874,87 +970,70 @@ pub mod group {
                 unsafe { word.write_volatile(word.read_volatile() + t1.saturating_sub(t0)) };
             }
         };
+        let (seq_word, completed_word) =
+            (sync.wrapping_byte_add(SEQ_OFFSET) as *const u64, sync.wrapping_byte_add(COMPLETED_OFFSET) as *const u64);
         let mut next = first;
         loop {
             let t_wait = arch::global_timer_ns();
-            if persistent {
-                let seq_word = sync.wrapping_byte_add(SEQ_OFFSET) as *const u64;
-                let completed_word = sync.wrapping_byte_add(COMPLETED_OFFSET) as *const u64;
-                let mut aborted = false;
+            let mut aborted = false;
+            if coop.thread_rank() == 0 {
+                let mut polls = 0u32;
+                // Operation `next` is handed over, and (after the first) its predecessor
+                // has completed on every CTA: a stream may hand operations over before the
+                // previous ones complete, and operations run one at a time.
+                // SAFETY: `sync` is live (contract); a stream writes `seq` atomically, the
+                // kernel `completed`.
+                let ready = || unsafe {
+                    atomic::load(seq_word, LoadOrder::Relaxed, Scope::Sys) >= next
+                        && (next == first || atomic::load(completed_word, LoadOrder::Relaxed, Scope::Gpu) + 1 >= next)
+                };
+                while !ready() {
+                    polls = polls.wrapping_add(1);
+                    if polls.is_multiple_of(ABORT_POLLS) && abort_requested() {
+                        aborted = true;
+                        break;
+                    }
+                    arch::spin_wait_hint(64);
+                }
+                arch::atomic::fence(arch::FenceOrder::Acquire, Scope::Sys);
+            }
+            if coop.sync_any(aborted) {
                 if coop.thread_rank() == 0 {
-                    let mut polls = 0u32;
-                    // Operation `next` is handed over, and (after the first) its predecessor
-                    // has completed on every CTA: a stream may hand operations over before the
-                    // previous ones complete, and operations run one at a time.
-                    // SAFETY: `sync` is live (contract); a stream writes `seq` atomically, the
-                    // kernel `completed`.
-                    let ready = || unsafe {
-                        atomic::load(seq_word, LoadOrder::Relaxed, Scope::Sys) >= next
-                            && (next == first
-                                || atomic::load(completed_word, LoadOrder::Relaxed, Scope::Gpu) + 1 >= next)
-                    };
-                    while !ready() {
-                        polls = polls.wrapping_add(1);
-                        if polls.is_multiple_of(ABORT_POLLS) && abort_requested() {
-                            aborted = true;
-                            break;
-                        }
-                        arch::spin_wait_hint(64);
+                    // The last CTA to leave releases the stream waiting for an operation
+                    // that will not run (every CTA has stopped touching operations' memory:
+                    // each one's add is a release, acquired by the last).
+                    let left = sync.wrapping_byte_add(core::mem::offset_of!(GroupSync, aborted_ctas)) as *mut u64;
+                    // SAFETY: as above; `aborted_ctas` is changed only by these CTAs.
+                    let before = unsafe { atomic::fetch_add(left, 1, RmwOrder::AcqRel, Scope::Gpu) };
+                    if before + 1 == (count * per) as u64 {
+                        // SAFETY: as above.
+                        unsafe {
+                            atomic::store(
+                                sync.wrapping_byte_add(COMPLETED_OFFSET) as *mut u64,
+                                ABORTED,
+                                StoreOrder::Release,
+                                Scope::Sys,
+                            )
+                        };
                     }
-                    arch::atomic::fence(arch::FenceOrder::Acquire, Scope::Sys);
                 }
-                if coop.sync_any(aborted) {
-                    if coop.thread_rank() == 0 {
-                        // The last CTA to leave releases the stream waiting for an operation
-                        // that will not run (every CTA has stopped touching operations' memory:
-                        // each one's add is a release, acquired by the last).
-                        let left = sync.wrapping_byte_add(core::mem::offset_of!(GroupSync, aborted_ctas)) as *mut u64;
-                        // SAFETY: as above; `aborted_ctas` is changed only by these CTAs.
-                        let before = unsafe { atomic::fetch_add(left, 1, RmwOrder::AcqRel, Scope::Gpu) };
-                        if before + 1 == (count * per) as u64 {
-                            // SAFETY: as above.
-                            unsafe {
-                                atomic::store(
-                                    sync.wrapping_byte_add(COMPLETED_OFFSET) as *mut u64,
-                                    ABORTED,
-                                    StoreOrder::Release,
-                                    Scope::Sys,
-                                )
-                            };
-                        }
-                    }
-                    return;
-                }
-            }
-            let t_ready = arch::global_timer_ns();
-            // This rank's entry of the slot, through shared memory: one 16-byte volatile load
-            // of host memory per thread, all at once (a load per word cost about 28 µs per
-            // operation on the H200).
-            let slot = (next % u64::from(ranks.slots.max(1))) as usize;
-            let entry = (ranks.ring as *const U32x4).wrapping_byte_add((slot * count + part) * RANK_OP_STRIDE);
-            let mut c = coop.thread_rank();
-            while c < RANK_OP_STRIDE / 16 {
-                // SAFETY: the entry is live, 16-byte aligned and unchanged until the operation
-                // completes (contract); the shared memory holds RANK_OP_STRIDE bytes
-                // (contract), 16-byte aligned.
-                unsafe { *(shared as *mut U32x4).add(c) = arch::load_v4_volatile(entry.wrapping_add(c)) };
-                c += coop.size();
-            }
-            coop.sync();
-            // SAFETY: the words written above, 8-byte aligned.
-            let entry = unsafe { (shared as *const RankOp).read() };
-            coop.sync();
-            let t_read = arch::global_timer_ns();
-            let shutdown = entry.op.args.kind == SHUTDOWN;
-            if !shutdown {
-                let (op, comm) = (entry.op, entry.comm);
-                let args = CollArgs { barrier: 0, ..op.args };
-                // SAFETY: the operation follows `run_lsa`'s contract (this function's).
-                unsafe { run_lsa(&comm, &op.send, &op.recv_win, &args, op.recv as *mut u8, cta, per) };
-            }
-            if !persistent {
                 return;
             }
+            let t_ready = arch::global_timer_ns();
+            // This rank's entry of the slot: one 16-byte volatile load per thread, all at once
+            // (device memory: the stream copied the slot there before handing it over).
+            let slot = (next % u64::from(ranks.slots.max(1))) as usize;
+            let entry = (ranks.ring as *const U32x4).wrapping_byte_add((slot * count + part) * RANK_OP_STRIDE);
+            // SAFETY: the entry is live, 16-byte aligned and unchanged until the operation
+            // completes (contract); the shared memory holds RANK_OP_STRIDE bytes (contract).
+            let entry = unsafe {
+                read_entry(|c| {
+                    let v = arch::load_v4_volatile(entry.wrapping_add(c)).0;
+                    [u64::from(v[0]) | u64::from(v[1]) << 32, u64::from(v[2]) | u64::from(v[3]) << 32]
+                })
+            };
+            let t_read = arch::global_timer_ns();
+            let shutdown = run_entry(&entry, cta, per);
             coop.sync();
             if timing && !shutdown {
                 stamp(core::mem::offset_of!(GroupSync, waiting_ns), t_wait, t_ready);

@@ -169,6 +169,12 @@ pub(super) unsafe fn load_v4_volatile(p: *const U32x4) -> U32x4 {
     unsafe { p.read_volatile() }
 }
 
+pub(super) unsafe fn load_param_v2(address: u64) -> [u64; 2] {
+    // SAFETY: on the emulator a parameter address is the address of the kernel's argument
+    // (alive while its body runs); the caller guarantees 16 bytes there, 8-byte aligned.
+    unsafe { (address as *const [u64; 2]).read() }
+}
+
 pub(super) unsafe fn load_v4_nc(p: *const U32x4) -> U32x4 {
     // SAFETY: as above.
     unsafe { p.read() }

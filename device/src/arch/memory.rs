@@ -31,6 +31,54 @@ pub unsafe fn load_v4_volatile(p: *const U32x4) -> U32x4 {
     unsafe { imp::load_v4_volatile(p) }
 }
 
+/// The address of a kernel's by-value parameter in the kernel parameter space, for
+/// [`load_param_v2`]: `kernel_param_address!(kernel, index, argument)` inside the body of
+/// `kernel`, whose parameter `index` (from 0) is `argument`.
+///
+/// Why: rustc's nvptx backend copies a by-value parameter that is indexed with a run-time
+/// offset into local memory, every thread all of it (a GPU group's launch carries every
+/// rank's operation, and each CTA reads its rank's). Taking the parameter's address with
+/// `mov` (PTX: "the address of a kernel parameter may be moved into a register … accessed
+/// using ld.param") reads only what each thread needs. The name `{kernel}_param_{index}` is
+/// how rustc names the parameters of an `extern "ptx-kernel"` entry; a wrong name fails
+/// when ptxas assembles the PTX (the build checks it), never at run time. Use the argument
+/// only through this address or through fields at constant offsets, or the copy comes back.
+/// On the emulator it is the argument's own address.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! kernel_param_address {
+    ($kernel:ident, $index:literal, $argument:ident) => {{
+        #[cfg(target_arch = "nvptx64")]
+        let address: u64 = {
+            let address: u64;
+            // SAFETY: `mov` of a parameter's name reads no memory; it yields the address
+            // of the running kernel's parameter (the macro's contract names it).
+            unsafe {
+                ::core::arch::asm!(
+                    concat!("mov.b64 {0}, ", stringify!($kernel), "_param_", stringify!($index), ";"),
+                    out(reg64) address,
+                    options(nomem, nostack, pure),
+                )
+            };
+            address
+        };
+        #[cfg(not(target_arch = "nvptx64"))]
+        let address: u64 = ::core::ptr::addr_of!($argument) as u64;
+        address
+    }};
+}
+
+/// Loads 16 bytes of the kernel's parameters: `ld.param.v2.b64` from an address made by
+/// [`kernel_param_address!`](crate::kernel_param_address) plus an offset.
+///
+/// # Safety
+/// `address` lies 16 bytes inside one of the running kernel's parameters, 8-byte aligned.
+#[inline(always)]
+pub unsafe fn load_param_v2(address: u64) -> [u64; 2] {
+    // SAFETY: forwarded contract.
+    unsafe { imp::load_param_v2(address) }
+}
+
 /// Stores 16 bytes in one instruction: `st.global.v4.u32`.
 ///
 /// # Safety

@@ -255,6 +255,18 @@ pub(super) unsafe fn load_v4_volatile(p: *const U32x4) -> U32x4 {
 }
 
 #[inline(always)]
+pub(super) unsafe fn load_param_v2(address: u64) -> [u64; 2] {
+    let (a, b): (u64, u64);
+    // SAFETY: the caller guarantees 16 bytes of the kernel's parameters at `address` (a
+    // parameter-space address), 8-byte aligned; parameters never change during a launch.
+    unsafe {
+        asm!("ld.param.v2.b64 {{{a}, {b}}}, [{p}];",
+            a = out(reg64) a, b = out(reg64) b, p = in(reg64) address, options(nostack, readonly, pure))
+    };
+    [a, b]
+}
+
+#[inline(always)]
 pub(super) unsafe fn load_v4_nc(p: *const U32x4) -> U32x4 {
     let (a, b, c, d): (u32, u32, u32, u32);
     // SAFETY: the caller guarantees 16 valid, aligned, read-only global bytes at `p`.

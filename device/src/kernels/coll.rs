@@ -25,17 +25,36 @@ kernel! {
 }
 
 kernel! {
-    /// The GPU group's kernel (see [`coll::group`]): one kernel for the ranks of `ranks`
-    /// (those of one communicator on this GPU), CTA `b` serving part `b % ctas_per_rank` of
-    /// rank `b / ctas_per_rank`, each reading its rank's operation from the ring. With
-    /// `once != 0` it runs operation `first` and ends (a launch per operation, shared by the
-    /// GPU's ranks); else it runs operations from `first` on until a shutdown or an abort
-    /// (persistent mode). Needs `RANK_OP_STRIDE` bytes of dynamic shared memory per CTA.
+    /// The GPU group's persistent kernel (see [`coll::group`]): one kernel for the ranks of
+    /// `ranks` (those of one communicator on this GPU), CTA `b` serving part `b %
+    /// ctas_per_rank` of rank `b / ctas_per_rank`, each reading its rank's operations from
+    /// the ring, from operation `first` on until a shutdown or an abort. Needs
+    /// `RANK_OP_STRIDE` bytes of dynamic shared memory per CTA.
     ///
     /// # Safety
     /// As [`coll::group::serve`].
-    pub unsafe fn coll_gpu_group(ranks: coll::group::LocalRanks, first: u64, once: u32) {
+    pub unsafe fn coll_gpu_group(ranks: coll::group::LocalRanks, first: u64) {
         // SAFETY: the kernel's contract.
-        unsafe { coll::group::serve(&ranks, first, once != 0, arch::block_idx_x()) }
+        unsafe { coll::group::serve(&ranks, first, arch::block_idx_x()) }
+    }
+}
+
+kernel! {
+    /// One collective for the ranks of one communicator on this GPU, launched once by the
+    /// last of them to call (see [`coll::group`]): CTA `b` runs part `b % ctas_per_rank` of
+    /// rank `b / ctas_per_rank`'s entry in `launch`. Needs `RANK_OP_STRIDE` bytes of dynamic
+    /// shared memory per CTA.
+    ///
+    /// # Safety
+    /// As [`coll::group::serve_launch`], for the entries in `launch`.
+    pub unsafe fn coll_gpu_group_launch(launch: coll::group::GroupLaunch) {
+        // Each CTA reads only its rank's entry, through the parameter's address (see
+        // `kernel_param_address!`): `launch` is otherwise used at constant offsets only.
+        let ops = crate::kernel_param_address!(coll_gpu_group_launch, 0, launch)
+            + coll::group::GROUP_LAUNCH_OPS_OFFSET as u64;
+        // SAFETY: the kernel's contract; `ops` is the parameter's entries.
+        unsafe {
+            coll::group::serve_launch(launch.count, launch.ctas_per_rank, launch.skip, ops, arch::block_idx_x())
+        }
     }
 }

@@ -1,10 +1,12 @@
 //! GPU groups: the ranks of one communicator that share a GPU in this process run their
-//! collectives in one kernel (`ferrolink_device::kernels::coll::coll_gpu_group`; device side
-//! at `ferrolink_device::coll::group`).
+//! collectives in one kernel (`ferrolink_device::kernels::coll::coll_gpu_group_launch`, or
+//! the persistent `coll_gpu_group`; device side at `ferrolink_device::coll::group`).
 //!
-//! Each member's call writes its operation and device communicator into its entry of the
-//! group's ring slot for the call (host-mapped memory: no stream work to hand it over) and
-//! arrives at the call's *meeting*. A member that is not the last records an event on its
+//! Each member's call brings its operation and device communicator (its *entry*) to the
+//! call's *meeting*: for a shared launch the entries travel in the launch's parameter (no
+//! CTA reads host memory: one read of host memory from an SM took about 18 µs on the H200);
+//! for the persistent kernel each member writes its entry into the group's ring slot for
+//! the call (host-mapped memory: no stream work to hand it over). A member that is not the last records an event on its
 //! stream (after its earlier work, such as staging copies) and waits on the host. The last
 //! makes its stream wait for those events, then either launches the kernel for every member
 //! (one launch for the GPU instead of one per rank) or, in persistent mode, hands the
@@ -26,12 +28,15 @@
 //! abort ends every wait; a wait logs who it waits for at the progress interval.
 //!
 //! # Ordering
-//! A member writes its ring entry (plain stores to host memory) before it arrives, under the
-//! meeting's mutex; the last member launches (or writes the sequence number) after taking
-//! that mutex, so every entry was written before the work that reads it was submitted, and
-//! the GPU reads host memory as the host wrote it before a submission. A slot is rewritten
-//! only after the work that read it has completed (its completion, kept per slot, is waited
-//! for). The device side's argument is at `ferrolink_device::coll::group::serve`.
+//! A shared launch's entries are gathered under the meeting's mutex and copied into the
+//! launch's parameter by the driver at the launch. In persistent mode, a member writes its
+//! ring entry (plain stores to host memory) before it arrives, under the meeting's mutex;
+//! the last member, after taking that mutex, submits the copy of the slot into the kernel's
+//! ring and then the write of the sequence number, so every entry was written before the
+//! copy that reads it was submitted, and the GPU reads host memory as the host wrote it
+//! before a submission. A slot is rewritten only after the work that read it has completed
+//! (its completion, kept per slot, is waited for). The device side's argument is at
+//! `ferrolink_device::coll::group::serve`.
 
 use crate::comm::Communicator;
 use crate::mem::window::Window;
@@ -39,13 +44,14 @@ use crate::runtime::host_mapped::HostMapped;
 use crate::runtime::launch::LaunchConfig;
 use crate::runtime::launch::{LaunchArg, LaunchTracking};
 use crate::runtime::lifetime::{Completion, lock};
+use crate::runtime::memory::DeviceBuffer;
 use crate::runtime::module::Module;
 use crate::runtime::stream::Stream;
 use crate::{Error, Result};
 use ferrolink_device::coll::group::{
-    COMPLETED_OFFSET, LocalRanks, MAX_LOCAL_RANKS, RANK_OP_STRIDE, RankOp, SEQ_OFFSET,
+    COMPLETED_OFFSET, GroupLaunch, LocalRanks, MAX_LOCAL_RANKS, RANK_OP_STRIDE, RankOp, SEQ_OFFSET,
 };
-use ferrolink_device::kernels::coll::coll_gpu_group;
+use ferrolink_device::kernels::coll::coll_gpu_group_launch;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
@@ -58,9 +64,14 @@ pub(crate) const RING_SLOTS: usize = 32;
 /// threads that call together ends within microseconds.
 const SPIN: Duration = Duration::from_micros(200);
 
-/// The group's ring of operation slots in host-mapped memory.
+/// The group's ring of operation slots: written by the host in host-mapped memory, copied
+/// slot by slot into device memory by the stream that hands the operation to the persistent
+/// kernel (in the same submission as the hand-over), where the kernel reads it: a read of
+/// host memory from an SM took about 18 µs per operation on the H200.
 struct Ring {
     mem: HostMapped,
+    /// The kernel's copy (same layout).
+    device: DeviceBuffer<u8>,
     /// Entries per slot (the group's members).
     parts: usize,
     /// Per slot: the completion of the last work that read it.
@@ -69,8 +80,17 @@ struct Ring {
 
 impl Ring {
     fn new(dev: &crate::Device, parts: usize) -> Result<Ring> {
-        let mem = HostMapped::alloc(dev, RING_SLOTS * parts * RANK_OP_STRIDE)?;
-        Ok(Ring { mem, parts, last_use: Mutex::new(vec![None; RING_SLOTS]) })
+        let bytes = RING_SLOTS * parts * RANK_OP_STRIDE;
+        let mem = HostMapped::alloc(dev, bytes)?;
+        let device = dev.alloc::<u8>(bytes)?;
+        Ok(Ring { mem, device, parts, last_use: Mutex::new(vec![None; RING_SLOTS]) })
+    }
+
+    /// The copy of operation `seq`'s slot into the kernel's ring: `(dst, src, bytes)`.
+    fn slot_copy(&self, seq: u64) -> (u64, u64, usize) {
+        let bytes = self.parts * RANK_OP_STRIDE;
+        let at = (seq % RING_SLOTS as u64) as usize * bytes;
+        (self.device.addr() + at as u64, self.mem.device_addr() + at as u64, bytes)
     }
 
     /// Writes `entry` as part `part` of operation `seq`'s slot, once the work that last
@@ -91,10 +111,14 @@ impl Ring {
     }
 }
 
-/// Why the members meet: one operation, or the start of persistent mode.
+/// Why the members meet.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub(crate) enum Purpose {
-    Operation,
+    /// One operation, launched for all (the entries travel in the launch's parameter).
+    Launch,
+    /// One operation handed to the persistent kernel (the entries go through the ring).
+    Handover,
+    /// The start of persistent mode.
     Persistent,
 }
 
@@ -102,7 +126,8 @@ pub(crate) enum Purpose {
 pub(crate) struct Part<'a> {
     /// The rank (world).
     pub(crate) rank: usize,
-    /// Its entry of the operation's ring slot (none for the start of persistent mode).
+    /// Its entry of the operation (none for the start of persistent mode, or a rank that
+    /// runs the call otherwise).
     pub(crate) entry: Option<RankOp>,
     /// Whether the kernel serves it (false: the rank runs this call otherwise, captured).
     pub(crate) served: bool,
@@ -143,6 +168,8 @@ impl Outcome {
 struct Meeting {
     arrived: Vec<usize>,
     ranks: LocalRanks,
+    /// The entries of a [`Purpose::Launch`].
+    launch: Box<GroupLaunch>,
     ctas: u32,
     mismatch: bool,
     events: Vec<Completion>,
@@ -154,8 +181,10 @@ struct Meeting {
 /// What the last member to arrive does the work with ([`GpuGroup::meet`]); dropped without
 /// [`Gathered::publish`], it tells the waiting members that the work failed.
 pub(crate) struct Gathered {
-    /// The kernel's parameter (ring, parts, grid).
+    /// The persistent kernel's parameter (ring, parts, grid).
     pub(crate) ranks: LocalRanks,
+    /// A shared launch's parameter (parts, grid, entries).
+    launch: Box<GroupLaunch>,
     /// The other members' events: the stream doing the work waits for them first.
     pub(crate) events: Vec<Completion>,
     /// What the work uses for every member.
@@ -199,15 +228,16 @@ impl Drop for Gathered {
     }
 }
 
-/// The kernel's parameter as a launch argument; what the launch uses is tracked through the
+/// A group kernel's parameter as a launch argument ([`LocalRanks`] for the persistent
+/// kernel, [`GroupLaunch`] for a shared launch); what the launch uses is tracked through the
 /// launch's extra tracking (every member's part).
-pub(crate) struct GroupParam(pub(crate) LocalRanks);
+pub(crate) struct GroupParam<P>(pub(crate) P);
 
-impl crate::runtime::launch::sealed::Sealed for &GroupParam {}
+impl<P> crate::runtime::launch::sealed::Sealed for &GroupParam<P> {}
 
-impl LaunchArg for &GroupParam {
-    type Param = LocalRanks;
-    fn param(&self) -> LocalRanks {
+impl<P: ferrolink_device::kernel::KernelParam> LaunchArg for &GroupParam<P> {
+    type Param = P;
+    fn param(&self) -> P {
         self.0
     }
     fn track(&self, _t: &mut LaunchTracking) {}
@@ -315,47 +345,59 @@ impl GpuGroup {
         work: Work<'_>,
     ) -> Result<()> {
         let mut uses = std::mem::replace(&mut g.uses, LaunchTracking::new(stream.device()));
-        self.hold_ring(&mut uses);
+        let launch = matches!(work, Work::Launch { .. });
+        if !launch {
+            self.hold_ring(&mut uses);
+        }
         let result = (|| -> Result<Completion> {
             for e in &g.events {
                 stream.wait_for(e)?;
             }
             match work {
                 Work::Launch { module, threads } => {
-                    let cfg = kernel_config(g.ranks.count * g.ranks.ctas_per_rank, threads);
-                    let param = GroupParam(g.ranks);
-                    // SAFETY: `coll_gpu_group`'s contract: every served member wrote its ring
-                    // entry for `seq` (a live communicator, whose control block is in the
-                    // parameter, and an operation whose windows and output the launch tracks
-                    // through `uses`), unchanged until this launch completes (the slot's
-                    // completion is noted below); every rank of the communicator makes this
-                    // call (collective) with the same grid per rank; barriers 0..ctas of each
-                    // rank's device communicator serve one collective at a time (the ranks'
-                    // streams are ordered by the meetings); shared memory per `kernel_config`.
-                    unsafe { stream.launch_tracked(module, &coll_gpu_group, cfg, (&param, seq, 1u32), uses) }
+                    let cfg = kernel_config(g.launch.count * g.launch.ctas_per_rank, threads);
+                    let param = GroupParam(*g.launch);
+                    // SAFETY: `coll_gpu_group_launch`'s contract: every served member's entry
+                    // is in the parameter (a live communicator and an operation whose windows
+                    // and output the launch tracks through `uses`); every rank of the
+                    // communicator makes this call (collective) with the same grid per rank;
+                    // barriers 0..ctas of each rank's device communicator serve one collective
+                    // at a time (the ranks' streams are ordered by the meetings); shared
+                    // memory per `kernel_config`.
+                    unsafe { stream.launch_tracked(module, &coll_gpu_group_launch, cfg, (&param,), uses) }
                 }
                 Work::Persistent { sync, wait } => {
                     let mut uses = uses;
                     (&sync.0).track(&mut uses);
+                    let copy = lock(&self.ring)
+                        .as_ref()
+                        .map(|r| r.slot_copy(seq))
+                        .ok_or_else(|| Error::InvalidArgument("persistent mode: the GPU group has no ring".into()))?;
                     let sync = sync.1;
                     let (seq_word, completed_word) = (sync + SEQ_OFFSET as u64, sync + COMPLETED_OFFSET as u64);
                     let writes = [(seq_word, seq, 8u32)];
                     // SAFETY: aligned words of the persistent kernel's live sync block (a
                     // window slot that the kernel keeps and `uses` holds), written by streams
                     // only here, one meeting at a time; the kernel raises `completed` in order
-                    // of operations; `uses` covers what the operation uses.
+                    // of operations; `uses` covers what the operation uses. The copy: the
+                    // slot of both rings (the ring is held by `uses`, kept by the kernel);
+                    // the host slot was written before this meeting ended and is rewritten
+                    // only after this operation completes; the kernel reads the device slot
+                    // only for this operation, after `seq` (written after the copy) shows it,
+                    // and a stream runs at most `PIPELINE` (< RING_SLOTS) operations ahead.
                     unsafe {
                         match wait {
-                            Wait::Now => stream.post(uses, &writes, Some((completed_word, seq))),
-                            Wait::Never => stream.post(uses, &writes, None),
-                            Wait::Deferred => stream.post_deferred(uses, seq_word, completed_word, seq, PIPELINE),
+                            Wait::Now => stream.post(uses, Some(copy), &writes, Some((completed_word, seq))),
+                            Wait::Never => stream.post(uses, Some(copy), &writes, None),
+                            Wait::Deferred => stream.post_deferred(uses, copy, seq_word, completed_word, seq, PIPELINE),
                         }
                     }
                 }
             }
         })();
         match &result {
-            Ok(c) => self.slot_used(seq, c),
+            Ok(c) if !launch => self.slot_used(seq, c),
+            Ok(_) => {}
             Err(e) => {
                 if let Some(comm) = comm {
                     comm.shared.control.abort(e.clone());
@@ -404,6 +446,7 @@ impl GpuGroup {
     pub(crate) fn hold_ring(&self, t: &mut LaunchTracking) {
         if let Some(r) = lock(&self.ring).as_ref() {
             t.holds.push(r.mem.uses.clone());
+            t.holds.push(r.device.uses().clone());
         }
     }
 
@@ -411,6 +454,7 @@ impl GpuGroup {
     pub(crate) fn keep_ring(&self, t: &mut LaunchTracking) {
         if let Some(r) = lock(&self.ring).as_ref() {
             t.keeps.push(r.mem.uses.clone());
+            t.keeps.push(r.device.uses().clone());
         }
     }
 
@@ -430,7 +474,9 @@ impl GpuGroup {
         let Part { rank, entry, served, control, sync, ctas, uses, stream, wait } = part;
         let p = self.part_of(rank);
         let ring = self.ring(dev)?;
-        if let Some(e) = &entry {
+        if let Some(e) = &entry
+            && purpose != Purpose::Launch
+        {
             ring.write(seq, p, e);
         }
         // The arrival event, recorded outside the meeting's lock (the members record theirs at
@@ -444,11 +490,12 @@ impl GpuGroup {
             let m = meetings.entry((purpose, seq)).or_insert_with(|| Meeting {
                 arrived: Vec::new(),
                 ranks: LocalRanks {
-                    ring: ring.mem.device_addr(),
+                    ring: ring.device.addr(),
                     slots: RING_SLOTS as u32,
                     count: self.members.len() as u32,
                     ..LocalRanks::default()
                 },
+                launch: Box::default(),
                 ctas,
                 mismatch: false,
                 events: Vec::new(),
@@ -458,6 +505,11 @@ impl GpuGroup {
             });
             m.arrived.push(p);
             m.ranks.controls[p] = control;
+            if let Some(e) = &entry
+                && purpose == Purpose::Launch
+            {
+                m.launch.set(p, e);
+            }
             if !served {
                 m.ranks.skip |= 1 << p;
             }
@@ -487,8 +539,17 @@ impl GpuGroup {
                 }
                 let mut ranks = m.ranks;
                 ranks.ctas_per_rank = m.ctas;
+                let mut launch = m.launch;
+                (launch.count, launch.ctas_per_rank, launch.skip) = (ranks.count, ranks.ctas_per_rank, ranks.skip);
                 let uses = m.uses.expect("set by the first member");
-                return Ok(Some(Gathered { ranks, events: m.events, uses, sync: m.sync, outcome: Some(m.outcome) }));
+                return Ok(Some(Gathered {
+                    ranks,
+                    launch,
+                    events: m.events,
+                    uses,
+                    sync: m.sync,
+                    outcome: Some(m.outcome),
+                }));
             }
         };
         let done = self.await_outcome(comm, purpose, seq, &outcome)?;

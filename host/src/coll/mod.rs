@@ -40,7 +40,7 @@ use crate::{Backend, Error, Result};
 use ferrolink_device::coll::CollArgs;
 use ferrolink_device::coll::group::{CollOp, RankOp};
 pub use ferrolink_device::coll::{CollElem, CollKind, DataType, RedOp as ReduceOp, algo};
-use ferrolink_device::kernels::coll::{coll_gpu_group, coll_lsa};
+use ferrolink_device::kernels::coll::{coll_gpu_group_launch, coll_lsa};
 use ferrolink_device::kernels::copy::ferrolink_copy;
 pub use half::{bf16, f16};
 pub use p2p::{MAX_GROUP_OPS, P2pConfig, P2pGroup};
@@ -417,7 +417,7 @@ impl Communicator {
                 // by the last to get here (see `group`).
                 let threads = threads(dev);
                 let resident = *group.resident.get_or_init(|| {
-                    module.resident_ctas(&coll_gpu_group, group::kernel_config(1, threads)).ok().flatten()
+                    module.resident_ctas(&coll_gpu_group_launch, group::kernel_config(1, threads)).ok().flatten()
                 });
                 group.check_resident(ctas, resident, name)?;
                 handle.track(&mut uses);
@@ -439,7 +439,7 @@ impl Communicator {
                     stream: (!capturing).then_some(stream),
                     wait: (!capturing).then_some(self),
                 };
-                if let Some(g) = group.meet(dev, group::Purpose::Operation, seq, part)?
+                if let Some(g) = group.meet(dev, group::Purpose::Launch, seq, part)?
                     && !g.nothing_served()
                 {
                     let launch_on = if capturing { group.side_stream(dev)? } else { stream.share() };

@@ -5,9 +5,10 @@
 //! of a few CTAs per rank (the last rank of a GPU to start launches it for all of the GPU's
 //! ranks in its process; the grid is checked with the occupancy API to fit on the GPU at
 //! once). From then on each collective call writes the rank's operation into the GPU group's
-//! ring in host-mapped memory, and one stream hands it over: one `cuStreamBatchMemOp` with a
-//! write of its sequence number into the kernel's sync block and a wait for its completion
-//! word (greater or equal). With one rank per GPU that stream is the rank's own; ranks
+//! ring in host-mapped memory, and one stream hands it over: a copy of the ring slot into
+//! the kernel's ring in device memory, then one `cuStreamBatchMemOp` with a write of its
+//! sequence number into the kernel's sync block and a wait for its completion word (greater
+//! or equal). With one rank per GPU that stream is the rank's own; ranks
 //! sharing a GPU meet on the host and the last of them posts, ordered after the others'
 //! streams by events, which then wait for it by an event (see `coll::group` for why). No
 //! kernel launch: the stream's later work (and the host, through the stream) sees the result
@@ -205,8 +206,7 @@ impl Communicator {
                 // the launch keeps the communicators, sync blocks and ring until the kernel
                 // ends; every rank runs the same operations (collective calls) with the same
                 // `ctas`; the communicators' barriers 0..ctas are the kernel's.
-                let launched =
-                    unsafe { stream.launch_tracked(module, &coll_gpu_group, cfg, (&param, seq + 1, 0u32), uses) };
+                let launched = unsafe { stream.launch_tracked(module, &coll_gpu_group, cfg, (&param, seq + 1), uses) };
                 if let Err(e) = launched {
                     self.shared.control.abort(e.clone());
                     return Err(e);
@@ -314,7 +314,7 @@ fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, use
         stream: Some(&state.comm_stream),
         wait: comm,
     };
-    if let Some(g) = group.meet(state.comm_stream.device(), Purpose::Operation, seq, part)? {
+    if let Some(g) = group.meet(state.comm_stream.device(), Purpose::Handover, seq, part)? {
         let sync = lock(&group.persistent_sync).clone().ok_or_else(|| {
             Error::InvalidArgument("persistent mode: the GPU's persistent kernel is not running".into())
         })?;

@@ -128,7 +128,7 @@ impl StreamCore {
         let b = self.raw_backend();
         // SAFETY: the completion word of a live persistent kernel's sync block
         // (`post_deferred`'s contract: its work keeps it alive until the wait has passed).
-        unsafe { b.post(&[], Some((d.word, last)))? };
+        unsafe { b.post(None, &[], Some((d.word, last)))? };
         let e = b.record(false)?;
         for (_, ev) in d.pending.drain(..) {
             let _ = ev.real.set(e.clone());
@@ -529,22 +529,25 @@ impl Stream {
         Ok(())
     }
 
-    /// Queues the writes `(addr, value, bytes)` in order, then, with `wait` `(addr, value)`,
-    /// a wait until that 64-bit word is at least `value`, as one piece of work tracked by `t`
-    /// (how a collective is handed to the persistent kernel and its end awaited, in stream order).
-    /// The last write completes the message: the others are only ordered before it.
+    /// Queues `copy` `(dst, src, bytes)` if any, the writes `(addr, value, bytes)` in order,
+    /// then, with `wait` `(addr, value)`, a wait until that 64-bit word is at least `value`,
+    /// as one piece of work tracked by `t` (how a collective is handed to the persistent
+    /// kernel and its end awaited, in stream order). The last write completes the message:
+    /// the copy and the other writes are only ordered before it.
     ///
     /// # Safety
-    /// As [`StreamBackend::write_value`] for each write and [`StreamBackend::wait_value`] for
-    /// the wait; `t` covers everything the work the wait stands for uses.
+    /// As [`StreamBackend::copy_dtod`] for the copy, [`StreamBackend::write_value`] for each
+    /// write and [`StreamBackend::wait_value`] for the wait; `t` covers everything the work
+    /// the wait stands for uses.
     pub(crate) unsafe fn post(
         &self,
         t: LaunchTracking,
+        copy: Option<(u64, u64, usize)>,
         writes: &[(u64, u64, u32)],
         wait: Option<(u64, u64)>,
     ) -> Result<Completion> {
         // SAFETY: the caller's contract.
-        self.enqueue_tracked(t, |b| unsafe { b.post(writes, wait) })
+        self.enqueue_tracked(t, |b| unsafe { b.post(copy, writes, wait) })
     }
 
     /// A completion recorded here now: the point other streams wait for with
@@ -562,8 +565,9 @@ impl Stream {
         self.core.backend().wait_event(&settled(c.event())?)
     }
 
-    /// Hands operation `seq` to a persistent kernel without waiting for it: queues the write
-    /// of `seq` into `seq_word` and, when an earlier deferred operation is `window` or more
+    /// Hands operation `seq` to a persistent kernel without waiting for it: queues `copy`
+    /// (the operation's description, as in [`Stream::post`]), the write of `seq` into
+    /// `seq_word` and, when an earlier deferred operation is `window` or more
     /// behind, a wait until `completed_word` reaches `seq - window` (one batch). The stream
     /// waits for the rest before any other work it queues (and a host or stream wait for the
     /// returned completion queues it): consecutive operations run back to back on the kernel
@@ -572,13 +576,14 @@ impl Stream {
     /// operation's end.
     ///
     /// # Safety
-    /// As [`StreamBackend::write_value`] for `seq_word` and [`StreamBackend::wait_value`] for
-    /// `completed_word`, which must stay live until every deferred wait on it has passed
+    /// As [`StreamBackend::copy_dtod`] for `copy`, [`StreamBackend::write_value`] for
+    /// `seq_word` and [`StreamBackend::wait_value`] for `completed_word`, which must stay live until every deferred wait on it has passed
     /// (`t` holds it); the kernel publishes completion of operation `s` by raising
     /// `completed_word` to at least `s`, in order.
     pub(crate) unsafe fn post_deferred(
         &self,
         t: LaunchTracking,
+        copy: (u64, u64, usize),
         seq_word: u64,
         completed_word: u64,
         seq: u64,
@@ -604,7 +609,7 @@ impl Stream {
         let target = seq.saturating_sub(window);
         let wait = d.pending.first().is_some_and(|&(s, _)| s <= target);
         // SAFETY: the caller's contract.
-        unsafe { backend.post(&[(seq_word, seq, 8)], wait.then_some((completed_word, target)))? };
+        unsafe { backend.post(Some(copy), &[(seq_word, seq, 8)], wait.then_some((completed_word, target)))? };
         if wait {
             let e = backend.record(false)?;
             let done = d.pending.iter().take_while(|(s, _)| *s <= target).count();

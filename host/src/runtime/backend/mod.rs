@@ -198,15 +198,25 @@ pub(crate) trait StreamBackend: Send + Sync {
     /// `addr` is device memory of this device, 8-byte aligned, valid until the wait has
     /// passed, and written only atomically meanwhile.
     unsafe fn wait_value(&self, addr: u64, value: u64) -> Result<()>;
-    /// Queues a message, `writes` in order whose last write says it is complete (earlier
-    /// writes need only be visible before the last one, not before each other), then with
-    /// `wait` `(addr, value)` [`StreamBackend::wait_value`] for it.
+    /// Queues a message: `copy` `(dst, src, bytes)` if any, then `writes` in order, whose
+    /// last write says it is complete (the copy and earlier writes need only be visible
+    /// before the last one, not before each other), then with `wait` `(addr, value)`
+    /// [`StreamBackend::wait_value`] for it.
     ///
     /// # Safety
-    /// As [`StreamBackend::write_value`] for each write and [`StreamBackend::wait_value`].
-    unsafe fn post(&self, writes: &[(u64, u64, u32)], wait: Option<(u64, u64)>) -> Result<()> {
+    /// As [`StreamBackend::copy_dtod`] for the copy, [`StreamBackend::write_value`] for each
+    /// write and [`StreamBackend::wait_value`].
+    unsafe fn post(
+        &self,
+        copy: Option<(u64, u64, usize)>,
+        writes: &[(u64, u64, u32)],
+        wait: Option<(u64, u64)>,
+    ) -> Result<()> {
         // SAFETY: the caller's contract.
         unsafe {
+            if let Some((dst, src, bytes)) = copy {
+                self.copy_dtod(dst, src, bytes)?;
+            }
             self.write_values(writes)?;
             match wait {
                 Some((addr, value)) => self.wait_value(addr, value),

@@ -464,7 +464,18 @@ impl StreamBackend for CudaStream {
         unsafe { driver::stream_query(self.stream) }.err()
     }
 
-    unsafe fn post(&self, writes: &[(u64, u64, u32)], wait: Option<(u64, u64)>) -> Result<()> {
+    unsafe fn post(
+        &self,
+        copy: Option<(u64, u64, usize)>,
+        writes: &[(u64, u64, u32)],
+        wait: Option<(u64, u64)>,
+    ) -> Result<()> {
+        if let Some((dst, src, bytes)) = copy {
+            // SAFETY: the caller's contract. The batch's writes below come after the copy in
+            // stream order, and a stream write is a memory barrier for the work before it
+            // (no CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER).
+            unsafe { self.copy_dtod(dst, src, bytes)? };
+        }
         if writes.len() >= 255 || !writes.iter().all(|w| matches!(w.2, 4 | 8)) {
             // SAFETY: the caller's contract.
             unsafe {
