@@ -37,6 +37,9 @@ pub(crate) struct StreamCore {
     /// Operations handed to a persistent kernel that the stream has not waited for yet
     /// ([`Stream::post_deferred`]).
     deferred: Mutex<Deferred>,
+    /// Another stream's work that this stream's later work must follow, not waited for yet
+    /// ([`Stream::follow`]).
+    follow: Mutex<Option<Completion>>,
 }
 
 /// Operations handed to a persistent kernel on a stream and not waited for yet: the stream
@@ -121,8 +124,10 @@ impl StreamCore {
         self.backend.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Queues the wait for every deferred operation and resolves their events.
+    /// Queues the waits the stream owes before other work: for the work it follows
+    /// ([`Stream::follow`]) and for every deferred operation (resolving their events).
     fn settle(&self) -> Result<()> {
+        self.settle_follow()?;
         let mut d = lock(&self.deferred);
         let Some(&(last, _)) = d.pending.last() else { return Ok(()) };
         let b = self.raw_backend();
@@ -132,6 +137,21 @@ impl StreamCore {
         let e = b.record(false)?;
         for (_, ev) in d.pending.drain(..) {
             let _ = ev.real.set(e.clone());
+        }
+        Ok(())
+    }
+
+    /// Queues the wait for the work the stream follows ([`Stream::follow`]), if any.
+    fn settle_follow(&self) -> Result<()> {
+        // Taken out of the lock before waiting: the wait may settle another stream (which
+        // takes that stream's locks); put back if it cannot be queued.
+        let followed = lock(&self.follow).take();
+        if let Some(c) = followed {
+            let queued = settled(c.event()).and_then(|e| self.raw_backend().wait_event(&e));
+            if let Err(e) = queued {
+                lock(&self.follow).get_or_insert(c);
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -250,6 +270,7 @@ impl Stream {
             tail: Mutex::new(None),
             capture: Mutex::new(None),
             deferred: Mutex::new(Deferred::default()),
+            follow: Mutex::new(None),
         });
         Ok(Stream { dev: dev.clone(), core })
     }
@@ -556,6 +577,30 @@ impl Stream {
         Ok(Completion::new(self.core.backend().record(false)?, self.core.id))
     }
 
+    /// A completion that stands for everything queued here so far: the work the stream
+    /// follows if nothing was queued since ([`Stream::follow`]: no event recorded), else a
+    /// completion recorded now. How a GPU group's member marks its arrival: in a loop of
+    /// collectives the members' streams then record nothing.
+    pub(crate) fn arrival(&self) -> Result<Completion> {
+        if let Some(c) = lock(&self.core.follow).as_ref() {
+            return Ok(c.clone());
+        }
+        self.record_completion()
+    }
+
+    /// Makes this stream's later work come after `c`, lazily: the stream queues the wait for
+    /// it only before its next work, a host wait on it or its failure check (as
+    /// [`Stream::post_deferred`]'s waits), so that a member of a GPU group whose next call
+    /// is the group's next collective queues nothing. `c` must come after everything queued
+    /// here so far (work that waited for this stream's [`Stream::arrival`]): it replaces the
+    /// work the stream followed. Also the stream's tail.
+    pub(crate) fn follow(&self, c: Completion) {
+        *lock(&self.core.tail) = Some(c.clone());
+        if c.stream() != self.core.id {
+            *lock(&self.core.follow) = Some(c);
+        }
+    }
+
     /// Makes this stream's later work wait until `c` has passed (a CUDA-visible dependency
     /// between streams: an event wait, never a wait on a memory value).
     pub(crate) fn wait_for(&self, c: &Completion) -> Result<()> {
@@ -597,6 +642,7 @@ impl Stream {
             let d = lock(&self.core.deferred);
             !d.pending.is_empty() && d.word != completed_word
         };
+        self.core.settle_follow()?;
         if stale {
             self.core.settle()?;
         }
@@ -823,6 +869,39 @@ impl Drop for Graph {
 mod tests {
     use crate::{Backend, Device, LaunchConfig};
     use ferrolink_device::kernels::copy::ferrolink_copy;
+
+    /// A stream that follows another's work (lazily, `Stream::follow`) runs its next work
+    /// after that work; its arrival is the followed work until it queues something.
+    #[test]
+    fn a_following_stream_runs_its_next_work_after_the_followed_work() {
+        use crate::runtime::host_mapped::HostMapped;
+        use crate::runtime::launch::LaunchTracking;
+        let dev = Device::open_with(Backend::Cpu, 0).unwrap();
+        let (a, b) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+        let gate = HostMapped::alloc(&dev, 8).unwrap();
+        let src = dev.alloc_from(&[7u8; 64]).unwrap();
+        let mid = dev.alloc::<u8>(64).unwrap();
+        let out = dev.alloc::<u8>(64).unwrap();
+        // SAFETY: `gate` is an aligned host-mapped word, alive until the streams have been
+        // synchronized below; the buffers hold 64 bytes each and do not overlap.
+        unsafe {
+            a.post(LaunchTracking::new(&dev), None, &[], Some((gate.device_addr(), 1))).unwrap();
+            a.copy_raw(mid.addr(), src.addr(), 64).unwrap();
+        }
+        let done = a.record_completion().unwrap();
+        b.follow(done.clone());
+        assert!(b.arrival().unwrap().stream() == done.stream(), "nothing queued since: the followed work");
+        // SAFETY: as above.
+        unsafe { b.copy_raw(out.addr(), mid.addr(), 64).unwrap() };
+        let copied = b.record_completion().unwrap();
+        assert!(!copied.finished() && !done.finished(), "stream a waits for the gate, b for a");
+        // SAFETY: the word is host-mapped, 8-byte aligned, read by stream `a` only atomically.
+        unsafe { (gate.host_ptr() as *const std::sync::atomic::AtomicU64).as_ref().unwrap() }
+            .store(1, std::sync::atomic::Ordering::Release);
+        b.synchronize().unwrap();
+        assert_eq!(out.to_vec().unwrap(), vec![7u8; 64]);
+        a.synchronize().unwrap();
+    }
 
     /// A graph holds what it uses for freeing (a keeper) but not for host accesses, replays
     /// with new inputs, and lets go when dropped; a capture whose closure fails or panics
