@@ -246,6 +246,35 @@ fn every_movement_of_every_type_on_two_and_three_ranks() {
     });
 }
 
+/// Across LSA domains (one-shot through GIN, `coll_gin`): 4 ranks in domains of 2 (direct
+/// puts inside a domain, the GIN proxy across) and 3 ranks each its own domain; every
+/// collective and reduction, in every form, at sizes 0, 1, odd and several CTAs' worth.
+#[test]
+fn every_collective_across_lsa_domains_through_gin() {
+    ferrolink::testing::for_each_backend("every_collective_across_lsa_domains_through_gin", |dev| {
+        for (n, domain) in [(4, 2), (3, 1)] {
+            let mut config = ferrolink::CommConfig::from_env(dev.backend());
+            config.lsa = ferrolink::LsaMode::Size(domain);
+            let comms = Communicator::init_all_with(&vec![dev.clone(); n], config)?;
+            check(comms[0].lsa_size() == domain, || {
+                format!("LSA domains of {domain} asked, {} made", comms[0].lsa_size())
+            })?;
+            let sizes = [0usize, 1, 37, 1029];
+            reductions::<f32>(&comms, &sizes)?;
+            reductions::<bf16>(&comms, &sizes)?;
+            reductions::<i64>(&comms, &sizes)?;
+            reductions::<u8>(&comms, &sizes)?;
+            movements::<f32>(&comms, &sizes)?;
+            movements::<f16>(&comms, &sizes)?;
+            movements::<u8>(&comms, &sizes)?;
+            let large = if dev.backend() == ferrolink::Backend::Cuda { 1 << 20 } else { 300_007 };
+            run_case::<f32>(&comms, Collective::new(CollKind::AllReduce, large), Form::Buffers)?;
+            run_case::<f32>(&comms, Collective::new(CollKind::AllToAll, large / n), Form::Windows)?;
+        }
+        Ok(())
+    });
+}
+
 #[test]
 fn large_all_reduce_both_algorithms() {
     ferrolink::testing::for_each_backend("large_all_reduce_both_algorithms", |dev| {

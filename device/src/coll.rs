@@ -1,6 +1,7 @@
 //! Collectives over LSA, written on the public primitives (windows, coops, LSA barriers):
 //! all-reduce (one-shot and two-shot), reduce-scatter, all-gather, broadcast, reduce and
-//! all-to-all, for every element type and reduction of [`DataType`] and [`RedOp`].
+//! all-to-all, for every element type and reduction of [`DataType`] and [`RedOp`]; across LSA
+//! domains the same collectives one-shot through GIN ([`run_gin`]).
 //!
 //! One kernel, [`crate::kernels::coll::coll_lsa`], runs them all from a [`CollArgs`]. Every
 //! algorithm has the same shape: CTA `b` of every rank meets the others at LSA barrier `b`
@@ -24,6 +25,7 @@ use crate::arch::{self, U32x4};
 use crate::barrier::LsaBarrierSession;
 use crate::comm::{DevComm, error_code};
 use crate::coop::{Coop, CoopCta};
+use crate::gin::{Gin, LocalAction, RemoteAction};
 use crate::lsa;
 use crate::window::DevWindow;
 use bytemuck::{Pod, Zeroable};
@@ -579,40 +581,73 @@ pub unsafe fn run_lsa(
             }
             CollKind::Reduce if me != args.root as usize => {}
             CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
-                reduce_dispatch(comm, send_win, recv_win, args, kind, dtype, op, recv, part, parts);
+                reduce_lsa(comm, send_win, recv_win, args, kind, dtype, op, recv, part, parts);
             }
         }
     }
     bar.sync();
 }
 
-/// The reductions of [`run_lsa`], with the element type and the reduction made static.
+/// [`reduce`] with the element type `dtype` and the reduction `op` made static (one
+/// specialized loop each): `nsrcs` sources `src(s)` and `ndsts` destinations `dst(d)` (byte
+/// addresses of `count` elements each), part `part` of `parts`; `Avg` averages over `nranks`.
 ///
 /// # Safety
-/// As [`run_lsa`].
+/// As [`reduce`], for elements of `dtype`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn reduce_dispatch(
-    comm: &DevComm,
-    send_win: &DevWindow,
-    recv_win: &DevWindow,
-    args: &CollArgs,
-    kind: CollKind,
+unsafe fn reduce_any<C: Coop>(
+    coop: C,
     dtype: DataType,
     op: RedOp,
-    recv: *mut u8,
+    nranks: u32,
+    ndsts: usize,
+    dst: impl Fn(usize) -> *mut u8,
+    nsrcs: usize,
+    src: impl Fn(usize) -> *const u8,
+    count: usize,
     part: usize,
     parts: usize,
 ) {
+    // Avg's steps only where asked: the other reductions' loops carry no branch for them.
+    macro_rules! with_op {
+        ($t:ty, $o:ty) => {
+            if op == RedOp::Avg {
+                reduce::<$t, $o, C>(
+                    coop,
+                    ndsts,
+                    |d| dst(d) as *mut $t,
+                    nsrcs,
+                    |s| src(s) as *const $t,
+                    count,
+                    part,
+                    parts,
+                    |x: $t| x.avg_pre(nranks),
+                    |x: $t| x.avg_post(nranks),
+                )
+            } else {
+                reduce::<$t, $o, C>(
+                    coop,
+                    ndsts,
+                    |d| dst(d) as *mut $t,
+                    nsrcs,
+                    |s| src(s) as *const $t,
+                    count,
+                    part,
+                    parts,
+                    |x: $t| x,
+                    |x: $t| x,
+                )
+            }
+        };
+    }
     macro_rules! by_op {
         ($t:ty) => {
             match op {
-                RedOp::Sum | RedOp::Avg => {
-                    reduce_kind::<$t, SumOp>(comm, send_win, recv_win, args, kind, op, recv, part, parts)
-                }
-                RedOp::Prod => reduce_kind::<$t, ProdOp>(comm, send_win, recv_win, args, kind, op, recv, part, parts),
-                RedOp::Min => reduce_kind::<$t, MinOp>(comm, send_win, recv_win, args, kind, op, recv, part, parts),
-                RedOp::Max => reduce_kind::<$t, MaxOp>(comm, send_win, recv_win, args, kind, op, recv, part, parts),
+                RedOp::Sum | RedOp::Avg => with_op!($t, SumOp),
+                RedOp::Prod => with_op!($t, ProdOp),
+                RedOp::Min => with_op!($t, MinOp),
+                RedOp::Max => with_op!($t, MaxOp),
             }
         };
     }
@@ -631,16 +666,19 @@ unsafe fn reduce_dispatch(
     }
 }
 
+/// The reductions of [`run_lsa`].
+///
 /// # Safety
 /// As [`run_lsa`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn reduce_kind<T: CollElem, O: Op>(
+unsafe fn reduce_lsa(
     comm: &DevComm,
     send_win: &DevWindow,
     recv_win: &DevWindow,
     args: &CollArgs,
     kind: CollKind,
+    dtype: DataType,
     op: RedOp,
     recv: *mut u8,
     part: usize,
@@ -648,33 +686,9 @@ unsafe fn reduce_kind<T: CollElem, O: Op>(
 ) {
     let coop = CoopCta;
     let (me, n) = (comm.lsa_rank as usize, comm.lsa_size as usize);
-    let count = args.count as usize;
-    let nranks = comm.lsa_size;
-    // Avg's steps only where asked: the other reductions' loops carry no branch for them.
-    macro_rules! reduce_with {
-        ($ndsts:expr, $dst:expr, $src:expr, $count:expr) => {
-            if op == RedOp::Avg {
-                reduce::<T, O, _>(
-                    coop,
-                    $ndsts,
-                    $dst,
-                    n,
-                    $src,
-                    $count,
-                    part,
-                    parts,
-                    |x: T| x.avg_pre(nranks),
-                    |x: T| x.avg_post(nranks),
-                )
-            } else {
-                reduce::<T, O, _>(coop, $ndsts, $dst, n, $src, $count, part, parts, |x: T| x, |x: T| x)
-            }
-        };
-    }
+    let (count, size) = (args.count as usize, dtype.size());
     let send = |first: usize| {
-        move |p: usize| {
-            send_win.lsa_ptr::<T>(args.send_offset as usize + first * core::mem::size_of::<T>(), p as u32) as *const T
-        }
+        move |p: usize| send_win.lsa_ptr::<u8>(args.send_offset as usize + first * size, p as u32) as *const u8
     };
     // SAFETY: forwarded contract: every range below is one the contract describes.
     unsafe {
@@ -682,19 +696,145 @@ unsafe fn reduce_kind<T: CollElem, O: Op>(
             CollKind::AllReduce if args.algo == algo::TWO_SHOT => {
                 // This rank's share of the elements, cut at 16-byte multiples, and within it
                 // this CTA's part; the result goes to every rank's output.
-                let (first_b, len_b) = lsa::split_16(count * core::mem::size_of::<T>(), me, n);
-                let (first, len) = (first_b / core::mem::size_of::<T>(), len_b / core::mem::size_of::<T>());
-                let dst = |p: usize| recv_win.lsa_ptr::<T>(args.recv_offset as usize + first_b, p as u32);
-                reduce_with!(n, dst, send(first), len);
+                let (first_b, len_b) = lsa::split_16(count * size, me, n);
+                let dst = |p: usize| recv_win.lsa_ptr::<u8>(args.recv_offset as usize + first_b, p as u32);
+                reduce_any(coop, dtype, op, n as u32, n, dst, n, send(first_b / size), len_b / size, part, parts);
             }
             CollKind::AllReduce | CollKind::Reduce => {
-                reduce_with!(1, |_| recv as *mut T, send(0), count);
+                reduce_any(coop, dtype, op, n as u32, 1, |_| recv, n, send(0), count, part, parts);
             }
-            _ => {
-                reduce_with!(1, |_| recv as *mut T, send(me * count), count);
+            _ => reduce_any(coop, dtype, op, n as u32, 1, |_| recv, n, send(me * count), count, part, parts),
+        }
+    }
+}
+
+/// Whether rank `from` sends its data to rank `to` in collective `kind` across LSA domains
+/// ([`run_gin`]): to every other rank, but for reduce (only to the root) and broadcast (only
+/// from the root).
+#[inline(always)]
+fn gin_sends(kind: CollKind, from: usize, to: usize, root: usize) -> bool {
+    from != to
+        && match kind {
+            CollKind::Reduce => to == root,
+            CollKind::Broadcast => from == root,
+            _ => true,
+        }
+}
+
+/// Runs `args` over every rank of the communicator, across LSA domains, as CTA `part` of
+/// `parts` of this rank: the body of [`crate::kernels::coll::coll_gin`]. One-shot through GIN:
+/// each rank puts the `count` elements each peer needs from it (its input; block `peer` of
+/// it for reduce-scatter and all-to-all) into slot `rank` of the peer's `gather` window
+/// (`count` elements per slot), CTA `b` putting part `b` and raising signal `b`; each CTA
+/// waits for its part from every rank that sends to it, computes its part of the output
+/// from its own input and those copies (reducing in rank order, so that every rank gets the
+/// same bits), resets its signal and meets every rank at the hybrid barrier `part` (LSA
+/// barrier, then GIN barrier across domains). GIN takes each peer's path: direct stores to
+/// LSA peers, the proxy to the others. `args.algo` is ignored.
+///
+/// # Ordering
+/// A put's signal is raised after its data has landed (GIN's ordering), and
+/// [`Gin::wait_signal`] acquires it: CTA `b` reads part `b` of each slot after its sender's
+/// data. Slot `s` of `gather` on rank `r` is written only by rank `s`, once per call; the
+/// hybrid barrier at the end (acquire-release at system scope) is passed by no rank before
+/// every rank has computed its output, so the next call's puts find the slots read. The
+/// signal is reset before that barrier, after the wait that consumed this call's raises, and
+/// the next call's raises come after the barrier. The inputs are read by the puts before the
+/// receivers' waits end, hence before the barrier: the caller may rewrite them after the call.
+///
+/// # Safety
+/// Every rank of the communicator calls it with the same `args` (but `recv`) and grid; its
+/// input lies at `args.send_offset` of its slot of `send_win` and is not written until the
+/// call has ended on every rank; `gather` holds `nranks * count` elements per rank and is
+/// used by nothing else meanwhile; `recv` holds the output, overlaps no input, and is not
+/// touched by others meanwhile; GIN context 0, signals `0..parts` and hybrid barriers
+/// `0..parts` (LSA and GIN barriers of those indices) are this call's.
+pub unsafe fn run_gin(
+    comm: &DevComm,
+    send_win: &DevWindow,
+    gather: &DevWindow,
+    args: &CollArgs,
+    recv: *mut u8,
+    part: usize,
+    parts: usize,
+) {
+    let coop = CoopCta;
+    let (Some(kind), Some(dtype), Some(op)) =
+        (CollKind::from_code(args.kind), DataType::from_code(args.dtype), RedOp::from_code(args.op))
+    else {
+        comm.fail(
+            error_code::COLL_ARGS,
+            u64::from(args.kind) << 32 | u64::from(args.algo),
+            u64::from(args.dtype) << 32 | u64::from(args.op),
+        );
+    };
+    if args.root >= comm.nranks {
+        comm.fail(error_code::COLL_ARGS, u64::from(args.kind) << 32, u64::from(args.root));
+    }
+    let gin = Gin::new(comm, 0);
+    let team = comm.world();
+    let (me, n, root) = (comm.rank as usize, comm.nranks as usize, args.root as usize);
+    let (count, size) = (args.count as usize, dtype.size());
+    let bytes = count * size;
+    let block = |to: usize| if matches!(kind, CollKind::ReduceScatter | CollKind::AllToAll) { to * bytes } else { 0 };
+    let (start, len) = lsa::split_16(bytes, part, parts);
+    let signal = part as u32;
+    if len > 0 {
+        for q in (0..n).filter(|&q| gin_sends(kind, me, q, root)) {
+            // SAFETY: both windows are this communicator's; the source range is this rank's
+            // input (unchanged until every rank's call ended: contract), the destination is
+            // slot `me` of the peer's gather window, written by nobody else (contract).
+            unsafe {
+                gin.put(
+                    coop,
+                    team,
+                    q as u32,
+                    *gather,
+                    me * bytes + start,
+                    *send_win,
+                    args.send_offset as usize + block(q) + start,
+                    len,
+                    RemoteAction::SignalInc(signal),
+                    LocalAction::None,
+                )
+            };
+        }
+        let expected = (0..n).filter(|&s| gin_sends(kind, s, me, root)).count() as u64;
+        if expected > 0 && gin.wait_signal(coop, signal, expected).is_err() {
+            // Aborted: the host reports it.
+            return;
+        }
+    }
+    let src = |p: usize| -> *const u8 {
+        if p == me {
+            send_win.local_ptr::<u8>(args.send_offset as usize + block(me))
+        } else {
+            gather.local_ptr::<u8>(p * bytes)
+        }
+    };
+    // SAFETY: (all arms) the ranges the contract describes, this CTA's part of each (cut the
+    // same way as the puts: `lsa::split_16` of the same bytes).
+    unsafe {
+        match kind {
+            CollKind::AllGather | CollKind::AllToAll => {
+                for p in 0..n {
+                    lsa::copy(coop, recv.add(p * bytes), src(p), bytes, part, parts);
+                }
+            }
+            CollKind::Broadcast => lsa::copy(coop, recv, src(root), bytes, part, parts),
+            CollKind::Reduce if me != root => {}
+            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
+                reduce_any(coop, dtype, op, n as u32, 1, |_| recv, n, src, count, part, parts)
             }
         }
     }
+    coop.sync();
+    if len > 0 && coop.thread_rank() == 0 {
+        gin.reset_signal(signal);
+    }
+    // SAFETY: hybrid barrier `part` is this call's (contract). An abort ends it early: the
+    // host reports it.
+    let _ = unsafe { crate::gin::hybrid_sync(coop, comm, 0, part as u32) };
 }
 
 /// The ranks of one communicator that share a GPU in one process (a *GPU group*, issue 12)

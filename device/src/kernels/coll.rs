@@ -25,6 +25,21 @@ kernel! {
 }
 
 kernel! {
+    /// Runs the collective `args` over every rank of the communicator, across LSA domains,
+    /// through GIN (see [`coll::run_gin`]): every rank's input at `args.send_offset` of its
+    /// slot of `send`; `gather` (`nranks * count` elements per rank) receives the peers'
+    /// data; the output at `recv` (this rank's, any device memory). CTA `b` uses signal `b`
+    /// and hybrid barrier `b`.
+    ///
+    /// # Safety
+    /// As [`coll::run_gin`].
+    pub unsafe fn coll_gin(comm: DevComm, send: DevWindow, gather: DevWindow, args: CollArgs, recv: *mut u8) {
+        // SAFETY: the kernel's contract.
+        unsafe { coll::run_gin(&comm, &send, &gather, &args, recv, arch::block_idx_x(), arch::grid_dim_x()) }
+    }
+}
+
+kernel! {
     /// The GPU group's persistent kernel (see [`coll::group`]): one kernel for the ranks of
     /// `ranks` (those of one communicator on this GPU), CTA `b` serving part `b %
     /// ctas_per_rank` of rank `b / ctas_per_rank`, each reading its rank's operations from

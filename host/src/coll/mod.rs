@@ -9,9 +9,10 @@
 //! ([`Input::Window`], [`Output::Window`]) are used where they are (zero copy), the others are
 //! staged through the communicator's own windows (a device copy before and after).
 //!
-//! Today every rank of the communicator must be in one LSA domain (one node, or one NVLink
-//! domain): across domains the collectives need GIN ring and tree algorithms, which are not
-//! built yet (the call says so).
+//! Across LSA domains (several nodes, or `FERROLINK_LSA` on one) every collective runs
+//! one-shot through GIN instead (`ferrolink_device::coll::run_gin`: each rank puts what each
+//! peer needs into the peer's gather window, then computes from its copies); ring and tree
+//! algorithms for large messages across domains are not built yet.
 //!
 //! ```
 //! # fn main() -> ferrolink::Result<()> {
@@ -40,7 +41,7 @@ use crate::{Backend, Error, Result};
 use ferrolink_device::coll::CollArgs;
 use ferrolink_device::coll::group::{CollOp, RankOp};
 pub use ferrolink_device::coll::{CollElem, CollKind, DataType, RedOp as ReduceOp, algo};
-use ferrolink_device::kernels::coll::{coll_gpu_group_launch, coll_lsa};
+use ferrolink_device::kernels::coll::{coll_gin, coll_gpu_group_launch, coll_lsa};
 use ferrolink_device::kernels::copy::ferrolink_copy;
 pub use half::{bf16, f16};
 pub use p2p::{MAX_GROUP_OPS, P2pConfig, P2pGroup};
@@ -138,6 +139,8 @@ pub(crate) struct CollState {
     /// Staging for inputs (`send`) and outputs (`recv`), grown (collectively) on demand.
     send: Option<Window>,
     recv: Option<Window>,
+    /// Across LSA domains: where the peers' data lands (a slot per rank).
+    gather: Option<Window>,
     /// The ranks of this communicator on this rank's GPU in this process.
     pub(crate) group: Arc<group::GpuGroup>,
 }
@@ -150,13 +153,19 @@ impl CollState {
             // The ring now, before any of the group's kernels runs.
             group.prepare(comm.device())?;
         }
-        Ok(CollState { handle: None, send: None, recv: None, group })
+        Ok(CollState { handle: None, send: None, recv: None, gather: None, group })
     }
 
     /// Replaces the device communicator (after the staging windows changed).
     fn renew_handle(&mut self, comm: &Communicator) -> Result<()> {
-        self.handle =
-            Some(comm.create_dev_comm(&DevCommRequirements { lsa_barrier_count: MAX_CTAS, ..Default::default() })?);
+        let mut req = DevCommRequirements { lsa_barrier_count: MAX_CTAS, ..Default::default() };
+        if comm.lsa_size() != comm.nranks() {
+            // `coll_gin`: a signal and a (hybrid) barrier per CTA, on one context.
+            req.gin_context_count = 1;
+            req.gin_signal_count = MAX_CTAS;
+            req.gin_barrier_count = MAX_CTAS;
+        }
+        self.handle = Some(comm.create_dev_comm(&req)?);
         Ok(())
     }
 }
@@ -252,12 +261,8 @@ impl Communicator {
     pub fn collective<T: CollElem>(&self, coll: &Collective, input: Input<'_, T>, output: Output<'_, T>) -> Result<()> {
         let n = self.nranks();
         let name = coll.name();
-        if self.lsa_size() != n {
-            return Err(Error::InvalidArgument(format!(
-                "{name}: the communicator spans {} LSA domains; collectives across LSA domains (GIN ring and tree) are not built yet",
-                n / self.lsa_size()
-            )));
-        }
+        // Across LSA domains: one-shot through GIN (`coll_gin`).
+        let across = self.lsa_size() != n;
         if matches!(coll.kind, CollKind::Broadcast | CollKind::Reduce) && coll.root >= n {
             return Err(Error::InvalidArgument(format!("{name}: root {} is not a rank of {n}", coll.root)));
         }
@@ -301,7 +306,7 @@ impl Communicator {
         if coll.count == 0 {
             return Ok(());
         }
-        let algo = self.pick_algo(coll, size)?;
+        let algo = if across { algo::ONE_SHOT } else { self.pick_algo(coll, size)? };
         let (in_bytes, out_bytes) = (in_len * size, out_len * size);
         // The module before anything else: loading it may wait for the device's running
         // kernels, and after the set-up below peers' kernels may be waiting for this rank.
@@ -326,6 +331,10 @@ impl Communicator {
         let out_via_recv = in_place_window || (algo == algo::TWO_SHOT && !matches!(output, Output::Window(..)));
         if out_via_recv {
             grew |= grow(self, &mut state.recv, out_bytes, fixed)?;
+        }
+        if across {
+            // Each rank's data for this rank, one slot per rank.
+            grew |= grow(self, &mut state.gather, n * coll.count * size, fixed)?;
         }
         // The device communicator after the windows (windows first, as for every device
         // communicator); a replaced one stays alive until its kernels have run.
@@ -408,7 +417,18 @@ impl Communicator {
             recv_win.track(&mut uses);
             out_ptr.track(&mut uses);
             let op = CollOp { args, send: send_win.param(), recv_win: recv_win.param(), recv: out_ptr.param() as u64 };
-            if persistent_ctas.is_some() {
+            if across {
+                let gather = state.gather.as_ref().expect("grown above");
+                // SAFETY: `coll_gin`'s contract: every rank launches the same args and grid
+                // (the call is collective); the input lies at `send_off` of every rank's slot
+                // of `send_win` (lengths checked) and nothing writes it until the kernel ends
+                // on every rank (its final barrier); `gather` holds `nranks * count` elements
+                // (grown above) and only this stream's collectives use it, one at a time; the
+                // output holds `out_bytes` (checked) and overlaps no input; GIN context 0,
+                // signals and hybrid barriers 0..ctas (MAX_CTAS of each made by
+                // `renew_handle`) serve one collective at a time on this stream.
+                unsafe { stream.launch(module, &coll_gin, cfg, (handle, send_win, gather, args, out_ptr))? };
+            } else if persistent_ctas.is_some() {
                 // Persistent mode: the GPU's persistent kernel runs it.
                 let queued = self.enqueue_persistent(op, uses)?;
                 debug_assert!(queued, "persistent mode was on when the grid was chosen");
