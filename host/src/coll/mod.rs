@@ -392,6 +392,10 @@ impl Communicator {
         // share this GPU share its SMs.
         let ctas = match persistent_ctas {
             Some(p) => p,
+            // Across domains one CTA per rank: on the H200 (2026-12-01) `coll_gin` with 4 CTAs
+            // per rank (64 KiB) hung through the GIN proxy while 1 CTA ran; not understood yet
+            // (the emulator runs several), so one CTA until it is.
+            None if across => 1,
             None => grid(dev, out_bytes.max(in_bytes)).min((dev.sm_count() / self.ranks_sharing_gpu() as u32).max(1)),
         };
         let args = CollArgs {
