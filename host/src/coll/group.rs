@@ -358,9 +358,8 @@ impl GpuGroup {
         seq: u64,
         work: Work<'_>,
     ) -> Result<()> {
-        let stream = caller;
-        let mut uses = std::mem::replace(&mut g.uses, LaunchTracking::new(stream.device()));
-        let on = g.launch_stream.take().unwrap_or_else(|| stream.share());
+        let mut uses = std::mem::replace(&mut g.uses, LaunchTracking::new(caller.device()));
+        let on = g.launch_stream.take().unwrap_or_else(|| caller.share());
         let stream = &on;
         let launch = matches!(work, Work::Launch { .. });
         if !launch {
