@@ -519,6 +519,21 @@ pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
     }
 }
 
+/// The kind, type and reduction of `args`, checked: an unknown code, an unknown algorithm,
+/// or a root at or above `ranks` (the ranks the call spans) is a fault (reported with the
+/// codes, then a trap).
+#[inline(always)]
+fn parse_args(comm: &DevComm, args: &CollArgs, ranks: u32) -> (CollKind, DataType, RedOp) {
+    match (CollKind::from_code(args.kind), DataType::from_code(args.dtype), RedOp::from_code(args.op)) {
+        (Some(kind), Some(dtype), Some(op)) if args.algo <= algo::TWO_SHOT && args.root < ranks => (kind, dtype, op),
+        _ => comm.fail(
+            error_code::COLL_ARGS,
+            u64::from(args.kind) << 32 | u64::from(args.algo),
+            u64::from(args.dtype) << 32 | u64::from(args.op),
+        ),
+    }
+}
+
 /// Runs `args` as CTA `part` of `parts` of this rank (see the module docs): the body of
 /// [`crate::kernels::coll::coll_lsa`]. `recv` is this rank's output (any device memory)
 /// for every algorithm but two-shot all-reduce.
@@ -539,22 +554,7 @@ pub unsafe fn run_lsa(
     parts: usize,
 ) {
     let coop = CoopCta;
-    let (Some(kind), Some(dtype), Some(op)) =
-        (CollKind::from_code(args.kind), DataType::from_code(args.dtype), RedOp::from_code(args.op))
-    else {
-        comm.fail(
-            error_code::COLL_ARGS,
-            u64::from(args.kind) << 32 | u64::from(args.algo),
-            u64::from(args.dtype) << 32 | u64::from(args.op),
-        );
-    };
-    if args.algo > algo::TWO_SHOT || args.root >= comm.lsa_size {
-        comm.fail(
-            error_code::COLL_ARGS,
-            u64::from(args.kind) << 32 | u64::from(args.algo),
-            u64::from(args.dtype) << 32 | u64::from(args.op),
-        );
-    }
+    let (kind, dtype, op) = parse_args(comm, args, comm.lsa_size);
     // SAFETY: barrier `args.barrier + part` is this CTA's (contract).
     let mut bar = unsafe { LsaBarrierSession::new(coop, comm, args.barrier + part as u32) };
     bar.sync();
@@ -759,18 +759,7 @@ pub unsafe fn run_gin(
     parts: usize,
 ) {
     let coop = CoopCta;
-    let (Some(kind), Some(dtype), Some(op)) =
-        (CollKind::from_code(args.kind), DataType::from_code(args.dtype), RedOp::from_code(args.op))
-    else {
-        comm.fail(
-            error_code::COLL_ARGS,
-            u64::from(args.kind) << 32 | u64::from(args.algo),
-            u64::from(args.dtype) << 32 | u64::from(args.op),
-        );
-    };
-    if args.root >= comm.nranks {
-        comm.fail(error_code::COLL_ARGS, u64::from(args.kind) << 32, u64::from(args.root));
-    }
+    let (kind, dtype, op) = parse_args(comm, &CollArgs { algo: algo::ONE_SHOT, ..*args }, comm.nranks);
     let gin = Gin::new(comm, 0);
     let team = comm.world();
     let (me, n, root) = (comm.rank as usize, comm.nranks as usize, args.root as usize);
@@ -846,7 +835,7 @@ pub unsafe fn run_gin(
 /// in persistent mode the kernel is long-lived and takes operations in order from a ring of
 /// slots in device memory and a sequence word, which one stream of the group writes.
 pub mod group {
-    use super::{CollArgs, run_lsa};
+    use super::{CollArgs, run_gin, run_lsa};
     use crate::arch::{self, LoadOrder, RmwOrder, Scope, StoreOrder, U32x4, atomic};
     use crate::comm::DevComm;
     use crate::coop::{Coop, CoopCta};
@@ -871,6 +860,9 @@ pub mod group {
         pub recv_win: DevWindow,
         /// The output (this rank's).
         pub recv: u64,
+        /// Across LSA domains, where peers' data lands ([`run_gin`]'s `gather`); unused
+        /// inside one domain.
+        pub gather: DevWindow,
     }
 
     /// One rank's entry of a ring slot: its operation and its device communicator.
@@ -981,6 +973,9 @@ pub mod group {
         }
     }
 
+    // A kernel's parameters take at most 32764 bytes (sm_70 and later, CUDA 12.1 and later).
+    const _: () = assert!(core::mem::size_of::<GroupLaunch>() <= 32764);
+
     /// Byte offset of [`GroupLaunch::ops`].
     pub const GROUP_LAUNCH_OPS_OFFSET: usize = core::mem::offset_of!(GroupLaunch, ops);
 
@@ -1040,8 +1035,13 @@ pub mod group {
         }
         let (op, comm) = (entry.op, entry.comm);
         let args = CollArgs { barrier: 0, ..op.args };
-        // SAFETY: the operation follows `run_lsa`'s contract (the callers' contracts).
-        unsafe { run_lsa(&comm, &op.send, &op.recv_win, &args, op.recv as *mut u8, cta, per) };
+        if comm.lsa_size < comm.nranks {
+            // SAFETY: the operation follows `run_gin`'s contract (the callers' contracts).
+            unsafe { run_gin(&comm, &op.send, &op.gather, &args, op.recv as *mut u8, cta, per) };
+        } else {
+            // SAFETY: the operation follows `run_lsa`'s contract (the callers' contracts).
+            unsafe { run_lsa(&comm, &op.send, &op.recv_win, &args, op.recv as *mut u8, cta, per) };
+        }
         false
     }
 

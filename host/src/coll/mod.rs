@@ -262,18 +262,8 @@ impl Communicator {
         let n = self.nranks();
         let name = coll.name();
         // Across LSA domains: one-shot through GIN (`coll_gin`).
+        // (Persistent mode never starts across domains: `start_persistent` refuses.)
         let across = self.lsa_size() != n;
-        if across
-            && self.device().backend() == Backend::Cuda
-            && std::env::var("FERROLINK_COLL_GIN").as_deref() != Ok("1")
-        {
-            return Err(Error::InvalidArgument(format!(
-                "{name}: the communicator spans {} LSA domains; collectives across LSA domains (one-shot through \
-                 GIN) pass on the emulator but hung on the H200 in loops of calls through the GIN proxy (2026-12-01, \
-                 not understood yet): set FERROLINK_COLL_GIN=1 to run them anyway",
-                n / self.lsa_size()
-            )));
-        }
         if matches!(coll.kind, CollKind::Broadcast | CollKind::Reduce) && coll.root >= n {
             return Err(Error::InvalidArgument(format!("{name}: root {} is not a rank of {n}", coll.root)));
         }
@@ -403,10 +393,7 @@ impl Communicator {
         // share this GPU share its SMs.
         let ctas = match persistent_ctas {
             Some(p) => p,
-            // Across domains one CTA per rank: on the H200 (2026-12-01) `coll_gin` with 4 CTAs
-            // per rank (64 KiB) hung through the GIN proxy while 1 CTA ran 44 calls of 4 KiB
-            // (longer loops hung too; see the check above); the emulator runs several.
-            None if across => 1,
+            None if across => gin_grid(out_bytes.max(in_bytes))?,
             None => grid(dev, out_bytes.max(in_bytes)).min((dev.sm_count() / self.ranks_sharing_gpu() as u32).max(1)),
         };
         let args = CollArgs {
@@ -431,25 +418,52 @@ impl Communicator {
             send_win.track(&mut uses);
             recv_win.track(&mut uses);
             out_ptr.track(&mut uses);
-            let op = CollOp { args, send: send_win.param(), recv_win: recv_win.param(), recv: out_ptr.param() as u64 };
-            if across {
-                let gather = state.gather.as_ref().expect("grown above");
-                // SAFETY: `coll_gin`'s contract: every rank launches the same args and grid
-                // (the call is collective); the input lies at `send_off` of every rank's slot
-                // of `send_win` (lengths checked) and nothing writes it until the kernel ends
-                // on every rank (its final barrier); `gather` holds `nranks * count` elements
-                // (grown above) and only this stream's collectives use it, one at a time; the
-                // output holds `out_bytes` (checked) and overlaps no input; GIN context 0,
-                // signals and hybrid barriers 0..ctas (MAX_CTAS of each made by
-                // `renew_handle`) serve one collective at a time on this stream.
-                unsafe { stream.launch(module, &coll_gin, cfg, (handle, send_win, gather, args, out_ptr))? };
-            } else if persistent_ctas.is_some() {
+            let gather = if across { Some(state.gather.as_ref().expect("grown above")) } else { None };
+            let op = CollOp {
+                args,
+                send: send_win.param(),
+                recv_win: recv_win.param(),
+                recv: out_ptr.param() as u64,
+                gather: gather.map(|g| g.param()).unwrap_or_default(),
+            };
+            if let Some(g) = gather {
+                g.track(&mut uses);
+            }
+            // A launch of this rank's own (no GPU group, or a call being captured).
+            let launch_own = move || -> Result<()> {
+                if let Some(gather) = gather {
+                    // SAFETY: `coll_gin`'s contract: every rank launches the same args and
+                    // grid (the call is collective); the input lies at `send_off` of every
+                    // rank's slot of `send_win` (lengths checked) and nothing writes it until
+                    // the kernel ends on every rank (its final barrier); `gather` holds
+                    // `nranks * count` elements (grown above) and only this stream's
+                    // collectives use it, one at a time; the output holds `out_bytes`
+                    // (checked) and overlaps no input; GIN context 0, signals and hybrid
+                    // barriers 0..ctas (MAX_CTAS of each made by `renew_handle`) serve one
+                    // collective at a time on this stream.
+                    unsafe { stream.launch(module, &coll_gin, cfg, (handle, send_win, gather, args, out_ptr)) }
+                } else {
+                    // SAFETY: the kernel's contract: every rank launches the same args and
+                    // grid (the call is collective; the debug check verifies it); the input
+                    // lies at `send_off` of every rank's slot of `send_win` (lengths checked)
+                    // and nothing writes it until the kernel ends on every rank (its exit
+                    // barrier); the output holds `out_bytes` (checked) and overlaps no input
+                    // (a staged copy, or distinct windows: in place from a window goes
+                    // through the staging windows); barriers 0..ctas of the default set
+                    // (MAX_CTAS of them) are used by this stream only, one collective at a
+                    // time.
+                    unsafe { stream.launch(module, &coll_lsa, cfg, (handle, send_win, recv_win, args, out_ptr)) }
+                }
+            };
+            if persistent_ctas.is_some() {
                 // Persistent mode: the GPU's persistent kernel runs it.
                 let queued = self.enqueue_persistent(op, uses)?;
                 debug_assert!(queued, "persistent mode was on when the grid was chosen");
             } else if shared_launch {
                 // Ranks sharing this GPU in this process: one kernel for all of them, launched
-                // by the last to get here (see `group`).
+                // by the last to get here (see `group`); across LSA domains too (the ranks'
+                // kernels wait for each other: launched apart, on streams that may share a
+                // hardware queue, they could deadlock).
                 let threads = threads(dev);
                 let resident = *group.resident.get_or_init(|| {
                     module.resident_ctas(&coll_gpu_group_launch, group::kernel_config(1, threads)).ok().flatten()
@@ -481,18 +495,10 @@ impl Communicator {
                     group.run(Some(self), g, &launch_on, seq, group::Work::Launch { module, threads })?;
                 }
                 if capturing {
-                    // SAFETY: as for `coll_lsa` below.
-                    unsafe { stream.launch(module, &coll_lsa, cfg, (handle, send_win, recv_win, args, out_ptr))? };
+                    launch_own()?;
                 }
             } else {
-                // SAFETY: the kernel's contract: every rank launches the same args and grid (the
-                // call is collective; the debug check verifies it); the input lies at `send_off` of
-                // every rank's slot of `send_win` (lengths checked) and nothing writes it until
-                // the kernel ends on every rank (its exit barrier); the output holds `out_bytes`
-                // (checked) and overlaps no input (a staged copy, or distinct windows: in place
-                // from a window goes through the staging windows); barriers 0..ctas of the default
-                // set (MAX_CTAS of them) are used by this stream only, one collective at a time.
-                unsafe { stream.launch(module, &coll_lsa, cfg, (handle, send_win, recv_win, args, out_ptr))? };
+                launch_own()?;
             }
         }
         // (A reduce leaves non-root outputs as they are.)
@@ -679,6 +685,24 @@ fn grid(dev: &crate::Device, bytes: usize) -> u32 {
         Backend::Cpu => 1 << 20,
     };
     (bytes.div_ceil(per) as u32).clamp(1, MAX_CTAS)
+}
+
+/// Across LSA domains, the most CTAs per rank (`coll_gin`): each CTA puts its part to
+/// every peer and raises a signal; through the proxy one ring per peer carries them all,
+/// so more CTAs add descriptors, not bandwidth.
+const GIN_MAX_CTAS: u32 = 8;
+
+/// Across LSA domains, CTAs per rank for `bytes`: one per 256 KiB, at most [`GIN_MAX_CTAS`];
+/// `FERROLINK_COLL_GIN_CTAS=N` (1..=MAX_CTAS) fixes it. (On the H200, 2026-12-01, 64 CTAs
+/// per rank of 16 KiB each through the TCP proxy stalled waits for seconds.)
+fn gin_grid(bytes: usize) -> Result<u32> {
+    match std::env::var("FERROLINK_COLL_GIN_CTAS") {
+        Ok(v) => match v.parse::<u32>() {
+            Ok(c) if (1..=MAX_CTAS).contains(&c) => Ok(c),
+            _ => Err(Error::InvalidArgument(format!("FERROLINK_COLL_GIN_CTAS={v}: expected 1 to {MAX_CTAS}"))),
+        },
+        Err(_) => Ok((bytes.div_ceil(256 << 10) as u32).clamp(1, GIN_MAX_CTAS)),
+    }
 }
 
 /// Threads per CTA: 256 on the GPU (the kernel, one body for every type and reduction, uses
