@@ -14,7 +14,7 @@
 //! | `&Window` | `DevWindow` | a use that keeps the window's memory alive until the kernel ends |
 //! | `&DevCommHandle` | `DevComm` | the same, and its fault reports become the stream's errors |
 
-use crate::runtime::lifetime::Uses;
+use crate::runtime::lifetime::{Completion, StreamId, Uses};
 use crate::runtime::stream::StreamObserver;
 use crate::{Device, Error, Result};
 pub use ferrolink_device::kernel::{KernelArgs, KernelParam};
@@ -125,6 +125,13 @@ impl LaunchTracking {
     /// The device the work runs on.
     pub(crate) fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// What work queued on stream `stream` must wait for first: other streams' uses that
+    /// may still run, of what it writes (reads and writes) and of what it reads (writes).
+    pub(crate) fn foreign_pending(&self, stream: StreamId) -> Vec<Completion> {
+        let writes = self.writes.iter().flat_map(|u| u.pending_from_others(stream, false));
+        writes.chain(self.reads.iter().flat_map(|u| u.pending_from_others(stream, true))).collect()
     }
 
     /// Adds what `other` tracks (another rank's part of one piece of work).

@@ -121,6 +121,23 @@ impl Uses {
         u.writes.clone()
     }
 
+    /// Completions of uses by streams other than `stream` that may still run (writes only
+    /// with `writes_only`); forgets finished ones. Uses by `stream` itself are neither
+    /// returned nor queried: its own order covers them, and in a loop of launches on one
+    /// stream (a GPU group's shared launch records into every member's resources) an event
+    /// query per resource per launch is host time that grows with the resources.
+    pub(crate) fn pending_from_others(&self, stream: StreamId, writes_only: bool) -> Vec<Completion> {
+        let mut u = lock(&self.0);
+        let UsesInner { reads, writes, .. } = &mut *u;
+        let mut out = Vec::new();
+        let lists: [&mut Vec<Completion>; 2] = [writes, reads];
+        for list in lists.into_iter().take(if writes_only { 1 } else { 2 }) {
+            list.retain(|c| c.stream == stream || !c.finished());
+            out.extend(list.iter().filter(|c| c.stream != stream).cloned());
+        }
+        out
+    }
+
     /// Records a keeper: something that may queue work using the resource until `c`
     /// finishes (a captured graph, until it is dropped).
     pub(crate) fn record_keeper(&self, c: &Completion) {

@@ -158,16 +158,8 @@ impl StreamCore {
 
     /// Makes the stream wait for the other streams' pending uses that `t` conflicts with.
     fn wait_foreign(&self, backend: &dyn StreamBackend, t: &LaunchTracking) -> Result<()> {
-        let foreign = |c: &Completion| c.stream() != self.id;
-        for u in &t.writes {
-            for c in u.pending().iter().filter(|c| foreign(c)) {
-                backend.wait_event(&settled(c.event())?)?;
-            }
-        }
-        for u in &t.reads {
-            for c in u.pending_writes().iter().filter(|c| foreign(c)) {
-                backend.wait_event(&settled(c.event())?)?;
-            }
+        for c in t.foreign_pending(self.id) {
+            backend.wait_event(&settled(c.event())?)?;
         }
         Ok(())
     }
@@ -339,15 +331,7 @@ impl Stream {
         let backend = self.core.backend();
         let id = self.core.id;
         if let Some(cap) = lock(&self.core.capture).as_mut() {
-            let foreign = |c: &Completion| c.stream() != id;
-            let mut waits: Vec<Completion> = t
-                .writes
-                .iter()
-                .flat_map(|u| u.pending())
-                .chain(t.reads.iter().flat_map(|u| u.pending_writes()))
-                .collect();
-            waits.retain(foreign);
-            lifetime::wait_all(&waits, "a captured operation")?;
+            lifetime::wait_all(&t.foreign_pending(id), "a captured operation")?;
             op(&*backend)?;
             cap.reads.extend(t.reads);
             cap.writes.extend(t.writes);

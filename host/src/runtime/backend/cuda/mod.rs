@@ -36,9 +36,17 @@ struct Ctx {
     context: sys::CUcontext,
     /// Private non-blocking stream for allocations, frees and host copies.
     copy_stream: sys::CUstream,
+    /// Events without timing that no one holds any more, for the next records: a loop of
+    /// launches records one per launch, and creating and destroying each costs two driver
+    /// calls. (Re-recording an event is allowed; waits already queued on it keep the record
+    /// they saw.)
+    free_events: std::sync::Mutex<Vec<sys::CUevent>>,
 }
 
-// SAFETY: CUdevice is an integer, CUcontext and CUstream are driver handles that any thread
+/// Events kept in [`Ctx::free_events`] at most (more are destroyed).
+const EVENT_POOL: usize = 1024;
+
+// SAFETY: CUdevice is an integer, CUcontext, CUstream and CUevent are driver handles that any thread
 // may use with the context current (every use pushes it first); the driver API is
 // thread-safe.
 unsafe impl Send for Ctx {}
@@ -56,6 +64,10 @@ impl Ctx {
 impl Drop for Ctx {
     fn drop(&mut self) {
         if let Ok(_g) = self.bind() {
+            for e in std::mem::take(&mut *crate::runtime::lifetime::lock(&self.free_events)) {
+                // SAFETY: a pooled event: no one holds it (its `CudaEvent` is gone).
+                let _ = unsafe { driver::event_destroy(e) };
+            }
             // SAFETY: the copy stream is ours and nothing uses it any more (every object that
             // could holds this context).
             if let Err(e) = unsafe { driver::stream_destroy(self.copy_stream) } {
@@ -106,7 +118,13 @@ impl CudaDevice {
                 return Err(e);
             }
         };
-        Ok(CudaDevice { ctx: Arc::new(Ctx { device, context, copy_stream }), ordinal, sm_count, name, uuid })
+        Ok(CudaDevice {
+            ctx: Arc::new(Ctx { device, context, copy_stream, free_events: Default::default() }),
+            ordinal,
+            sm_count,
+            name,
+            uuid,
+        })
     }
 
     fn peer(other: &dyn DeviceBackend) -> Result<&CudaDevice> {
@@ -433,7 +451,11 @@ impl StreamBackend for CudaStream {
 
     fn record(&self, timing: bool) -> Result<Arc<dyn EventBackend>> {
         let _g = self.ctx.bind()?;
-        let event = CudaEvent { ctx: self.ctx.clone(), event: driver::event_create(timing)? };
+        let pooled = if timing { None } else { crate::runtime::lifetime::lock(&self.ctx.free_events).pop() };
+        let event = match pooled {
+            Some(event) => CudaEvent { ctx: self.ctx.clone(), event, timing },
+            None => CudaEvent { ctx: self.ctx.clone(), event: driver::event_create(timing)?, timing },
+        };
         // SAFETY: both handles are live.
         unsafe { driver::event_record(event.event, self.stream)? };
         Ok(Arc::new(event))
@@ -560,6 +582,8 @@ impl Drop for CudaStream {
 struct CudaEvent {
     ctx: Arc<Ctx>,
     event: sys::CUevent,
+    /// Made with timing (never pooled).
+    timing: bool,
 }
 
 // SAFETY: event handles may be used from any thread with the context current.
@@ -602,6 +626,13 @@ impl EventBackend for CudaEvent {
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
+        if !self.timing {
+            let mut pool = crate::runtime::lifetime::lock(&self.ctx.free_events);
+            if pool.len() < EVENT_POOL {
+                pool.push(self.event);
+                return;
+            }
+        }
         let Ok(_g) = self.ctx.bind() else { return };
         // SAFETY: not used after this.
         let _ = unsafe { driver::event_destroy(self.event) };
