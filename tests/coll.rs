@@ -281,12 +281,16 @@ fn large_all_reduce_both_algorithms() {
         let count = if dev.backend() == ferrolink::Backend::Cuda { 3 << 20 } else { 300_007 };
         let comms = comms_of(dev, 4)?;
         for a in [algo::ONE_SHOT, algo::TWO_SHOT] {
-            for form in [Form::Buffers, Form::Windows] {
+            // Every form: in place, each CTA stages the bytes it later overwrites (many CTAs
+            // at this size, so a cut that differed between staging and writing would show).
+            for form in ALL_FORMS {
                 let c = Collective { algo: Some(a), ..Collective::new(CollKind::AllReduce, count) };
                 run_case::<f32>(&comms, c, form)?;
             }
         }
-        run_case::<bf16>(&comms, Collective::new(CollKind::AllGather, count / 4), Form::Buffers)?;
+        for form in [Form::Buffers, Form::InPlace, Form::WindowInPlace] {
+            run_case::<bf16>(&comms, Collective::new(CollKind::AllGather, count / 4), form)?;
+        }
         Ok(())
     });
 }

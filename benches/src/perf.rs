@@ -820,6 +820,8 @@ pub struct CollBench {
     pub algo: Option<u32>,
     /// Persistent mode (collectives only).
     pub persistent: bool,
+    /// Inputs and outputs in plain device buffers (staged by the kernel) instead of windows.
+    pub buffers: bool,
 }
 
 /// One row of a collective benchmark (nccl-tests' columns).
@@ -857,8 +859,8 @@ pub fn bus_factor(kind: ferrolink::coll::CollKind, n: usize) -> f64 {
 }
 
 /// One rank's part of a collective benchmark (every rank calls it; rank 0 returns the rows).
-/// Inputs and outputs live in windows (zero copy); the in-place column runs from the output
-/// window. Time: wall clock on rank 0 from a host barrier to the end of `iters` calls on
+/// Inputs and outputs live in windows (zero copy), or with [`CollBench::buffers`] in plain
+/// device buffers; the in-place column runs from the output. Time: wall clock on rank 0 from a host barrier to the end of `iters` calls on
 /// every rank (a second barrier after each rank's stream synchronize), divided by `iters`.
 pub fn coll_rank(comm: &ferrolink::Communicator, b: &CollBench) -> Result<Option<Vec<CollRow>>> {
     use ferrolink::coll::DataType as D;
@@ -987,6 +989,11 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
     let recv = comm.register_window(comm.mem_alloc(out_max * size)?)?;
     let input: Vec<T> = (0..in_max).map(|i| coll_value::<T>(me, i)).collect();
     send.copy_from_host(0, &input)?;
+    let dev = comm.device();
+    let mut bufs = match b.buffers {
+        true => Some((dev.alloc_from(&input)?, dev.alloc::<T>(out_max)?)),
+        false => None,
+    };
     if b.persistent {
         comm.start_persistent(Default::default())?;
     }
@@ -997,22 +1004,26 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
         let count = coll_counts(kind, bytes, size, n);
         if count > 0 {
             let c = Collective { op: b.op, root: 0, algo: b.algo, check: Some(false), ..Collective::new(kind, count) };
-            let time = |in_place: bool| -> Result<f64> {
-                time_calls(comm, b, &mut || {
-                    if in_place {
-                        comm.collective::<T>(&c, Input::InPlace, Output::Window(&recv, 0))
-                    } else {
-                        comm.collective::<T>(&c, Input::Window(&send, 0), Output::Window(&recv, 0))
-                    }
-                })
+            let call = |bufs: &mut Option<(ferrolink::DeviceBuffer<T>, ferrolink::DeviceBuffer<T>)>,
+                        in_place: bool|
+             -> Result<()> {
+                match (bufs, in_place) {
+                    (None, true) => comm.collective::<T>(&c, Input::InPlace, Output::Window(&recv, 0)),
+                    (None, false) => comm.collective::<T>(&c, Input::Window(&send, 0), Output::Window(&recv, 0)),
+                    (Some((_, out)), true) => comm.collective::<T>(&c, Input::InPlace, Output::Buffer(out)),
+                    (Some((inp, out)), false) => comm.collective::<T>(&c, Input::Buffer(inp), Output::Buffer(out)),
+                }
             };
-            let oop = time(false)?;
+            let oop = time_calls(comm, b, &mut || call(&mut bufs, false))?;
             let mut wrong = None;
             if b.check {
-                comm.collective::<T>(&c, Input::Window(&send, 0), Output::Window(&recv, 0))?;
+                call(&mut bufs, false)?;
                 comm.stream().synchronize()?;
                 let (_, out_len) = c.lengths(n);
-                let got = recv.read::<T>(0, out_len)?;
+                let got = match &bufs {
+                    None => recv.read::<T>(0, out_len)?,
+                    Some((_, out)) => out.to_vec()?[..out_len].to_vec(),
+                };
                 let want = ferrolink::coll::expected_output::<T>(&c, n, me, coll_value::<T>);
                 wrong = Some(match want {
                     Some(w) => got.iter().zip(&w).filter(|(g, w)| g != w).count(),
@@ -1020,7 +1031,7 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
                 });
                 comm.barrier()?;
             }
-            let ip = if has_in_place { Some(time(true)?) } else { None };
+            let ip = if has_in_place { Some(time_calls(comm, b, &mut || call(&mut bufs, true))?) } else { None };
             let bw = |us: f64| {
                 let alg = bytes as f64 / (us * 1e3);
                 (us, alg, alg * bus_factor(kind, n))

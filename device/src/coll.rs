@@ -208,6 +208,12 @@ pub struct CollArgs {
     /// Byte offset of the outputs in the receive window (two-shot all-reduce only: peers write
     /// them; otherwise the kernel's `recv` pointer is the output).
     pub recv_offset: u64,
+    /// Where this rank's input is (any device memory), for the kernel to stage it into its
+    /// slot of the send window at `send_offset` before the first barrier ([`run_lsa`]: each
+    /// CTA copies exactly the bytes that the same CTA of every rank reads after the barrier);
+    /// 0: the input is there already. One launch fewer per call than a staging copy. Over
+    /// LSA only: [`run_gin`] takes 0.
+    pub input: u64,
 }
 
 /// An element type the collectives reduce.
@@ -539,11 +545,15 @@ fn parse_args(comm: &DevComm, args: &CollArgs, ranks: u32) -> (CollKind, DataTyp
 /// for every algorithm but two-shot all-reduce.
 ///
 /// # Safety
-/// Every rank of the LSA domain calls it with the same `args` (but `recv`) and grid; every
-/// rank's input lies at `args.send_offset` of its slot of `send_win` and is not written
-/// until every rank's call has ended; `recv` (or, for two-shot, every slot of `recv_win` at
-/// `args.recv_offset`) holds the output, overlaps no input, and is not touched by others
-/// meanwhile; LSA barriers `args.barrier .. args.barrier + parts` are this call's.
+/// Every rank of the LSA domain calls it with the same `args` (but `recv` and `input`) and
+/// grid; every rank's input lies at `args.send_offset` of its slot of `send_win` (or, with
+/// `args.input` set, is staged there from `args.input`, which holds it: see
+/// [`stage_input`]) and is not written until every rank's call has ended; `recv` (or, for
+/// two-shot, every slot of `recv_win` at `args.recv_offset`) holds the output, overlaps no
+/// input in `send_win`, and is not touched by others meanwhile; it may hold `args.input`
+/// (in place) for all-reduce, all-gather, broadcast and reduce, whose CTA `b` writes of the
+/// input's bytes only those it staged itself; LSA barriers `args.barrier .. args.barrier +
+/// parts` are this call's.
 pub unsafe fn run_lsa(
     comm: &DevComm,
     send_win: &DevWindow,
@@ -555,8 +565,15 @@ pub unsafe fn run_lsa(
 ) {
     let coop = CoopCta;
     let (kind, dtype, op) = parse_args(comm, args, comm.lsa_size);
+    if args.input != 0 {
+        // SAFETY: the input and this rank's slot hold the call's input bytes (contract).
+        unsafe { stage_input(comm, send_win, args, kind, dtype, part, parts) };
+    }
     // SAFETY: barrier `args.barrier + part` is this CTA's (contract).
     let mut bar = unsafe { LsaBarrierSession::new(coop, comm, args.barrier + part as u32) };
+    // Releases this CTA's staging copy (its threads' writes, ordered before the arrival by
+    // the CTA barrier that opens it) to the same CTA of every peer, which reads just those
+    // bytes after its wait (acquire).
     bar.sync();
     let (me, n) = (comm.lsa_rank as usize, comm.lsa_size as usize);
     let count = args.count as usize;
@@ -586,6 +603,50 @@ pub unsafe fn run_lsa(
         }
     }
     bar.sync();
+}
+
+/// Copies this CTA's share of the input from `args.input` into this rank's slot of
+/// `send_win` at `args.send_offset`: the bytes that CTA `part` of every rank reads from this
+/// rank's slot in [`run_lsa`], cut as it cuts them ([`lsa::split_16`] of each piece the
+/// reads are cut within: the whole input; each rank's block for reduce-scatter and
+/// all-to-all; each rank's share for two-shot all-reduce). So the CTA's barrier alone orders
+/// the copy before every read of it.
+///
+/// # Safety
+/// `args.input` holds this rank's input (`count` elements, `nranks * count` for
+/// reduce-scatter and all-to-all) and overlaps no byte another CTA of this call writes
+/// before this CTA's first barrier; the slot holds it too (as [`run_lsa`]'s contract).
+#[inline(always)]
+unsafe fn stage_input(
+    comm: &DevComm,
+    send_win: &DevWindow,
+    args: &CollArgs,
+    kind: CollKind,
+    dtype: DataType,
+    part: usize,
+    parts: usize,
+) {
+    let coop = CoopCta;
+    let n = comm.lsa_size as usize;
+    let block = args.count as usize * dtype.size();
+    let src = args.input as *const u8;
+    let dst = send_win.lsa_ptr::<u8>(args.send_offset as usize, comm.lsa_rank);
+    // The pieces: (first byte, bytes).
+    let piece = |i: usize| match kind {
+        CollKind::ReduceScatter | CollKind::AllToAll => (i * block, block),
+        CollKind::AllReduce if args.algo == algo::TWO_SHOT => lsa::split_16(block, i, n),
+        _ => (0, block),
+    };
+    let pieces = match kind {
+        CollKind::ReduceScatter | CollKind::AllToAll => n,
+        CollKind::AllReduce if args.algo == algo::TWO_SHOT => n,
+        _ => 1,
+    };
+    for i in 0..pieces {
+        let (first, bytes) = piece(i);
+        // SAFETY: the piece lies inside the input and the slot (contract).
+        unsafe { lsa::copy(coop, dst.add(first), src.add(first), bytes, part, parts) };
+    }
 }
 
 /// [`reduce`] with the element type `dtype` and the reduction `op` made static (one
@@ -760,6 +821,10 @@ pub unsafe fn run_gin(
 ) {
     let coop = CoopCta;
     let (kind, dtype, op) = parse_args(comm, &CollArgs { algo: algo::ONE_SHOT, ..*args }, comm.nranks);
+    if args.input != 0 {
+        // Staging is LSA's (its cut is `run_lsa`'s): the host stages for GIN.
+        comm.fail(error_code::COLL_ARGS, u64::from(args.kind) << 32 | u64::from(args.algo), args.input);
+    }
     let gin = Gin::new(comm, 0);
     let team = comm.world();
     let (me, n, root) = (comm.rank as usize, comm.nranks as usize, args.root as usize);

@@ -187,6 +187,10 @@ struct CollCli {
     /// its stream: no launch per call).
     #[arg(long)]
     persistent: bool,
+    /// Inputs and outputs in plain device buffers instead of registered windows (the
+    /// kernel stages the input into the communicator's window; in place: from the output).
+    #[arg(long)]
+    buffers: bool,
 }
 
 fn main() {
@@ -393,6 +397,7 @@ fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> 
         check: c.check != 0,
         algo: forced,
         persistent: c.persistent,
+        buffers: c.buffers,
     };
     let launched = ferrolink::comm::launch::LaunchEnv::detect()?.is_some();
     let (rows, n) = if launched {
@@ -432,7 +437,12 @@ fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> 
         }
         return Ok(());
     }
-    let mode = if c.persistent { ", persistent" } else { "" };
+    let mode = match (c.persistent, c.buffers) {
+        (false, false) => "",
+        (true, false) => ", persistent",
+        (false, true) => ", device buffers",
+        (true, true) => ", persistent, device buffers",
+    };
     println!("# ferrolink {name}: {n} ranks, {} ({:?}){mode}", dev.name(), dev.backend());
     println!("#                                                       out-of-place                       in-place");
     println!(

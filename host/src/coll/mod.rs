@@ -326,10 +326,13 @@ impl Communicator {
             grew |= grow(self, &mut state.send, in_bytes, fixed)?;
         }
         // The output: the kernel writes it directly unless two-shot (peers write it: it must
-        // lie in a window) or in place from a window (the input must stay as it is while peers
-        // read it): then through the receive window, copied out after.
+        // lie in a window) or in place from a window across LSA domains (staged by a copy
+        // first; kept apart from the output as before `run_gin` reads it): then through the
+        // receive window, copied out after. In place over LSA the kernel stages the input
+        // from the output itself, each CTA before it writes those bytes (`stage_input`).
         let in_place_window = matches!((&input, &output), (Input::InPlace, Output::Window(..)));
-        let out_via_recv = in_place_window || (algo == algo::TWO_SHOT && !matches!(output, Output::Window(..)));
+        let out_via_recv =
+            (in_place_window && across) || (algo == algo::TWO_SHOT && !matches!(output, Output::Window(..)));
         if out_via_recv {
             grew |= grow(self, &mut state.recv, out_bytes, fixed)?;
         }
@@ -352,9 +355,28 @@ impl Communicator {
             Output::Window(w, off) => (Some((w, off)), None),
             Output::Buffer(b) => (None, Some(b)),
         };
-        // Stage the input.
+        // Stage the input: over LSA the kernel copies it into the send window (its CTAs copy
+        // what the same CTAs of the peers read: `stage_input`), saving a launch per call,
+        // from a buffer or in place in a buffer; else a copy first.
+        let mut stage_from: Option<(u64, Option<TrackedPtr<'_, *const u8>>)> = None;
         let (send_win, send_off): (&Window, usize) = match input {
             Input::Window(w, off) => (w, off),
+            Input::Buffer(b) if !across => {
+                let p = b.bytes_at(0)?;
+                stage_from = Some((p.param() as u64, Some(p)));
+                (state.send.as_ref().expect("grown above"), 0)
+            }
+            Input::InPlace if !across => {
+                // The output's own tracking (a write) covers the read.
+                let at = coll.in_place_offset(self.rank()) * size;
+                let addr = match (&out_buf, out_window) {
+                    (Some(b), _) => b.bytes_at(at)?.param() as u64,
+                    (None, Some((w, off))) => w.slot_ptr::<*const u8>(off + at, in_bytes)?.param() as u64,
+                    (None, None) => unreachable!("an output is a buffer or a window"),
+                };
+                stage_from = Some((addr, None));
+                (state.send.as_ref().expect("grown above"), 0)
+            }
             Input::Buffer(b) => {
                 let s = state.send.as_ref().expect("grown above");
                 launch_copy(
@@ -406,6 +428,7 @@ impl Communicator {
             count: coll.count as u64,
             send_offset: send_off as u64,
             recv_offset: recv_offset as u64,
+            input: stage_from.as_ref().map_or(0, |(addr, _)| *addr),
         };
         let cfg = LaunchConfig::linear(ctas, threads(dev));
         {
@@ -415,6 +438,9 @@ impl Communicator {
                 (None, false) => unreachable!("an output is a buffer or a window"),
             };
             let mut uses = crate::runtime::launch::LaunchTracking::new(dev);
+            if let Some((_, Some(p))) = &stage_from {
+                p.track(&mut uses);
+            }
             send_win.track(&mut uses);
             recv_win.track(&mut uses);
             out_ptr.track(&mut uses);
@@ -429,7 +455,12 @@ impl Communicator {
             if let Some(g) = gather {
                 g.track(&mut uses);
             }
-            // A launch of this rank's own (no GPU group, or a call being captured).
+            // A launch of this rank's own (no GPU group, or a call being captured); the
+            // kernel reads the input it stages through an address in `args`.
+            let mut own_extra = crate::runtime::launch::LaunchTracking::new(dev);
+            if let Some((_, Some(p))) = &stage_from {
+                p.track(&mut own_extra);
+            }
             let launch_own = move || -> Result<()> {
                 if let Some(gather) = gather {
                     // SAFETY: `coll_gin`'s contract: every rank launches the same args and
@@ -445,14 +476,26 @@ impl Communicator {
                 } else {
                     // SAFETY: the kernel's contract: every rank launches the same args and
                     // grid (the call is collective; the debug check verifies it); the input
-                    // lies at `send_off` of every rank's slot of `send_win` (lengths checked)
-                    // and nothing writes it until the kernel ends on every rank (its exit
+                    // lies at `send_off` of every rank's slot of `send_win` (lengths checked),
+                    // or is staged there from `args.input` (a tracked buffer holding it, or
+                    // the output itself in place, for the kinds that allow in place), and
+                    // nothing writes it until the kernel ends on every rank (its exit
                     // barrier); the output holds `out_bytes` (checked) and overlaps no input
-                    // (a staged copy, or distinct windows: in place from a window goes
-                    // through the staging windows); barriers 0..ctas of the default set
+                    // in the send window (in place, the input is staged into the staging
+                    // window, never read from the output by peers); barriers 0..ctas of the default set
                     // (MAX_CTAS of them) are used by this stream only, one collective at a
                     // time.
-                    unsafe { stream.launch(module, &coll_lsa, cfg, (handle, send_win, recv_win, args, out_ptr)) }
+                    unsafe {
+                        stream
+                            .launch_tracked(
+                                module,
+                                &coll_lsa,
+                                cfg,
+                                (handle, send_win, recv_win, args, out_ptr),
+                                own_extra,
+                            )
+                            .map(drop)
+                    }
                 }
             };
             if persistent_ctas.is_some() {
