@@ -548,7 +548,7 @@ fn parse_args(comm: &DevComm, args: &CollArgs, ranks: u32) -> (CollKind, DataTyp
 /// Every rank of the LSA domain calls it with the same `args` (but `recv` and `input`) and
 /// grid; every rank's input lies at `args.send_offset` of its slot of `send_win` (or, with
 /// `args.input` set, is staged there from `args.input`, which holds it: see
-/// [`stage_input`]) and is not written until every rank's call has ended; `recv` (or, for
+/// `stage_input`) and is not written until every rank's call has ended; `recv` (or, for
 /// two-shot, every slot of `recv_win` at `args.recv_offset`) holds the output, overlaps no
 /// input in `send_win`, and is not touched by others meanwhile; it may hold `args.input`
 /// (in place) for all-reduce, all-gather, broadcast and reduce, whose CTA `b` writes of the
