@@ -2,7 +2,9 @@
 //! place, from device buffers (staged) and from windows (zero copy), one-shot and two-shot,
 //! at sizes 0, 1, odd and large, against a host reference — on every backend.
 
-use ferrolink::coll::{CollElem, CollKind, Collective, Input, Output, ReduceOp, algo, bf16, expected_output, f16};
+use ferrolink::coll::{
+    CollElem, CollKind, Collective, Input, Output, ReduceOp, algo, bf16, expected_output, f16, reduce_values,
+};
 use ferrolink::{Communicator, Device, Window};
 use ferrolink_tests::check;
 
@@ -73,6 +75,17 @@ enum Form {
 /// Runs `c` with `form` on every rank and checks every rank's output.
 fn run_case<T: Val>(comms: &[Communicator], c: Collective, form: Form) -> ferrolink::Result<()> {
     let n = comms.len();
+    run_case_with::<T>(comms, c, form, |me| expected_output::<T>(&c, n, me, input::<T>))
+}
+
+/// [`run_case`] against `expected(rank)` (`None`: the output is left as it was).
+fn run_case_with<T: Val>(
+    comms: &[Communicator],
+    c: Collective,
+    form: Form,
+    expected: impl Fn(usize) -> Option<Vec<T>>,
+) -> ferrolink::Result<()> {
+    let n = comms.len();
     let (in_len, out_len) = c.lengths(n);
     let size = std::mem::size_of::<T>();
     let sentinel = T::of(200);
@@ -128,7 +141,7 @@ fn run_case<T: Val>(comms: &[Communicator], c: Collective, form: Form) -> ferrol
         }
     })?;
     for (me, got) in outs.iter().enumerate() {
-        let want = expected_output::<T>(&c, n, me, input::<T>);
+        let want = expected(me);
         let untouched = || {
             let mut v = vec![sentinel; out_len];
             if matches!(form, Form::InPlace | Form::WindowInPlace) {
@@ -275,6 +288,76 @@ fn every_collective_across_lsa_domains_through_gin() {
     });
 }
 
+/// What rank `me` of `n` holds after `c` run as a ring across LSA domains
+/// ([`algo::RING`]): as [`expected_output`], but chunk `i` (all-reduce: the `i`-th of `n`
+/// cut at 16-byte multiples; reduce-scatter: block `i`) reduced in the ring's order of the
+/// ranks, `i + 1, i + 2, …, i` (modulo `n`).
+fn expected_ring<T: Val>(c: &Collective, n: usize, me: usize) -> Option<Vec<T>> {
+    let size = std::mem::size_of::<T>();
+    let reduced = |chunk: usize, i: usize| {
+        let order: Vec<T> = (1..=n).map(|k| input::<T>((chunk + k) % n, i)).collect();
+        reduce_values(&order, c.op)
+    };
+    let chunk_of = |i: usize| {
+        (0..n)
+            .find(|&k| {
+                let (first, len) = ferrolink_device::lsa::split_16(c.count * size, k, n);
+                (first..first + len).contains(&(i * size))
+            })
+            .expect("every element lies in a chunk")
+    };
+    match c.kind {
+        CollKind::AllReduce => Some((0..c.count).map(|i| reduced(chunk_of(i), i)).collect()),
+        CollKind::ReduceScatter => Some((0..c.count).map(|i| reduced(me, me * c.count + i)).collect()),
+        _ => expected_output::<T>(c, n, me, input::<T>),
+    }
+}
+
+/// The ring across LSA domains (all-reduce, reduce-scatter, all-gather through GIN): 4 ranks
+/// in domains of 2 (direct puts inside a domain, the GIN proxy across), 3 and 5 ranks each
+/// its own domain; every reduction, in every form, at sizes 0, 1, odd, fewer elements than
+/// ranks' chunks and several CTAs' worth, reduced in the ring's order.
+#[test]
+fn ring_collectives_across_lsa_domains() {
+    ferrolink::testing::for_each_backend("ring_collectives_across_lsa_domains", |dev| {
+        fn ring<T: Val>(comms: &[Communicator], sizes: &[usize]) -> ferrolink::Result<()> {
+            let n = comms.len();
+            for &count in sizes {
+                for kind in [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather] {
+                    let ops: &[ReduceOp] = if kind == CollKind::AllGather { &[ReduceOp::Sum] } else { &ReduceOp::ALL };
+                    for &op in ops {
+                        let c = Collective { op, algo: Some(algo::RING), ..Collective::new(kind, count) };
+                        for form in ALL_FORMS {
+                            if matches!(form, Form::InPlace | Form::WindowInPlace) && kind == CollKind::ReduceScatter {
+                                continue;
+                            }
+                            run_case_with::<T>(comms, c, form, |me| expected_ring::<T>(&c, n, me))?;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+        for (n, domain) in [(4, 2), (3, 1), (5, 1)] {
+            let mut config = ferrolink::CommConfig::from_env(dev.backend());
+            config.lsa = ferrolink::LsaMode::Size(domain);
+            let comms = Communicator::init_all_with(&vec![dev.clone(); n], config)?;
+            let sizes = [0usize, 1, 3, 37, 1029];
+            ring::<f32>(&comms, &sizes)?;
+            ring::<bf16>(&comms, &sizes)?;
+            ring::<i64>(&comms, &sizes)?;
+            ring::<u8>(&comms, &sizes)?;
+            let large = if dev.backend() == ferrolink::Backend::Cuda { 1 << 20 } else { 300_007 };
+            for kind in [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather] {
+                let count = if kind == CollKind::AllReduce { large } else { large / n };
+                let c = Collective { op: ReduceOp::Avg, algo: Some(algo::RING), ..Collective::new(kind, count) };
+                run_case_with::<f32>(&comms, c, Form::Buffers, |me| expected_ring::<f32>(&c, n, me))?;
+            }
+        }
+        Ok(())
+    });
+}
+
 #[test]
 fn large_all_reduce_both_algorithms() {
     ferrolink::testing::for_each_backend("large_all_reduce_both_algorithms", |dev| {
@@ -329,6 +412,11 @@ fn bad_calls_are_clear_errors() {
             let short_err = c.all_reduce(&send, &mut short, ReduceOp::Sum).expect_err("a short output").to_string();
             let mut recv = c.device().alloc::<f32>(8)?;
             let root_err = c.broadcast(&send, &mut recv, 5).expect_err("root 5 of 2").to_string();
+            let unknown = Collective { algo: Some(9), ..Collective::new(CollKind::AllReduce, 8) };
+            let algo_err = c
+                .collective(&unknown, Input::Buffer(&send), Output::Buffer(&mut recv))
+                .expect_err("algorithm 9")
+                .to_string();
             // Mismatched counts across ranks: caught by the call check.
             let count = if c.rank() == 0 { 8 } else { 4 };
             let send2 = c.device().alloc::<f32>(count)?;
@@ -338,9 +426,12 @@ fn bad_calls_are_clear_errors() {
                 .collective(&coll, Input::Buffer(&send2), Output::Buffer(&mut recv2))
                 .expect_err("mismatched counts")
                 .to_string();
-            Ok((short_err, root_err, mismatch))
+            Ok((short_err, root_err, algo_err, mismatch))
         })?;
-        let (short, root, mismatch) = &errs[0];
+        let (short, root, algo_err, mismatch) = &errs[0];
+        check(algo_err.contains("unknown algorithm 9") && algo_err.contains("ring 2"), || {
+            format!("unknown algorithm: {algo_err}")
+        })?;
         check(short.contains("output holds 4 elements, 8 needed"), || format!("short output: {short}"))?;
         check(root.contains("root 5 is not a rank of 2"), || format!("bad root: {root}"))?;
         check(mismatch.contains("mismatched collective calls") && mismatch.contains("rank 1"), || {

@@ -816,7 +816,7 @@ pub struct CollBench {
     pub warmup: usize,
     /// Check the results (the last out-of-place call per size).
     pub check: bool,
-    /// Force an all-reduce algorithm (`None`: the tuner's).
+    /// Force an algorithm where it applies (`None`: the tuner's).
     pub algo: Option<u32>,
     /// Persistent mode (collectives only).
     pub persistent: bool,

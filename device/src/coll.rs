@@ -180,6 +180,12 @@ pub mod algo {
     /// peer's output (reduce-scatter then all-gather in one kernel): each element is read
     /// `nranks` times in all. Best for large messages. Needs the output in a window.
     pub const TWO_SHOT: u32 = 1;
+    /// Across LSA domains ([`super::run_gin`]), all-reduce, reduce-scatter and all-gather: a
+    /// ring. Each rank puts only to the next rank, `nranks - 1` steps of one `1/nranks` chunk
+    /// each per phase (reduce-scatter, then all-gather): `2 (nranks - 1) / nranks` of the
+    /// data out of every rank for all-reduce, against `nranks - 1` times it one-shot. Inside
+    /// one domain the tuner's algorithm runs instead.
+    pub const RING: u32 = 2;
 }
 
 /// What [`crate::kernels::coll::coll_lsa`] runs: the same on every rank. Plain numbers: the
@@ -458,15 +464,16 @@ fn lanes<T: CollElem>(a: U32x4, b: U32x4, f: impl Fn(T, T) -> T) -> U32x4 {
     U32x4(r)
 }
 
-/// Element-wise `O` of `nsrcs` sources (`src(s)`, in order, each element through `pre`
-/// first), then `finish`, into every
+/// Element-wise `O` of `nsrcs` sources (`src(s)`, in order, each element `x` of source `s`
+/// through `pre(s, x)` first), then `finish`, into every
 /// pointer of `dsts`, over `count` elements: part `part` of `parts` (cut at 16-byte
 /// multiples), split among the coop's threads. 16-byte vectors where every pointer allows.
 ///
 /// # Safety
 /// Every source valid for reads and every destination for writes of `count` elements of `T`,
-/// aligned to `T`; destinations overlap no source; nothing else writes them meanwhile; every
-/// thread of the coop calls with the same arguments.
+/// aligned to `T`; a destination overlaps no source or is one exactly (each element is read,
+/// then written, by one thread); nothing else writes them meanwhile; every thread of the coop
+/// calls with the same arguments.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
@@ -478,7 +485,7 @@ pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
     count: usize,
     part: usize,
     parts: usize,
-    pre: impl Fn(T) -> T,
+    pre: impl Fn(usize, T) -> T,
     finish: impl Fn(T) -> T,
 ) {
     let size = core::mem::size_of::<T>();
@@ -497,7 +504,7 @@ pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
             let off = start + v * per_vec;
             let load = |s: usize| {
                 let v = arch::load_v4(src(s).add(off) as *const U32x4);
-                lanes::<T>(v, v, |a, _| pre(a))
+                lanes::<T>(v, v, |a, _| pre(s, a))
             };
             let mut acc = load(0);
             for s in 1..nsrcs {
@@ -512,9 +519,9 @@ pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
         let mut i = vectors * per_vec + rank;
         while i < n {
             let off = start + i;
-            let mut acc = pre(src(0).add(off).read());
+            let mut acc = pre(0, src(0).add(off).read());
             for s in 1..nsrcs {
-                acc = O::apply(acc, pre(src(s).add(off).read()));
+                acc = O::apply(acc, pre(s, src(s).add(off).read()));
             }
             let acc = finish(acc);
             for d in 0..ndsts {
@@ -531,7 +538,7 @@ pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
 #[inline(always)]
 fn parse_args(comm: &DevComm, args: &CollArgs, ranks: u32) -> (CollKind, DataType, RedOp) {
     match (CollKind::from_code(args.kind), DataType::from_code(args.dtype), RedOp::from_code(args.op)) {
-        (Some(kind), Some(dtype), Some(op)) if args.algo <= algo::TWO_SHOT && args.root < ranks => (kind, dtype, op),
+        (Some(kind), Some(dtype), Some(op)) if args.algo <= algo::RING && args.root < ranks => (kind, dtype, op),
         _ => comm.fail(
             error_code::COLL_ARGS,
             u64::from(args.kind) << 32 | u64::from(args.algo),
@@ -649,6 +656,20 @@ unsafe fn stage_input(
     }
 }
 
+/// Which steps of `Avg` a [`reduce_any`] does: its pre-step on sources `pre_from..` (the
+/// others are partial results that had it), its post-step on the result or not (a partial
+/// result). Every other reduction ignores it.
+#[derive(Clone, Copy)]
+struct AvgSteps {
+    pre_from: usize,
+    post: bool,
+}
+
+impl AvgSteps {
+    /// A whole reduction: every source is an input, the result is final.
+    const ALL: AvgSteps = AvgSteps { pre_from: 0, post: true };
+}
+
 /// [`reduce`] with the element type `dtype` and the reduction `op` made static (one
 /// specialized loop each): `nsrcs` sources `src(s)` and `ndsts` destinations `dst(d)` (byte
 /// addresses of `count` elements each), part `part` of `parts`; `Avg` averages over `nranks`.
@@ -661,6 +682,7 @@ unsafe fn reduce_any<C: Coop>(
     coop: C,
     dtype: DataType,
     op: RedOp,
+    avg: AvgSteps,
     nranks: u32,
     ndsts: usize,
     dst: impl Fn(usize) -> *mut u8,
@@ -683,8 +705,8 @@ unsafe fn reduce_any<C: Coop>(
                     count,
                     part,
                     parts,
-                    |x: $t| x.avg_pre(nranks),
-                    |x: $t| x.avg_post(nranks),
+                    |s: usize, x: $t| if s >= avg.pre_from { x.avg_pre(nranks) } else { x },
+                    |x: $t| if avg.post { x.avg_post(nranks) } else { x },
                 )
             } else {
                 reduce::<$t, $o, C>(
@@ -696,7 +718,7 @@ unsafe fn reduce_any<C: Coop>(
                     count,
                     part,
                     parts,
-                    |x: $t| x,
+                    |_, x: $t| x,
                     |x: $t| x,
                 )
             }
@@ -759,12 +781,38 @@ unsafe fn reduce_lsa(
                 // this CTA's part; the result goes to every rank's output.
                 let (first_b, len_b) = lsa::split_16(count * size, me, n);
                 let dst = |p: usize| recv_win.lsa_ptr::<u8>(args.recv_offset as usize + first_b, p as u32);
-                reduce_any(coop, dtype, op, n as u32, n, dst, n, send(first_b / size), len_b / size, part, parts);
+                reduce_any(
+                    coop,
+                    dtype,
+                    op,
+                    AvgSteps::ALL,
+                    n as u32,
+                    n,
+                    dst,
+                    n,
+                    send(first_b / size),
+                    len_b / size,
+                    part,
+                    parts,
+                );
             }
             CollKind::AllReduce | CollKind::Reduce => {
-                reduce_any(coop, dtype, op, n as u32, 1, |_| recv, n, send(0), count, part, parts);
+                reduce_any(coop, dtype, op, AvgSteps::ALL, n as u32, 1, |_| recv, n, send(0), count, part, parts);
             }
-            _ => reduce_any(coop, dtype, op, n as u32, 1, |_| recv, n, send(me * count), count, part, parts),
+            _ => reduce_any(
+                coop,
+                dtype,
+                op,
+                AvgSteps::ALL,
+                n as u32,
+                1,
+                |_| recv,
+                n,
+                send(me * count),
+                count,
+                part,
+                parts,
+            ),
         }
     }
 }
@@ -783,25 +831,27 @@ fn gin_sends(kind: CollKind, from: usize, to: usize, root: usize) -> bool {
 }
 
 /// Runs `args` over every rank of the communicator, across LSA domains, as CTA `part` of
-/// `parts` of this rank: the body of [`crate::kernels::coll::coll_gin`]. One-shot through GIN:
-/// each rank puts the `count` elements each peer needs from it (its input; block `peer` of
-/// it for reduce-scatter and all-to-all) into slot `rank` of the peer's `gather` window
-/// (`count` elements per slot), CTA `b` putting part `b` and raising signal `b`; each CTA
-/// waits for its part from every rank that sends to it, computes its part of the output
-/// from its own input and those copies (reducing in rank order, so that every rank gets the
-/// same bits), resets its signal and meets every rank at the hybrid barrier `part` (LSA
-/// barrier, then GIN barrier across domains). GIN takes each peer's path: direct stores to
-/// LSA peers, the proxy to the others. `args.algo` is ignored.
+/// `parts` of this rank: the body of [`crate::kernels::coll::coll_gin`].
+///
+/// With `args.algo` [`algo::RING`], all-reduce, reduce-scatter and all-gather run as a ring
+/// (`ring_gin`: each rank puts only to the next one); everything else runs one-shot
+/// (`one_shot_gin`: each rank puts its data straight to every rank that needs it). Either
+/// way each CTA then resets its signal and meets every rank at the hybrid barrier `part`
+/// (LSA barrier, then GIN barrier across domains). GIN takes each peer's path: direct stores
+/// to LSA peers, the proxy to the others.
 ///
 /// # Ordering
-/// A put's signal is raised after its data has landed (GIN's ordering), and
-/// [`Gin::wait_signal`] acquires it: CTA `b` reads part `b` of each slot after its sender's
-/// data. Slot `s` of `gather` on rank `r` is written only by rank `s`, once per call; the
+/// A put's signal is raised after its data, and after the data of every earlier put of the
+/// same CTA to the same peer on the same context, has landed (GIN's strong signals), and
+/// [`Gin::wait_signal`] acquires it: a CTA whose signal has reached `k` reads the data of the
+/// first `k` puts made to it. Every region of `gather` is written by one put per call; the
 /// hybrid barrier at the end (acquire-release at system scope) is passed by no rank before
-/// every rank has computed its output, so the next call's puts find the slots read. The
-/// signal is reset before that barrier, after the wait that consumed this call's raises, and
-/// the next call's raises come after the barrier. The inputs are read by the puts before the
-/// receivers' waits end, hence before the barrier: the caller may rewrite them after the call.
+/// every rank has read what it received and computed its output, so the next call's puts
+/// find the regions read. The signal is reset before that barrier, after the wait that
+/// consumed this call's raises, and the next call's raises come after the barrier. Every
+/// put's source (an input, or a region of `gather` written earlier in the call) is read by
+/// the put before its receiver's wait ends, hence before the barrier: the caller may rewrite
+/// the inputs after the call.
 ///
 /// # Safety
 /// Every rank of the communicator calls it with the same `args` (but `recv`) and grid; its
@@ -820,50 +870,114 @@ pub unsafe fn run_gin(
     parts: usize,
 ) {
     let coop = CoopCta;
-    let (kind, dtype, op) = parse_args(comm, &CollArgs { algo: algo::ONE_SHOT, ..*args }, comm.nranks);
+    let (kind, dtype, op) = parse_args(comm, args, comm.nranks);
     if args.input != 0 {
         // Staging is LSA's (its cut is `run_lsa`'s): the host stages for GIN.
         comm.fail(error_code::COLL_ARGS, u64::from(args.kind) << 32 | u64::from(args.algo), args.input);
     }
     let gin = Gin::new(comm, 0);
-    let team = comm.world();
-    let (me, n, root) = (comm.rank as usize, comm.nranks as usize, args.root as usize);
-    let (count, size) = (args.count as usize, dtype.size());
-    let bytes = count * size;
-    let block = |to: usize| if matches!(kind, CollKind::ReduceScatter | CollKind::AllToAll) { to * bytes } else { 0 };
-    let (start, len) = lsa::split_16(bytes, part, parts);
-    let signal = part as u32;
-    if len > 0 {
-        for q in (0..n).filter(|&q| gin_sends(kind, me, q, root)) {
-            // SAFETY: both windows are this communicator's; the source range is this rank's
-            // input (unchanged until every rank's call ended: contract), the destination is
-            // slot `me` of the peer's gather window, written by nobody else (contract).
+    let call = GinCall { comm, gin: &gin, send_win, gather, args, kind, dtype, op, recv, part, parts };
+    let ring = args.algo == algo::RING
+        && comm.nranks > 1
+        && matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather);
+    // SAFETY: forwarded contract.
+    let finished = unsafe { if ring { ring_gin(&call) } else { one_shot_gin(&call) } };
+    if !finished {
+        // Aborted: the host reports it.
+        return;
+    }
+    coop.sync();
+    if coop.thread_rank() == 0 {
+        // Every raise of this call has been consumed by this CTA's last wait (or none was
+        // made: then the reset changes nothing).
+        gin.reset_signal(part as u32);
+    }
+    // SAFETY: hybrid barrier `part` is this call's (contract). An abort ends it early: the
+    // host reports it.
+    let _ = unsafe { crate::gin::hybrid_sync(coop, comm, 0, part as u32) };
+}
+
+/// One CTA's share of a [`run_gin`] call, as its algorithms read it.
+struct GinCall<'a> {
+    comm: &'a DevComm,
+    gin: &'a Gin<'a>,
+    send_win: &'a DevWindow,
+    gather: &'a DevWindow,
+    args: &'a CollArgs,
+    kind: CollKind,
+    dtype: DataType,
+    op: RedOp,
+    recv: *mut u8,
+    part: usize,
+    parts: usize,
+}
+
+impl GinCall<'_> {
+    /// Puts `bytes` from `src_offset` of `src` to `dst_offset` of `peer`'s `gather`, raising
+    /// this CTA's signal there (nothing for 0 bytes: the receiver expects nothing then).
+    ///
+    /// # Safety
+    /// As [`run_gin`]: the source is this call's and unchanged until the receiver's wait
+    /// ends; the destination region is written by nobody else in this call.
+    unsafe fn put(&self, peer: usize, dst_offset: usize, src: &DevWindow, src_offset: usize, bytes: usize) {
+        if bytes > 0 {
+            // SAFETY: forwarded contract; both windows are this communicator's.
             unsafe {
-                gin.put(
-                    coop,
-                    team,
-                    q as u32,
-                    *gather,
-                    me * bytes + start,
-                    *send_win,
-                    args.send_offset as usize + block(q) + start,
-                    len,
-                    RemoteAction::SignalInc(signal),
+                self.gin.put(
+                    CoopCta,
+                    self.comm.world(),
+                    peer as u32,
+                    *self.gather,
+                    dst_offset,
+                    *src,
+                    src_offset,
+                    bytes,
+                    RemoteAction::SignalInc(self.part as u32),
                     LocalAction::None,
                 )
             };
         }
-        let expected = (0..n).filter(|&s| gin_sends(kind, s, me, root)).count() as u64;
-        if expected > 0 && gin.wait_signal(coop, signal, expected).is_err() {
-            // Aborted: the host reports it.
-            return;
-        }
+    }
+
+    /// Waits until this CTA's signal reaches `raises` (true), or an abort (false).
+    fn wait(&self, raises: u64) -> bool {
+        raises == 0 || self.gin.wait_signal(CoopCta, self.part as u32, raises).is_ok()
+    }
+}
+
+/// The one-shot algorithm of [`run_gin`]: each rank puts the `count` elements each peer
+/// needs from it (its input; block `peer` of it for reduce-scatter and all-to-all) into slot
+/// `rank` of the peer's `gather` window (`count` elements per slot), CTA `b` putting part `b`
+/// and raising signal `b`; each CTA waits for its part from every rank that sends to it, then
+/// computes its part of the output from its own input and those copies (reducing in rank
+/// order, so that every rank gets the same bits). False on an abort.
+///
+/// # Safety
+/// As [`run_gin`].
+#[inline(always)]
+unsafe fn one_shot_gin(c: &GinCall) -> bool {
+    let coop = CoopCta;
+    let (comm, args, kind, recv, part, parts) = (c.comm, c.args, c.kind, c.recv, c.part, c.parts);
+    let (me, n, root) = (comm.rank as usize, comm.nranks as usize, args.root as usize);
+    let (count, size) = (args.count as usize, c.dtype.size());
+    let bytes = count * size;
+    let block = |to: usize| if matches!(kind, CollKind::ReduceScatter | CollKind::AllToAll) { to * bytes } else { 0 };
+    let (start, len) = lsa::split_16(bytes, part, parts);
+    for q in (0..n).filter(|&q| gin_sends(kind, me, q, root)) {
+        // SAFETY: the source range is this rank's input (unchanged until every rank's call
+        // ended: contract), the destination is slot `me` of the peer's gather window,
+        // written by nobody else (contract).
+        unsafe { c.put(q, me * bytes + start, c.send_win, args.send_offset as usize + block(q) + start, len) };
+    }
+    let senders = (0..n).filter(|&s| gin_sends(kind, s, me, root)).count() as u64;
+    if len > 0 && !c.wait(senders) {
+        return false;
     }
     let src = |p: usize| -> *const u8 {
         if p == me {
-            send_win.local_ptr::<u8>(args.send_offset as usize + block(me))
+            c.send_win.local_ptr::<u8>(args.send_offset as usize + block(me))
         } else {
-            gather.local_ptr::<u8>(p * bytes)
+            c.gather.local_ptr::<u8>(p * bytes)
         }
     };
     // SAFETY: (all arms) the ranges the contract describes, this CTA's part of each (cut the
@@ -878,17 +992,131 @@ pub unsafe fn run_gin(
             CollKind::Broadcast => lsa::copy(coop, recv, src(root), bytes, part, parts),
             CollKind::Reduce if me != root => {}
             CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
-                reduce_any(coop, dtype, op, n as u32, 1, |_| recv, n, src, count, part, parts)
+                reduce_any(coop, c.dtype, c.op, AvgSteps::ALL, n as u32, 1, |_| recv, n, src, count, part, parts)
             }
         }
     }
-    coop.sync();
-    if len > 0 && coop.thread_rank() == 0 {
-        gin.reset_signal(signal);
+    true
+}
+
+/// The ring algorithm of [`run_gin`] (all-reduce, reduce-scatter, all-gather; two ranks or
+/// more). The *data* is the input for all-reduce and reduce-scatter, the output for
+/// all-gather; it is cut into `nranks` chunks (all-reduce: at 16-byte multiples; otherwise
+/// block `c` is chunk `c`), and CTA `b` handles part `b` of every chunk (its *piece*).
+///
+/// Reduce-scatter phase (all-reduce, reduce-scatter): at step `s` (`0 .. nranks - 1`) rank
+/// `r` puts its partial result of chunk `r - 1 - s` (its input at step 0) to the next rank,
+/// into the chunk's place in the *partial* region of its `gather` (offset 0, the data's
+/// size), and reduces the chunk `r - 2 - s` it receives with its own input into that place,
+/// in place (the last step's result is final: chunk `r`, reduced in the order `r + 1, r + 2,
+/// …, r` of the ranks, all indices modulo `nranks`). All-gather phase (all-reduce,
+/// all-gather): at step `t` rank `r` puts the final chunk `r - t` (its own at step 0) to the
+/// next rank, into the chunk's place in the *gathered* region (after the partial region for
+/// all-reduce, at 0 for all-gather), and copies the chunk `r - 1 - t` it receives to its
+/// output. Every place is written once per call, so no step waits for room; CTA `b`'s
+/// signal counts the non-empty pieces it has received, the same count on both sides. False
+/// on an abort.
+///
+/// # Safety
+/// As [`run_gin`] (with `nranks >= 2`, so that both regions fit for all-reduce).
+#[inline(always)]
+unsafe fn ring_gin(c: &GinCall) -> bool {
+    let coop = CoopCta;
+    let (comm, args, kind, recv) = (c.comm, c.args, c.kind, c.recv);
+    let (me, n) = (comm.rank as usize, comm.nranks as usize);
+    let next = (me + 1) % n;
+    let (count, size) = (args.count as usize, c.dtype.size());
+    let bytes = count * size;
+    let all_reduce = kind == CollKind::AllReduce;
+    // This CTA's piece of chunk `i`: (offset in the data, bytes).
+    let piece = |i: usize| {
+        let (first, len) = if all_reduce { lsa::split_16(bytes, i, n) } else { (i * bytes, bytes) };
+        let (start, len) = lsa::split_16(len, c.part, c.parts);
+        (first + start, len)
+    };
+    // Where this rank's own block lies in the data (reduce-scatter's output, all-gather's
+    // input); all-reduce's input and output are the whole data.
+    let own_block = if all_reduce { 0 } else { me * bytes };
+    let send_offset = args.send_offset as usize;
+    let gathered = if all_reduce { bytes } else { 0 };
+    let mut raises = 0u64;
+    if kind != CollKind::AllGather {
+        for s in 0..n - 1 {
+            let last = s == n - 2;
+            let (at, len) = piece((me + 2 * n - 1 - s) % n);
+            let (src, src_offset) = if s == 0 { (c.send_win, send_offset + at) } else { (c.gather, at) };
+            // SAFETY: the input (contract) or this rank's partial result of the chunk,
+            // written at the previous step and not again in this call; the destination is
+            // the chunk's place in the next rank's partial region, which only this rank
+            // writes, once.
+            unsafe { c.put(next, at, src, src_offset, len) };
+            let (at, len) = piece((me + 2 * n - 2 - s) % n);
+            raises += u64::from(len > 0);
+            if len > 0 && !c.wait(raises) {
+                return false;
+            }
+            let partial = c.gather.local_ptr::<u8>(at);
+            let input = c.send_win.local_ptr::<u8>(send_offset + at) as *const u8;
+            let dst = |d: usize| match (last, all_reduce, d) {
+                (false, ..) => partial,
+                (true, true, 0) => c.gather.local_ptr::<u8>(gathered + at),
+                // SAFETY: the output holds the data (all-reduce) or this rank's block of it
+                // (reduce-scatter: the last step's chunk is `me`).
+                _ => unsafe { recv.add(at - own_block) },
+            };
+            let ndsts = if last && all_reduce { 2 } else { 1 };
+            let avg = AvgSteps { pre_from: if s == 0 { 0 } else { 1 }, post: last };
+            // SAFETY: the received partial result (landed: the wait) and this rank's input
+            // of the same piece, reduced into the partial's place (exactly a source), or at
+            // the last step into the gathered region's place of chunk `me` (which only this
+            // rank writes) and the output.
+            unsafe {
+                reduce_any(
+                    coop,
+                    c.dtype,
+                    c.op,
+                    avg,
+                    n as u32,
+                    ndsts,
+                    dst,
+                    2,
+                    |i| if i == 0 { partial } else { input },
+                    len / size,
+                    0,
+                    1,
+                )
+            };
+        }
     }
-    // SAFETY: hybrid barrier `part` is this call's (contract). An abort ends it early: the
-    // host reports it.
-    let _ = unsafe { crate::gin::hybrid_sync(coop, comm, 0, part as u32) };
+    if kind != CollKind::ReduceScatter {
+        if kind == CollKind::AllGather {
+            let (at, len) = piece(me);
+            // SAFETY: this rank's input, to its block of the output.
+            unsafe {
+                lsa::copy(coop, recv.add(at), c.send_win.local_ptr::<u8>(send_offset + at - own_block), len, 0, 1)
+            };
+        }
+        for t in 0..n - 1 {
+            let (at, len) = piece((me + n - t) % n);
+            let (src, src_offset) = if t == 0 && kind == CollKind::AllGather {
+                (c.send_win, send_offset + at - own_block)
+            } else {
+                (c.gather, gathered + at)
+            };
+            // SAFETY: the input (contract) or the final chunk in the gathered region, written
+            // earlier in this call and not again; the destination is the chunk's place in
+            // the next rank's gathered region, which only this rank writes, once.
+            unsafe { c.put(next, gathered + at, src, src_offset, len) };
+            let (at, len) = piece((me + 2 * n - 1 - t) % n);
+            raises += u64::from(len > 0);
+            if len > 0 && !c.wait(raises) {
+                return false;
+            }
+            // SAFETY: the received chunk (landed: the wait) to its place in the output.
+            unsafe { lsa::copy(coop, recv.add(at), c.gather.local_ptr::<u8>(gathered + at), len, 0, 1) };
+        }
+    }
+    true
 }
 
 /// The ranks of one communicator that share a GPU in one process (a *GPU group*, issue 12)

@@ -96,7 +96,18 @@ pub unsafe fn reduce_sum_with<T: ReduceElem, C: Coop>(
 ) {
     // SAFETY: forwarded contract.
     unsafe {
-        crate::coll::reduce::<T, SumOp, C>(coop, dsts.len(), |d| dsts[d], nsrcs, src, count, part, parts, |x| x, |x| x)
+        crate::coll::reduce::<T, SumOp, C>(
+            coop,
+            dsts.len(),
+            |d| dsts[d],
+            nsrcs,
+            src,
+            count,
+            part,
+            parts,
+            |_, x| x,
+            |x| x,
+        )
     }
 }
 

@@ -177,7 +177,8 @@ struct CollCli {
     /// Ranks per GPU in one process (virtual ranks sharing each GPU; default 1).
     #[arg(long = "ranks-per-gpu", default_value_t = 1)]
     ranks_per_gpu: usize,
-    /// All-reduce algorithm: one_shot or two_shot (default: the tuner's).
+    /// Algorithm, where it applies: one_shot, two_shot (all-reduce inside one LSA domain) or
+    /// ring (all-reduce, reduce-scatter, all-gather across domains); default: the tuner's.
     #[arg(long)]
     algo: Option<String>,
     /// Print JSON lines instead of the table.
@@ -383,6 +384,7 @@ fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> 
         None => None,
         Some("one_shot") => Some(algo::ONE_SHOT),
         Some("two_shot") => Some(algo::TWO_SHOT),
+        Some("ring") => Some(algo::RING),
         Some(other) => return Err(bad("--algo", other)),
     };
     let bench = perf::CollBench {

@@ -9,10 +9,11 @@
 //! ([`Input::Window`], [`Output::Window`]) are used where they are (zero copy), the others are
 //! staged through the communicator's own windows (a device copy before and after).
 //!
-//! Across LSA domains (several nodes, or `FERROLINK_LSA` on one) every collective runs
-//! one-shot through GIN instead (`ferrolink_device::coll::run_gin`: each rank puts what each
-//! peer needs into the peer's gather window, then computes from its copies); ring and tree
-//! algorithms for large messages across domains are not built yet.
+//! Across LSA domains (several nodes, or `FERROLINK_LSA` on one) the collectives run through
+//! GIN instead (`ferrolink_device::coll::run_gin`): one-shot (each rank puts what each peer
+//! needs into the peer's gather window, then computes from its copies), or, for all-reduce,
+//! reduce-scatter and all-gather, a ring ([`algo::RING`]: each rank puts only to the next;
+//! the tuner's pick for large messages over more than two ranks).
 //!
 //! ```
 //! # fn main() -> ferrolink::Result<()> {
@@ -87,8 +88,10 @@ pub struct Collective {
     pub op: ReduceOp,
     /// The root rank (broadcast and reduce; ignored otherwise).
     pub root: usize,
-    /// Forces an all-reduce algorithm ([`algo`]); `None` lets the tuner pick (by size;
-    /// `FERROLINK_ALGO=one_shot|two_shot` overrides it).
+    /// Forces an algorithm ([`algo`]) where it applies (two-shot: all-reduce inside one LSA
+    /// domain; ring: all-reduce, reduce-scatter and all-gather across domains); `None`, or an
+    /// algorithm that does not apply, lets the tuner pick (by size and topology;
+    /// `FERROLINK_ALGO=one_shot|two_shot|ring` overrides it the same way).
     pub algo: Option<u32>,
     /// Whether to compare this call with every rank's first (an all-gather on the host);
     /// `None`: in debug builds, or with `FERROLINK_COLL_CHECK=1`.
@@ -307,7 +310,7 @@ impl Communicator {
         if coll.count == 0 {
             return Ok(());
         }
-        let algo = if across { algo::ONE_SHOT } else { self.pick_algo(coll, size)? };
+        let algo = self.pick_algo(coll, size, across)?;
         let (in_bytes, out_bytes) = (in_len * size, out_len * size);
         // The module before anything else: loading it may wait for the device's running
         // kernels, and after the set-up below peers' kernels may be waiting for this rank.
@@ -578,30 +581,58 @@ impl Communicator {
         self.shared.peers.iter().filter(|p| p.node == me.node && p.uuid == me.uuid).count().max(1)
     }
 
-    /// The all-reduce algorithm for `coll` (one-shot below 256 KiB, else two-shot;
-    /// `coll.algo`, then `FERROLINK_ALGO`, override).
-    fn pick_algo(&self, coll: &Collective, size: usize) -> Result<u32> {
-        if coll.kind != CollKind::AllReduce {
-            return Ok(algo::ONE_SHOT);
-        }
+    /// The algorithm for `coll` ([`algo`]). The tuner: inside one LSA domain, all-reduce is
+    /// one-shot below 256 KiB, else two-shot; across domains over more than two ranks,
+    /// all-reduce is a ring from 256 KiB, reduce-scatter and all-gather from 1 MiB (of the
+    /// whole input or output); everything else is one-shot. `coll.algo`, then
+    /// `FERROLINK_ALGO`, override it where the algorithm applies (two-shot: all-reduce inside
+    /// a domain; ring: all-reduce, reduce-scatter and all-gather across domains; one-shot:
+    /// everywhere); elsewhere the tuner's pick runs.
+    fn pick_algo(&self, coll: &Collective, size: usize, across: bool) -> Result<u32> {
         let forced = match coll.algo {
             Some(a) => Some(a),
             None => match std::env::var("FERROLINK_ALGO").ok().as_deref() {
                 None | Some("") => None,
                 Some("one_shot") => Some(algo::ONE_SHOT),
                 Some("two_shot") => Some(algo::TWO_SHOT),
+                Some("ring") => Some(algo::RING),
                 Some(other) => {
                     return Err(Error::InvalidArgument(format!(
-                        "FERROLINK_ALGO={other}: expected one_shot or two_shot"
+                        "FERROLINK_ALGO={other}: expected one_shot, two_shot or ring"
                     )));
                 }
             },
         };
-        let a = forced.unwrap_or(if coll.count * size < (256 << 10) { algo::ONE_SHOT } else { algo::TWO_SHOT });
-        if a > algo::TWO_SHOT {
-            return Err(Error::InvalidArgument(format!("all_reduce: unknown algorithm {a}")));
+        if let Some(a) = forced.filter(|&a| a > algo::RING) {
+            return Err(Error::InvalidArgument(format!(
+                "{}: unknown algorithm {a} (one_shot {}, two_shot {}, ring {})",
+                coll.name(),
+                algo::ONE_SHOT,
+                algo::TWO_SHOT,
+                algo::RING
+            )));
         }
-        Ok(a)
+        let kind = coll.kind;
+        let applies = |a: u32| match a {
+            algo::TWO_SHOT => !across && kind == CollKind::AllReduce,
+            algo::RING => across && matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather),
+            _ => true,
+        };
+        if let Some(a) = forced.filter(|&a| applies(a)) {
+            return Ok(a);
+        }
+        // The bytes of the whole data: the input (all-reduce, reduce-scatter) or the output
+        // (all-gather). Thresholds from the H200 (PERF.md, issue 12 eighth part): across
+        // domains the ring matched one-shot at 256 KiB all-reduce and won from 1 MiB for all
+        // three; over two ranks it sends no less than one-shot.
+        let ring_ranks = self.nranks() > 2;
+        let data = coll.count * size * if kind == CollKind::AllReduce { 1 } else { self.nranks() };
+        Ok(match kind {
+            CollKind::AllReduce if !across && data >= 256 << 10 => algo::TWO_SHOT,
+            CollKind::AllReduce if across && ring_ranks && data >= 256 << 10 => algo::RING,
+            CollKind::ReduceScatter | CollKind::AllGather if across && ring_ranks && data >= 1 << 20 => algo::RING,
+            _ => algo::ONE_SHOT,
+        })
     }
 
     /// Compares this call with every rank's (an all-gather on the host): an error naming the
