@@ -346,6 +346,20 @@ impl GpuGroup {
         self.seqs[self.part_of(rank)].fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Puts the members back in step after a failure ([`Communicator::recover`]): a call
+    /// that failed on some members only (a timeout, an abort) used a sequence number on
+    /// those alone, and may have left its meeting half full. Forgets every meeting and gives
+    /// every member the same next sequence number, past all used (ring slots stay tracked by
+    /// their last use). Idempotent; called by members while every member is inside
+    /// `recover`, between its barriers, so that none meets meanwhile.
+    pub(crate) fn resync(&self) {
+        lock(&self.meetings).clear();
+        let next = self.seqs.iter().map(|s| s.load(Ordering::Relaxed)).max().unwrap_or(1);
+        for s in &self.seqs {
+            s.store(next, Ordering::Relaxed);
+        }
+    }
+
     /// The last member's share of meeting `seq`: makes `stream` wait for the other members'
     /// events, runs `work` tracked by everything the members use, notes the slot's use and
     /// publishes the completion to the waiting members. A failure aborts `comm` (the

@@ -181,6 +181,14 @@ pub(crate) fn coll_state<'a>(comm: &Communicator, guard: &'a mut Option<CollStat
     Ok(guard.as_mut().expect("made above"))
 }
 
+/// [`Communicator::recover`]'s step for the collectives: puts the ranks sharing `comm`'s GPU
+/// back in step (nothing before the first collective call).
+pub(crate) fn after_recover(comm: &Communicator) {
+    if let Some(state) = crate::runtime::lifetime::lock(&comm.shared.coll).as_ref() {
+        state.group.resync();
+    }
+}
+
 impl Communicator {
     /// Out-of-place all-reduce of `send` into `recv` (same length) with `op`.
     pub fn all_reduce<T: CollElem>(

@@ -464,8 +464,9 @@ impl Communicator {
     ///    panic or trap. A CUDA kernel fault breaks the device's context, and then this fails
     ///    with an error saying so);
     /// 3. returns this rank's device communicators' barriers (epochs, inboxes, wait records),
-    ///    abort flag and fault record to their initial state, meets the other ranks, and
-    ///    forgets the asynchronous error.
+    ///    abort flag and fault record to their initial state, meets the other ranks, puts the
+    ///    ranks sharing its GPU back in step (a call that failed on some of them only counted
+    ///    there), and forgets the asynchronous error.
     ///
     /// Buffers, windows and device communicators stay valid; their contents are whatever the
     /// failed work left.
@@ -489,6 +490,9 @@ impl Communicator {
         self.stream.recover()?;
         control.reset_sources_of(self.rank())?;
         self.barrier()?;
+        // Every rank is past its failed work and none calls a collective until the barrier
+        // below: the ranks sharing this GPU can be put back in step.
+        crate::coll::after_recover(self);
         control.clear();
         // Nobody may start new work before every rank has cleared its state.
         self.barrier()?;
