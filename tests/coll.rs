@@ -221,6 +221,15 @@ fn comms_of(dev: &Device, n: usize) -> ferrolink::Result<Vec<Communicator>> {
     Communicator::init_all(&vec![dev.clone(); n])
 }
 
+/// `n` ranks on `dev` in LSA domains of `domain` ranks (checked).
+fn comms_in_domains(dev: &Device, n: usize, domain: usize) -> ferrolink::Result<Vec<Communicator>> {
+    let mut config = ferrolink::CommConfig::from_env(dev.backend());
+    config.lsa = ferrolink::LsaMode::Size(domain);
+    let comms = Communicator::init_all_with(&vec![dev.clone(); n], config)?;
+    check(comms[0].lsa_size() == domain, || format!("LSA domains of {domain} asked, {} made", comms[0].lsa_size()))?;
+    Ok(comms)
+}
+
 #[test]
 fn every_reduction_of_every_type_on_two_and_three_ranks() {
     ferrolink::testing::for_each_backend("every_reduction_of_every_type_on_two_and_three_ranks", |dev| {
@@ -266,12 +275,7 @@ fn every_movement_of_every_type_on_two_and_three_ranks() {
 fn every_collective_across_lsa_domains_through_gin() {
     ferrolink::testing::for_each_backend("every_collective_across_lsa_domains_through_gin", |dev| {
         for (n, domain) in [(4, 2), (3, 1)] {
-            let mut config = ferrolink::CommConfig::from_env(dev.backend());
-            config.lsa = ferrolink::LsaMode::Size(domain);
-            let comms = Communicator::init_all_with(&vec![dev.clone(); n], config)?;
-            check(comms[0].lsa_size() == domain, || {
-                format!("LSA domains of {domain} asked, {} made", comms[0].lsa_size())
-            })?;
+            let comms = comms_in_domains(dev, n, domain)?;
             let sizes = [0usize, 1, 37, 1029];
             reductions::<f32>(&comms, &sizes)?;
             reductions::<bf16>(&comms, &sizes)?;
@@ -339,9 +343,7 @@ fn ring_collectives_across_lsa_domains() {
             Ok(())
         }
         for (n, domain) in [(4, 2), (3, 1), (5, 1)] {
-            let mut config = ferrolink::CommConfig::from_env(dev.backend());
-            config.lsa = ferrolink::LsaMode::Size(domain);
-            let comms = Communicator::init_all_with(&vec![dev.clone(); n], config)?;
+            let comms = comms_in_domains(dev, n, domain)?;
             let sizes = [0usize, 1, 3, 37, 1029];
             ring::<f32>(&comms, &sizes)?;
             ring::<bf16>(&comms, &sizes)?;
@@ -353,6 +355,65 @@ fn ring_collectives_across_lsa_domains() {
                 let c = Collective { op: ReduceOp::Avg, algo: Some(algo::RING), ..Collective::new(kind, count) };
                 run_case_with::<f32>(&comms, c, Form::Buffers, |me| expected_ring::<f32>(&c, n, me))?;
             }
+        }
+        Ok(())
+    });
+}
+
+/// What every rank holds after all-reduce `c` of `n` ranks run as a tree across LSA domains
+/// ([`algo::TREE`]): rank `r`'s partial result is its children's (`2r + 1`, `2r + 2`), in
+/// that order, then its own input; rank 0's is the result.
+fn expected_tree<T: Val>(c: &Collective, n: usize) -> Vec<T> {
+    fn partial<T: Val>(op: ReduceOp, n: usize, r: usize, i: usize) -> T {
+        let apply = |a: T, b: T| match op {
+            ReduceOp::Sum | ReduceOp::Avg => T::sum(a, b),
+            ReduceOp::Prod => T::prod(a, b),
+            ReduceOp::Min => T::min(a, b),
+            ReduceOp::Max => T::max(a, b),
+        };
+        let own = if op == ReduceOp::Avg { input::<T>(r, i).avg_pre(n as u32) } else { input::<T>(r, i) };
+        let children = [2 * r + 1, 2 * r + 2].into_iter().filter(|&k| k < n).map(|k| partial::<T>(op, n, k, i));
+        children.reduce(apply).map_or(own, |acc| apply(acc, own))
+    }
+    (0..c.count)
+        .map(|i| {
+            let v = partial::<T>(c.op, n, 0, i);
+            if c.op == ReduceOp::Avg { v.avg_post(n as u32) } else { v }
+        })
+        .collect()
+}
+
+/// The tree across LSA domains (all-reduce through GIN): 4 ranks in domains of 2, 2, 3 and 6
+/// ranks each its own domain (a tree of three levels); every reduction, in every form, at
+/// sizes 0, 1, odd and several CTAs' worth, reduced in the tree's order.
+#[test]
+fn tree_all_reduce_across_lsa_domains() {
+    ferrolink::testing::for_each_backend("tree_all_reduce_across_lsa_domains", |dev| {
+        fn tree<T: Val>(comms: &[Communicator], sizes: &[usize]) -> ferrolink::Result<()> {
+            let n = comms.len();
+            for &count in sizes {
+                for op in ReduceOp::ALL {
+                    let c = Collective { op, algo: Some(algo::TREE), ..Collective::new(CollKind::AllReduce, count) };
+                    let want = expected_tree::<T>(&c, n);
+                    for form in ALL_FORMS {
+                        run_case_with::<T>(comms, c, form, |_| Some(want.clone()))?;
+                    }
+                }
+            }
+            Ok(())
+        }
+        for (n, domain) in [(4, 2), (2, 1), (3, 1), (6, 1)] {
+            let comms = comms_in_domains(dev, n, domain)?;
+            let sizes = [0usize, 1, 3, 37, 1029];
+            tree::<f32>(&comms, &sizes)?;
+            tree::<bf16>(&comms, &sizes)?;
+            tree::<i64>(&comms, &sizes)?;
+            tree::<u8>(&comms, &sizes)?;
+            let large = if dev.backend() == ferrolink::Backend::Cuda { 1 << 20 } else { 300_007 };
+            let c =
+                Collective { op: ReduceOp::Avg, algo: Some(algo::TREE), ..Collective::new(CollKind::AllReduce, large) };
+            let want = expected_tree::<f32>(&c, n);
+            run_case_with::<f32>(&comms, c, Form::Buffers, |_| Some(want.clone()))?;
         }
         Ok(())
     });
@@ -429,7 +490,7 @@ fn bad_calls_are_clear_errors() {
             Ok((short_err, root_err, algo_err, mismatch))
         })?;
         let (short, root, algo_err, mismatch) = &errs[0];
-        check(algo_err.contains("unknown algorithm 9") && algo_err.contains("ring 2"), || {
+        check(algo_err.contains("unknown algorithm 9") && algo_err.contains("tree 3"), || {
             format!("unknown algorithm: {algo_err}")
         })?;
         check(short.contains("output holds 4 elements, 8 needed"), || format!("short output: {short}"))?;

@@ -186,6 +186,12 @@ pub mod algo {
     /// data out of every rank for all-reduce, against `nranks - 1` times it one-shot. Inside
     /// one domain the tuner's algorithm runs instead.
     pub const RING: u32 = 2;
+    /// Across LSA domains ([`super::run_gin`]), all-reduce: a binary tree over the ranks
+    /// (rank `r`'s children are `2r + 1` and `2r + 2`). Partial results climb to rank 0, the
+    /// result comes back down: `2 log2(nranks)` steps, each rank sending the data at most
+    /// three times. Inside one domain, and for other collectives, the tuner's algorithm
+    /// runs instead.
+    pub const TREE: u32 = 3;
 }
 
 /// What [`crate::kernels::coll::coll_lsa`] runs: the same on every rank. Plain numbers: the
@@ -538,7 +544,7 @@ pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
 #[inline(always)]
 fn parse_args(comm: &DevComm, args: &CollArgs, ranks: u32) -> (CollKind, DataType, RedOp) {
     match (CollKind::from_code(args.kind), DataType::from_code(args.dtype), RedOp::from_code(args.op)) {
-        (Some(kind), Some(dtype), Some(op)) if args.algo <= algo::RING && args.root < ranks => (kind, dtype, op),
+        (Some(kind), Some(dtype), Some(op)) if args.algo <= algo::TREE && args.root < ranks => (kind, dtype, op),
         _ => comm.fail(
             error_code::COLL_ARGS,
             u64::from(args.kind) << 32 | u64::from(args.algo),
@@ -834,8 +840,9 @@ fn gin_sends(kind: CollKind, from: usize, to: usize, root: usize) -> bool {
 /// `parts` of this rank: the body of [`crate::kernels::coll::coll_gin`].
 ///
 /// With `args.algo` [`algo::RING`], all-reduce, reduce-scatter and all-gather run as a ring
-/// (`ring_gin`: each rank puts only to the next one); everything else runs one-shot
-/// (`one_shot_gin`: each rank puts its data straight to every rank that needs it). Either
+/// (`ring_gin`: each rank puts only to the next one); with [`algo::TREE`], all-reduce runs as
+/// a binary tree (`tree_gin`); everything else runs one-shot (`one_shot_gin`: each rank puts
+/// its data straight to every rank that needs it). Either
 /// way each CTA then resets its signal and meets every rank at the hybrid barrier `part`
 /// (LSA barrier, then GIN barrier across domains). GIN takes each peer's path: direct stores
 /// to LSA peers, the proxy to the others.
@@ -880,8 +887,17 @@ pub unsafe fn run_gin(
     let ring = args.algo == algo::RING
         && comm.nranks > 1
         && matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather);
+    let tree = args.algo == algo::TREE && comm.nranks > 1 && kind == CollKind::AllReduce;
     // SAFETY: forwarded contract.
-    let finished = unsafe { if ring { ring_gin(&call) } else { one_shot_gin(&call) } };
+    let finished = unsafe {
+        if ring {
+            ring_gin(&call)
+        } else if tree {
+            tree_gin(&call)
+        } else {
+            one_shot_gin(&call)
+        }
+    };
     if !finished {
         // Aborted: the host reports it.
         return;
@@ -1115,6 +1131,72 @@ unsafe fn ring_gin(c: &GinCall) -> bool {
             // SAFETY: the received chunk (landed: the wait) to its place in the output.
             unsafe { lsa::copy(coop, recv.add(at), c.gather.local_ptr::<u8>(gathered + at), len, 0, 1) };
         }
+    }
+    true
+}
+
+/// The tree algorithm of [`run_gin`] (all-reduce; two ranks or more). Rank `r`'s parent is
+/// `(r - 1) / 2`, its children `2r + 1` and `2r + 2` (those below `nranks`); CTA `b` handles
+/// part `b` of the data. Up: rank `r` waits for its children's partial results (each put into
+/// the child's own region of `r`'s `gather`: child `k` of `r` at `k * size` bytes), reduces
+/// them and then its input (`partial(c1), partial(c2), input(r)`, in that order) and puts the
+/// result into its region at its parent; rank 0's result is final, and the same bits reach
+/// every rank. Down: each rank but 0 waits for the result from its parent (in the result
+/// region, after the child regions), copies it to its output and puts it to its children.
+/// CTA `b`'s signal counts the pieces received: the children's (up) come before the parent's
+/// (down), which depends on them. False on an abort.
+///
+/// # Safety
+/// As [`run_gin`] (with `nranks >= 2`, so that the regions fit: `min(nranks - 1, 2) + 1`
+/// times the data).
+#[inline(always)]
+unsafe fn tree_gin(c: &GinCall) -> bool {
+    let coop = CoopCta;
+    let (comm, args, recv) = (c.comm, c.args, c.recv);
+    let (me, n) = (comm.rank as usize, comm.nranks as usize);
+    let (count, size) = (args.count as usize, c.dtype.size());
+    let bytes = count * size;
+    let (at, len) = lsa::split_16(bytes, c.part, c.parts);
+    if len == 0 {
+        return true;
+    }
+    let children = (1..=2).map(|k| 2 * me + k).filter(|&ch| ch < n).count();
+    let result_region = (n - 1).min(2) * bytes;
+    let input = c.send_win.local_ptr::<u8>(args.send_offset as usize + at) as *const u8;
+    let child = |k: usize| c.gather.local_ptr::<u8>(k * bytes + at) as *const u8;
+    if !c.wait(children as u64) {
+        return false;
+    }
+    // The reduction lands in this rank's result region (rank 0: the result, also into its
+    // output; the others: their partial, then put to the parent). Nobody else writes that
+    // region until the parent's result lands there, which needs this partial first.
+    let result = c.gather.local_ptr::<u8>(result_region + at);
+    let dst = |d: usize| if d == 0 { result } else { recv.wrapping_add(at) };
+    let avg = AvgSteps { pre_from: children, post: me == 0 };
+    let src = |i: usize| if i < children { child(i) } else { input };
+    let ndsts = if me == 0 { 2 } else { 1 };
+    // SAFETY: the children's pieces (landed: the wait) and this rank's input piece, into the
+    // result region (no source: the child regions lie before it) and, on rank 0, the output.
+    unsafe { reduce_any(coop, c.dtype, c.op, avg, n as u32, ndsts, dst, children + 1, src, len / size, 0, 1) };
+    if me > 0 {
+        let parent = (me - 1) / 2;
+        let region = (me - 1) % 2 * bytes;
+        // SAFETY: this rank's partial (the reduce above; the put meets the coop first) into
+        // its own region at the parent, written by nobody else in this call.
+        unsafe { c.put(parent, region + at, c.gather, result_region + at, len) };
+        // The result from the parent lands in the result region: the put above has read the
+        // partial there before the parent's wait for it ended, hence before the parent's
+        // result was put.
+        if !c.wait(children as u64 + 1) {
+            return false;
+        }
+        // SAFETY: the result's piece (landed: the wait) to this rank's output.
+        unsafe { lsa::copy(coop, recv.add(at), result, len, 0, 1) };
+    }
+    for ch in (1..=2).map(|k| 2 * me + k).filter(|&ch| ch < n) {
+        // SAFETY: the result's piece (computed or landed above, not rewritten in this call)
+        // into the child's result region, which only this rank writes, once per call.
+        unsafe { c.put(ch, result_region + at, c.gather, result_region + at, len) };
     }
     true
 }

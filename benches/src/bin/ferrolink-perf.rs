@@ -178,7 +178,8 @@ struct CollCli {
     #[arg(long = "ranks-per-gpu", default_value_t = 1)]
     ranks_per_gpu: usize,
     /// Algorithm, where it applies: one_shot, two_shot (all-reduce inside one LSA domain) or
-    /// ring (all-reduce, reduce-scatter, all-gather across domains); default: the tuner's.
+    /// ring (all-reduce, reduce-scatter, all-gather across domains) or tree (all-reduce across
+    /// domains); default: the tuner's.
     #[arg(long)]
     algo: Option<String>,
     /// Print JSON lines instead of the table.
@@ -385,6 +386,7 @@ fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> 
         Some("one_shot") => Some(algo::ONE_SHOT),
         Some("two_shot") => Some(algo::TWO_SHOT),
         Some("ring") => Some(algo::RING),
+        Some("tree") => Some(algo::TREE),
         Some(other) => return Err(bad("--algo", other)),
     };
     let bench = perf::CollBench {

@@ -13,7 +13,8 @@
 //! GIN instead (`ferrolink_device::coll::run_gin`): one-shot (each rank puts what each peer
 //! needs into the peer's gather window, then computes from its copies), or, for all-reduce,
 //! reduce-scatter and all-gather, a ring ([`algo::RING`]: each rank puts only to the next;
-//! the tuner's pick for large messages over more than two ranks).
+//! the tuner's pick for large messages over more than two ranks), or, for all-reduce, a
+//! binary tree ([`algo::TREE`], when asked for).
 //!
 //! ```
 //! # fn main() -> ferrolink::Result<()> {
@@ -89,9 +90,10 @@ pub struct Collective {
     /// The root rank (broadcast and reduce; ignored otherwise).
     pub root: usize,
     /// Forces an algorithm ([`algo`]) where it applies (two-shot: all-reduce inside one LSA
-    /// domain; ring: all-reduce, reduce-scatter and all-gather across domains); `None`, or an
-    /// algorithm that does not apply, lets the tuner pick (by size and topology;
-    /// `FERROLINK_ALGO=one_shot|two_shot|ring` overrides it the same way).
+    /// domain; ring: all-reduce, reduce-scatter and all-gather across domains; tree:
+    /// all-reduce across domains); `None`, or an algorithm that does not apply, lets the tuner
+    /// pick (by size and topology; `FERROLINK_ALGO=one_shot|two_shot|ring|tree` overrides it
+    /// the same way).
     pub algo: Option<u32>,
     /// Whether to compare this call with every rank's first (an all-gather on the host);
     /// `None`: in debug builds, or with `FERROLINK_COLL_CHECK=1`.
@@ -594,8 +596,9 @@ impl Communicator {
     /// all-reduce is a ring from 256 KiB, reduce-scatter and all-gather from 1 MiB (of the
     /// whole input or output); everything else is one-shot. `coll.algo`, then
     /// `FERROLINK_ALGO`, override it where the algorithm applies (two-shot: all-reduce inside
-    /// a domain; ring: all-reduce, reduce-scatter and all-gather across domains; one-shot:
-    /// everywhere); elsewhere the tuner's pick runs.
+    /// a domain; ring: all-reduce, reduce-scatter and all-gather across domains; tree:
+    /// all-reduce across domains, never the tuner's pick, as it was not measured where it
+    /// pays, over many nodes; one-shot: everywhere); elsewhere the tuner's pick runs.
     fn pick_algo(&self, coll: &Collective, size: usize, across: bool) -> Result<u32> {
         let forced = match coll.algo {
             Some(a) => Some(a),
@@ -604,26 +607,29 @@ impl Communicator {
                 Some("one_shot") => Some(algo::ONE_SHOT),
                 Some("two_shot") => Some(algo::TWO_SHOT),
                 Some("ring") => Some(algo::RING),
+                Some("tree") => Some(algo::TREE),
                 Some(other) => {
                     return Err(Error::InvalidArgument(format!(
-                        "FERROLINK_ALGO={other}: expected one_shot, two_shot or ring"
+                        "FERROLINK_ALGO={other}: expected one_shot, two_shot, ring or tree"
                     )));
                 }
             },
         };
-        if let Some(a) = forced.filter(|&a| a > algo::RING) {
+        if let Some(a) = forced.filter(|&a| a > algo::TREE) {
             return Err(Error::InvalidArgument(format!(
-                "{}: unknown algorithm {a} (one_shot {}, two_shot {}, ring {})",
+                "{}: unknown algorithm {a} (one_shot {}, two_shot {}, ring {}, tree {})",
                 coll.name(),
                 algo::ONE_SHOT,
                 algo::TWO_SHOT,
-                algo::RING
+                algo::RING,
+                algo::TREE
             )));
         }
         let kind = coll.kind;
         let applies = |a: u32| match a {
             algo::TWO_SHOT => !across && kind == CollKind::AllReduce,
             algo::RING => across && matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather),
+            algo::TREE => across && kind == CollKind::AllReduce,
             _ => true,
         };
         if let Some(a) = forced.filter(|&a| applies(a)) {
