@@ -171,7 +171,7 @@ impl CollKind {
     }
 }
 
-/// All-reduce algorithms over LSA ([`CollArgs::algo`]).
+/// Collective algorithms ([`CollArgs::algo`]): over LSA inside one domain, over GIN across domains.
 pub mod algo {
     /// Every rank reads every peer's whole input and reduces it into its own output: one
     /// pass, `nranks` reads per element per rank. Best for small messages.
@@ -201,7 +201,8 @@ pub mod algo {
 pub struct CollArgs {
     /// [`CollKind`] code.
     pub kind: u32,
-    /// [`algo`] code (all-reduce only).
+    /// [`algo`] code: all-reduce inside one LSA domain; all-reduce, reduce-scatter and
+    /// all-gather across domains ([`run_gin`]: ring, tree); ignored elsewhere.
     pub algo: u32,
     /// [`DataType`] code.
     pub dtype: u32,
