@@ -184,6 +184,10 @@ pub mod error_code {
     /// operation (or `channels << 32 | slots`, or an operation's `after`), `b` = its bytes
     /// (or the chunk size, or its index).
     pub const P2P_ARGS: u32 = 10;
+    /// MoE arguments the kernels cannot use (`a` = `num_experts << 32 | hidden`, `b` =
+    /// `chunk << 32 | grid`), or an entry naming an expert past the last (`a` = the entry,
+    /// `b` = the expert).
+    pub const MOE_ARGS: u32 = 11;
 }
 
 /// What one slow barrier wait is waiting for (one record per barrier of the communicator,

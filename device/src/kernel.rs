@@ -161,6 +161,10 @@ unsafe impl KernelParam for crate::coll::group::GroupLaunch {
 unsafe impl KernelParam for crate::p2p::P2pArgs {
     const HOLDS_ADDRESS: bool = false;
 }
+// SAFETY: a `#[repr(C)]` Pod struct of u32 and u64 words, device addresses inside.
+unsafe impl KernelParam for crate::moe::MoeArgs {
+    const HOLDS_ADDRESS: bool = true;
+}
 // SAFETY: a `#[repr(C)]` Pod struct of three u32 words, no addresses.
 unsafe impl KernelParam for crate::comm::Team {
     const HOLDS_ADDRESS: bool = false;

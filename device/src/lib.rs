@@ -38,6 +38,7 @@ pub mod gin;
 pub mod kernel;
 pub mod kernels;
 pub mod lsa;
+pub mod moe;
 pub mod p2p;
 pub mod window;
 

@@ -45,6 +45,7 @@ pub mod error;
 pub mod gin;
 pub mod log;
 pub mod mem;
+pub mod moe;
 pub mod ops;
 pub mod runtime;
 pub mod testing;

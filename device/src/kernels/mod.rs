@@ -6,6 +6,7 @@
 //! * [`gin`] — GIN exchanges, put-value, queue wrap-around, GIN and hybrid barriers (the
 //!   test suite's), put-with-signal ping-pong and all-to-all (examples and perf).
 //! * [`coll`] and [`p2p`] — the collectives and the point-to-point group kernel.
+//! * [`moe`] — MoE dispatch and combine.
 //! * [`workqueue`] — a persistent kernel with a batched atomic work queue.
 //! * [`probe`] — the SM clock and single-primitive latencies, for the perf tool.
 //! * [`selftest`] — kernels the test suite uses to check the arch layer on each backend:
@@ -15,6 +16,7 @@ pub mod coll;
 pub mod copy;
 pub mod gin;
 pub mod lsa;
+pub mod moe;
 pub mod p2p;
 pub mod probe;
 pub mod selftest;

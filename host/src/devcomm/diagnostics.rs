@@ -73,6 +73,19 @@ pub(crate) fn describe_fault(r: &DevErrorRecord) -> String {
              (Communicator::group, send, recv), which builds them",
             r.a, r.b
         ),
+        error_code::MOE_ARGS if r.a >> 32 == 0 => format!(
+            "{at}: MoE routing names expert {} at entry {} of topk_idx (row-major [tokens, top_k]); every \
+             entry must be -1 (none) or an expert below num_experts",
+            r.b as i32, r.a
+        ),
+        error_code::MOE_ARGS => format!(
+            "{at}: MoE arguments the kernels cannot use (experts {}, hidden {}, chunk {}, grid {}); use the host \
+             API (Communicator::moe), which checks them",
+            r.a >> 32,
+            r.a & 0xffff_ffff,
+            r.b >> 32,
+            r.b & 0xffff_ffff
+        ),
         code => format!("{at}: device fault code {code} (a = {:#x}, b = {:#x})", r.a, r.b),
     }
 }

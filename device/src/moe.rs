@@ -1,0 +1,565 @@
+//! MoE dispatch and combine (expert parallelism), written on the public GIN API: each token
+//! row goes to the rank that owns its expert with a put-with-signal, and each expert's
+//! result comes back the same way. GIN takes each peer's path (stores through the LSA
+//! mapping inside the domain, the proxy across domains), so one kernel serves a node and
+//! many.
+//!
+//! # Layout
+//! `num_experts` experts, `num_experts / nranks` per rank: expert `e` lives on rank
+//! `e / experts_per_rank` as its local expert `e % experts_per_rank`. A rank's `T` tokens
+//! each name `top_k` experts (`topk_idx[t * top_k + k]`, `-1`: none); an *entry* is one
+//! (token, k) pair. Every rank's receive window holds `capacity` rows per local expert
+//! (`[local expert][capacity][row]`); the rows of expert `e` are packed in the order (source
+//! rank, token, k): the first `counts[0][e]` come from rank 0, and so on, so the layout is
+//! the same whatever the timing. An entry whose place is at or past `capacity` is dropped
+//! (counted, never written: see [`MoeState::dropped`]); it adds nothing in the combine.
+//!
+//! # The dispatch kernel ([`dispatch`])
+//! 1. CTA `b` takes entries `[b * chunk, (b + 1) * chunk)`, counts them per expert, and
+//!    publishes the counts with a flag (the call's epoch) in the state's scratch. It then
+//!    sums the counts of the CTAs before it (waiting for their flags: CTAs wait only for
+//!    lower indices, which never wait for them, so this ends however CTAs are scheduled),
+//!    and gives each of its entries its `slot`: the entries of this rank to the same expert
+//!    before it.
+//! 2. The last CTA, whose sum covers every entry, puts this rank's count per expert into row
+//!    `rank` of every rank's count matrix (signal [`signal::COUNTS`]). Every CTA waits for
+//!    all `nranks` rows.
+//! 3. Entry `(t, k)` to expert `e` goes to row `base(e) + slot` of `e`'s place on its rank,
+//!    where `base(e)` is the count of entries to `e` of the ranks before this one: one put of
+//!    the token's row by a warp, raising [`signal::DATA`] there. This rank remembers where the
+//!    result will come back ([`NO_RETURN`] for a dropped entry or no expert).
+//! 4. CTA 0 computes, from the matrix, the rows this rank receives per local expert (its
+//!    `recv_counts`) and waits for them all.
+//!
+//! # The combine kernel ([`combine`])
+//! Row `i` of local expert `e` came from the rank `src` whose range of `e`'s rows holds it;
+//! the result goes back into `src`'s return window at `prefix(src, e) + i - base(src, e)`,
+//! where `prefix(src, e)` is the count of `src`'s entries to experts below `e`: a place
+//! `src` knows too (it is the return index the dispatch kept). One put per row (signal
+//! [`signal::RETURN`]). Then every CTA waits for all the results this rank expects and
+//! computes `out[t] = sum_k topk_weights[t, k] * result(t, k)` in `f32` (in `k` order),
+//! rounded once to bf16.
+//!
+//! # Ordering
+//! * Counts within the grid: a CTA's threads write its counts, meet (CTA barrier), then
+//!   thread 0 stores the flag with a release at GPU scope (cumulative: it publishes the
+//!   threads' stores); a later CTA's thread 0 reads each flag relaxed, issues an acquire
+//!   fence at GPU scope, and its CTA meets before any thread reads those counts.
+//! * Between ranks: every put raises its signal after its data has landed (GIN's strong
+//!   signals: see [`crate::gin`]), and [`Gin::wait_signal`] acquires at system scope before
+//!   the coop meets, so a CTA that saw `nranks` count rows reads all of them, and CTA 0
+//!   that saw every expected row has them (the next kernel on the stream reads them after
+//!   this one ended).
+//! * Signals are never reset: counts reach `epoch * nranks` at call `epoch` (each rank puts
+//!   its row once per call), and the data and return signals are compared with running
+//!   totals kept in the state, each written by one thread (CTA 0's thread 0 in the
+//!   dispatch) and read by later kernels.
+//! * Reuse across calls: the count matrix of call `epoch` is matrix `epoch % 2`. A rank puts
+//!   its counts of call `c + 1` only after its combine of call `c` ended, which may be before
+//!   a peer's combine `c` has read matrix `c % 2` (when nothing comes back from that peer, the
+//!   rank waits for nothing of it), hence the second matrix; it cannot reach call `c + 2`
+//!   before every rank has put its counts of `c + 1`, that is before every combine `c` ended.
+//!   Rows are put only after all counts of the call are in: a rank puts rows of call `c + 1`
+//!   only once every rank has started `c + 1`, so no row lands in a receive buffer that its
+//!   rank still reads for call `c`; results of `c + 1` come back only after every dispatch of
+//!   `c + 1` has ended, so none lands in a return row still being summed for `c`. Both
+//!   kernels end with [`Gin::flush`], so the proxy has read every source (token rows, expert
+//!   rows, counts) before the stream may rewrite it.
+
+use crate::arch::{self, FenceOrder, LoadOrder, RmwOrder, Scope, StoreOrder, U32x4, atomic};
+use crate::comm::{DevComm, error_code};
+use crate::coop::{Coop, CoopCta, CoopWarp};
+use crate::gin::{Gin, LocalAction, RemoteAction};
+use crate::window::DevWindow;
+use bytemuck::{Pod, Zeroable};
+
+/// The GIN signals the MoE kernels use (on GIN context 0 of their own device communicator).
+pub mod signal {
+    /// Count rows received (one per rank per dispatch).
+    pub const COUNTS: u32 = 0;
+    /// Token rows received (dispatch).
+    pub const DATA: u32 = 1;
+    /// Expert results received (combine).
+    pub const RETURN: u32 = 2;
+    /// Signals in all.
+    pub const COUNT: u32 = 3;
+}
+
+/// A return index meaning "nothing comes back": no expert (`-1`), or dropped at capacity.
+pub const NO_RETURN: u32 = u32::MAX;
+
+/// The most CTAs a dispatch grid may have (the state's scratch holds a count row per CTA).
+pub const MAX_CTAS: usize = 256;
+
+/// What the MoE kernels run with (the same on every rank but `tokens` and the addresses).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct MoeArgs {
+    /// This rank's tokens in this call.
+    pub tokens: u32,
+    /// Experts per token.
+    pub top_k: u32,
+    /// Experts in all (a multiple of `nranks`).
+    pub num_experts: u32,
+    /// Rows per local expert in the receive window.
+    pub capacity: u32,
+    /// Elements (bf16) per token row: a multiple of 8.
+    pub hidden: u32,
+    /// Entries per CTA in the dispatch (at least 1).
+    pub chunk: u32,
+    /// Padding.
+    pub _reserved: [u32; 2],
+    /// The dispatch call's number, from 1 (the count signal reaches `epoch * nranks`).
+    pub epoch: u64,
+    /// Device address of `i32 [tokens * top_k]`: each entry's expert, or -1.
+    pub topk_idx: u64,
+    /// Device address of `f32 [tokens * top_k]` (combine).
+    pub topk_weights: u64,
+    /// Device address of `u32 [tokens * top_k]`: where each entry's result comes back
+    /// (written by the dispatch, read by the combine; [`NO_RETURN`]: nothing).
+    pub ret_index: u64,
+    /// Device address of `i32 [experts per rank]`: rows received per local expert.
+    pub recv_counts: u64,
+    /// Device address of the [`MoeState`], followed by the dispatch's scratch (see
+    /// [`scratch_bytes`]).
+    pub state: u64,
+    /// Device address of `bf16 [tokens * hidden]`: the combine's output.
+    pub out: u64,
+}
+
+/// Running totals of one rank's MoE calls, in device memory (written by one thread each).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct MoeState {
+    /// Rows received by every dispatch so far (the data signal's target).
+    pub data_total: u64,
+    /// Results expected by every combine so far (the return signal's target).
+    pub ret_total: u64,
+    /// Entries of this rank dropped at capacity by the last dispatch.
+    pub dropped: u64,
+    /// Rows this rank received in the last dispatch.
+    pub received: u64,
+    /// Unused.
+    pub _reserved: [u64; 4],
+}
+
+/// Bytes of the state and the dispatch's scratch after it, for `num_experts` experts: the
+/// [`MoeState`], a flag per CTA, and a count row (`u32` per expert) per CTA.
+pub const fn scratch_bytes(num_experts: usize) -> usize {
+    core::mem::size_of::<MoeState>() + 8 * MAX_CTAS + 4 * MAX_CTAS * num_experts
+}
+
+/// Dynamic shared memory the dispatch needs per CTA: three `u32` arrays of `num_experts`,
+/// two of `chunk`, and an aligned `u64`.
+pub const fn dispatch_shared_bytes(num_experts: usize, chunk: usize) -> usize {
+    4 * (target_word(num_experts, chunk) + 2)
+}
+
+/// The `u32` index of the dispatch's shared `u64` (8-byte aligned).
+const fn target_word(num_experts: usize, chunk: usize) -> usize {
+    (3 * num_experts + 2 * chunk + 1) & !1
+}
+
+/// Dynamic shared memory the combine needs per CTA: two `u32` per (rank, local expert).
+pub const fn combine_shared_bytes(num_experts: usize) -> usize {
+    8 * num_experts
+}
+
+/// Where the count matrices lie in `counts` (`u32 [2][nranks][num_experts]`, then this
+/// rank's own row, the source of its puts): call `epoch` uses matrix `epoch % 2`.
+#[derive(Clone, Copy)]
+struct CountMatrix<'a> {
+    counts: &'a DevWindow,
+    nranks: usize,
+    experts: usize,
+    parity: usize,
+}
+
+impl CountMatrix<'_> {
+    /// Byte offset of row `src` of this call's matrix.
+    fn row(&self, src: usize) -> usize {
+        (self.parity * self.nranks + src) * self.experts * 4
+    }
+
+    /// Byte offset of this rank's own row (the source of its puts).
+    fn own(&self) -> usize {
+        2 * self.nranks * self.experts * 4
+    }
+
+    /// Entries of rank `src` to expert `e` in this call.
+    fn at(&self, src: usize, e: usize) -> u32 {
+        // SAFETY: the window holds `(2 nranks + 1) num_experts` words (the kernels'
+        // contract); written by puts acquired before any read (see the module's ordering).
+        unsafe { self.counts.local_ptr::<u32>(self.row(src) + e * 4).read_volatile() }
+    }
+}
+
+/// Fails the kernel with [`error_code::MOE_ARGS`] unless `args` fit this communicator.
+#[inline(always)]
+fn check_args(comm: &DevComm, args: &MoeArgs, dispatch_grid: Option<usize>) {
+    let n = comm.nranks;
+    let chunks_short = dispatch_grid.is_some_and(|grid| {
+        args.chunk == 0
+            || grid > MAX_CTAS
+            || (args.chunk as u64) * (grid as u64) < u64::from(args.tokens) * u64::from(args.top_k)
+    });
+    let bad = n == 0
+        || args.num_experts == 0
+        || !args.num_experts.is_multiple_of(n)
+        || !args.hidden.is_multiple_of(8)
+        || args.capacity == 0
+        || chunks_short;
+    if bad {
+        comm.fail(
+            error_code::MOE_ARGS,
+            u64::from(args.num_experts) << 32 | u64::from(args.hidden),
+            u64::from(args.chunk) << 32 | dispatch_grid.unwrap_or(0) as u64,
+        );
+    }
+}
+
+/// One CTA (`block` of `grid`) of the dispatch: see the module docs. `send` holds this
+/// rank's token rows (`hidden` bf16 each) from offset 0; `recv` receives rows (`[experts per
+/// rank][capacity]`); `counts` holds the count matrices (`u32 [2][nranks][num_experts]`, then
+/// a row). False on an abort (the host reports it).
+///
+/// # Safety
+/// Every rank runs it with the same `args` (but `tokens` and the addresses), the same
+/// windows (by id) and the same grid, every CTA with [`dispatch_shared_bytes`] of dynamic
+/// shared memory and a whole number of warps; the windows hold what is said above; the
+/// addresses in `args` hold what [`MoeArgs`] says; the state's scratch is this rank's and
+/// used by one MoE kernel at a time; signals [`signal`] of GIN context 0 are these kernels';
+/// `args.epoch` counts this communicator's dispatches, and calls alternate dispatch, combine.
+pub unsafe fn dispatch(
+    comm: &DevComm,
+    send: &DevWindow,
+    recv: &DevWindow,
+    counts: &DevWindow,
+    args: &MoeArgs,
+    block: usize,
+    grid: usize,
+) -> bool {
+    check_args(comm, args, Some(grid));
+    let cta = CoopCta;
+    let gin = Gin::new(comm, 0);
+    let (n, me) = (comm.nranks as usize, comm.rank as usize);
+    let ne = args.num_experts as usize;
+    let per_rank = ne / n;
+    let cap = args.capacity as usize;
+    let row = args.hidden as usize * 2;
+    let entries = args.tokens as usize * args.top_k as usize;
+    let chunk = args.chunk as usize;
+    let (start, end) = ((block * chunk).min(entries), ((block + 1) * chunk).min(entries));
+    let (tid, threads) = (cta.thread_rank(), cta.size());
+    let state = args.state as *mut MoeState;
+    let flags = (args.state as usize + core::mem::size_of::<MoeState>()) as *mut u64;
+    let rows_g = flags.wrapping_add(MAX_CTAS) as *mut u32;
+    // Shared: own counts / counts before, base, prefix (per expert); experts and slots (per entry).
+    let sh = arch::dynamic_shared_mem::<u32>();
+    let (hist, base, prefix) = (sh, sh.wrapping_add(ne), sh.wrapping_add(2 * ne));
+    let (ex, slots) = (sh.wrapping_add(3 * ne), sh.wrapping_add(3 * ne + chunk));
+    let idx = args.topk_idx as *const i32;
+    let m = CountMatrix { counts, nranks: n, experts: ne, parity: (args.epoch % 2) as usize };
+    // SAFETY: (the whole body) every index below is inside the arrays the contract sizes:
+    // shared arrays by `ne` and `chunk`, global ones by `entries`, `MAX_CTAS` and `ne`.
+    unsafe {
+        // 1. This CTA's counts per expert, and its entries' experts.
+        let mut e = tid;
+        while e < ne {
+            hist.add(e).write(0);
+            e += threads;
+        }
+        cta.sync();
+        let mut j = start + tid;
+        while j < end {
+            let x = idx.add(j).read();
+            if x >= ne as i32 || x < -1 {
+                comm.fail(error_code::MOE_ARGS, j as u64, u64::from(x as u32));
+            }
+            // -1 (no expert) becomes u32::MAX.
+            ex.add(j - start).write(x as u32);
+            if x >= 0 {
+                atomic::fetch_add(hist.add(x as usize), 1u32, RmwOrder::Relaxed, Scope::Cta);
+            }
+            j += threads;
+        }
+        cta.sync();
+        let mut e = tid;
+        while e < ne {
+            rows_g.add(block * ne + e).write_volatile(hist.add(e).read());
+            e += threads;
+        }
+        cta.sync();
+        if tid == 0 {
+            atomic::store(flags.add(block), args.epoch, StoreOrder::Release, Scope::Gpu);
+            // The CTAs before this one publish theirs without waiting for anyone.
+            for b in 0..block {
+                while atomic::load(flags.add(b), LoadOrder::Relaxed, Scope::Gpu) != args.epoch {
+                    arch::spin_wait_hint(32);
+                }
+            }
+            atomic::fence(FenceOrder::Acquire, Scope::Gpu);
+        }
+        cta.sync();
+        // Counts of the CTAs before (into `base` for now), then each entry's slot.
+        let mut e = tid;
+        while e < ne {
+            let mut s = 0u32;
+            for b in 0..block {
+                s += rows_g.add(b * ne + e).read_volatile();
+            }
+            base.add(e).write(s);
+            e += threads;
+        }
+        cta.sync();
+        let mut j = tid;
+        while j < end - start {
+            let x = ex.add(j).read();
+            let mut before = 0u32;
+            if x != u32::MAX {
+                for i in 0..j {
+                    before += u32::from(ex.add(i).read() == x);
+                }
+                before += base.add(x as usize).read();
+            }
+            slots.add(j).write(before);
+            j += threads;
+        }
+        // 2. The last CTA's sum covers every entry: this rank's counts, to every rank.
+        if block == grid - 1 {
+            let mine = counts.local_ptr::<u32>(m.own());
+            let mut e = tid;
+            while e < ne {
+                mine.add(e).write(base.add(e).read() + hist.add(e).read());
+                e += threads;
+            }
+            cta.sync();
+            let (warp, warps) = (arch::warp_id_in_block(), threads / arch::WARP_SIZE);
+            let mut p = warp;
+            while p < n {
+                gin.put(
+                    CoopWarp,
+                    comm.world(),
+                    p as u32,
+                    *counts,
+                    m.row(me),
+                    *counts,
+                    m.own(),
+                    ne * 4,
+                    RemoteAction::SignalInc(signal::COUNTS),
+                    LocalAction::None,
+                );
+                p += warps;
+            }
+        }
+        if gin.wait_signal(cta, signal::COUNTS, args.epoch * n as u64).is_err() {
+            return false;
+        }
+        // 3. Where this rank's entries go: base(e) (ranks before this one) and prefix(e)
+        // (this rank's entries to experts below e: its return indices).
+        let mut e = tid;
+        while e < ne {
+            let mut b = 0u32;
+            for src in 0..me {
+                b += m.at(src, e);
+            }
+            base.add(e).write(b);
+            let mut p = 0u32;
+            for f in 0..e {
+                p += m.at(me, f);
+            }
+            prefix.add(e).write(p);
+            e += threads;
+        }
+        cta.sync();
+        let (warp, warps) = (arch::warp_id_in_block(), threads / arch::WARP_SIZE);
+        let lane0 = arch::lane_id() == 0;
+        let ret = args.ret_index as *mut u32;
+        let mut j = start + warp;
+        while j < end {
+            let x = ex.add(j - start).read();
+            let slot = slots.add(j - start).read() as usize;
+            let pos = if x == u32::MAX { usize::MAX } else { base.add(x as usize).read() as usize + slot };
+            if pos >= cap {
+                if lane0 {
+                    ret.add(j).write(NO_RETURN);
+                }
+            } else {
+                let x = x as usize;
+                if lane0 {
+                    ret.add(j).write(prefix.add(x).read() + slot as u32);
+                }
+                let t = j / args.top_k as usize;
+                gin.put(
+                    CoopWarp,
+                    comm.world(),
+                    (x / per_rank) as u32,
+                    *recv,
+                    ((x % per_rank) * cap + pos) * row,
+                    *send,
+                    t * row,
+                    row,
+                    RemoteAction::SignalInc(signal::DATA),
+                    LocalAction::None,
+                );
+            }
+            j += warps;
+        }
+        // 4. CTA 0 receives.
+        if block == 0 {
+            let target = sh.wrapping_add(target_word(ne, chunk)) as *mut u64;
+            if tid == 0 {
+                let mut expected = 0u64;
+                for l in 0..per_rank {
+                    let e = me * per_rank + l;
+                    let mut total = 0usize;
+                    for src in 0..n {
+                        total += m.at(src, e) as usize;
+                    }
+                    let got = total.min(cap);
+                    (args.recv_counts as *mut i32).add(l).write(got as i32);
+                    expected += got as u64;
+                }
+                let (mut kept, mut dropped) = (0u64, 0u64);
+                for e in 0..ne {
+                    let mine = m.at(me, e) as usize;
+                    let fit = cap.saturating_sub(base.add(e).read() as usize).min(mine);
+                    kept += fit as u64;
+                    dropped += (mine - fit) as u64;
+                }
+                let s = state.read_volatile();
+                let next = MoeState {
+                    data_total: s.data_total + expected,
+                    ret_total: s.ret_total + kept,
+                    dropped,
+                    received: expected,
+                    ..s
+                };
+                state.write_volatile(next);
+                target.write(next.data_total);
+            }
+            cta.sync();
+            if gin.wait_signal(cta, signal::DATA, target.read()).is_err() {
+                return false;
+            }
+        }
+    }
+    gin.flush(cta);
+    true
+}
+
+/// One CTA (`block` of `grid`) of the combine: see the module docs. `recv` holds the
+/// experts' results where the dispatch put their rows; `ret` receives this rank's results
+/// (`[tokens * top_k]` rows); `counts` is the dispatch's count matrix. False on an abort.
+///
+/// # Safety
+/// As [`dispatch`] (the same windows and `args`, after it, with [`combine_shared_bytes`] of
+/// dynamic shared memory per CTA); `args.topk_weights` and `args.out` hold `tokens * top_k`
+/// weights and `tokens * hidden` bf16, and `args.ret_index` what the dispatch wrote.
+pub unsafe fn combine(
+    comm: &DevComm,
+    recv: &DevWindow,
+    ret: &DevWindow,
+    counts: &DevWindow,
+    args: &MoeArgs,
+    block: usize,
+    grid: usize,
+) -> bool {
+    check_args(comm, args, None);
+    let cta = CoopCta;
+    let gin = Gin::new(comm, 0);
+    let (n, me) = (comm.nranks as usize, comm.rank as usize);
+    let ne = args.num_experts as usize;
+    let per_rank = ne / n;
+    let cap = args.capacity as usize;
+    let row = args.hidden as usize * 2;
+    let (tid, threads) = (cta.thread_rank(), cta.size());
+    // Shared: per (src, local expert), base(src, e) and prefix(src, e).
+    let sh = arch::dynamic_shared_mem::<u32>();
+    let (bases, prefixes) = (sh, sh.wrapping_add(ne));
+    let m = CountMatrix { counts, nranks: n, experts: ne, parity: (args.epoch % 2) as usize };
+    // SAFETY: (the whole body) indices inside the arrays the contract sizes.
+    unsafe {
+        let mut i = tid;
+        while i < n * per_rank {
+            let (src, l) = (i / per_rank, i % per_rank);
+            let e = me * per_rank + l;
+            let mut b = 0u32;
+            for s in 0..src {
+                b += m.at(s, e);
+            }
+            let mut p = 0u32;
+            for f in 0..e {
+                p += m.at(src, f);
+            }
+            bases.add(i).write(b);
+            prefixes.add(i).write(p);
+            i += threads;
+        }
+        cta.sync();
+        // Every received row back to its source, a warp per row.
+        let warps = threads / arch::WARP_SIZE;
+        let (first, stride) = (block * warps + arch::warp_id_in_block(), grid * warps);
+        for l in 0..per_rank {
+            let got = (args.recv_counts as *const i32).add(l).read() as usize;
+            let mut r = first;
+            while r < got {
+                let mut src = 0;
+                while src + 1 < n && bases.add((src + 1) * per_rank + l).read() as usize <= r {
+                    src += 1;
+                }
+                let from = bases.add(src * per_rank + l).read() as usize;
+                let at = prefixes.add(src * per_rank + l).read() as usize + (r - from);
+                gin.put(
+                    CoopWarp,
+                    comm.world(),
+                    src as u32,
+                    *ret,
+                    at * row,
+                    *recv,
+                    (l * cap + r) * row,
+                    row,
+                    RemoteAction::SignalInc(signal::RETURN),
+                    LocalAction::None,
+                );
+                r += stride;
+            }
+        }
+        // Every result this rank expects, then the weighted sums.
+        let expected = (args.state as *const MoeState).read_volatile().ret_total;
+        if gin.wait_signal(cta, signal::RETURN, expected).is_err() {
+            return false;
+        }
+        let k = args.top_k as usize;
+        let vecs = args.hidden as usize / 8;
+        let units = args.tokens as usize * vecs;
+        let ret_index = args.ret_index as *const u32;
+        let weights = args.topk_weights as *const f32;
+        let out = args.out as *mut U32x4;
+        let mut u = block * threads + tid;
+        while u < units {
+            let (t, v) = (u / vecs, u % vecs);
+            let mut acc = [0f32; 8];
+            for kk in 0..k {
+                let at = ret_index.add(t * k + kk).read();
+                if at == NO_RETURN {
+                    continue;
+                }
+                let w = weights.add(t * k + kk).read();
+                let x = arch::load_v4(ret.local_ptr::<U32x4>(at as usize * row + v * 16));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let bits = (x.0[i / 2] >> (16 * (i % 2))) & 0xffff;
+                    *a += w * half::bf16::from_bits(bits as u16).to_f32();
+                }
+            }
+            let mut words = [0u32; 4];
+            for (i, a) in acc.iter().enumerate() {
+                words[i / 2] |= u32::from(half::bf16::from_f32(*a).to_bits()) << (16 * (i % 2));
+            }
+            arch::store_v4(out.add(u), U32x4(words));
+            u += grid * threads;
+        }
+    }
+    gin.flush(cta);
+    true
+}

@@ -1,0 +1,531 @@
+//! MoE dispatch and combine (expert parallelism) across the ranks of a communicator: every
+//! token row goes to the ranks of the experts it is routed to, packed per expert, and the
+//! experts' results come back as each token's weighted sum.
+//!
+//! A [`Moe`] (made collectively by [`Communicator::moe`]) owns the windows and the device
+//! communicator the two kernels use (`ferrolink_device::moe`, written on the public GIN API:
+//! stores through the LSA mapping inside a domain, the GIN proxy across domains, so the same
+//! calls serve one node and many). Per step, on the rank's stream:
+//!
+//! 1. [`Moe::dispatch`] takes this rank's tokens `x [T, hidden]` (bf16) and their routing
+//!    `topk_idx [T, top_k]` (`i32`; `-1`: no expert) and fills every rank's receive buffer
+//!    `[experts_per_rank][capacity][hidden]` ([`Moe::received`]): expert `e`'s rows packed
+//!    in the order (source rank, token, k), with [`Moe::recv_counts`] rows per local expert.
+//!    The layout (counts per expert and per rank, each entry's place) is computed by the
+//!    same kernel.
+//! 2. The experts run on those rows (the caller's kernels), writing their results into the
+//!    same rows (zero copy: [`Moe::received`] is a window a kernel may write) or into a
+//!    buffer of the same shape.
+//! 3. [`Moe::combine`] sends each result back to its token's rank and writes `out [T,
+//!    hidden]` = `sum_k topk_weights[t, k] * result(t, k)`, accumulated in `f32` in `k`
+//!    order and rounded once to bf16.
+//!
+//! **Capacity.** Each local expert has `capacity` rows ([`MoeConfig::capacity`]). By
+//! default there is room for every token of every rank (`max_tokens * nranks`), so nothing is
+//! dropped when each token names distinct experts. With less, the entries whose place is
+//! past the capacity are **dropped**: never written, counted ([`Moe::dropped`]), and they add
+//! nothing to the combine (the others still do): no silent corruption, no error. The rows
+//! kept are the first in (source rank, token, k) order.
+//!
+//! Calls are collective and alternate: every rank calls `dispatch`, then `combine`, then
+//! `dispatch` again (an error otherwise). An expert index outside `0..num_experts` (other
+//! than -1) is reported by the kernel as a fault naming the entry.
+//!
+//! ```
+//! # fn main() -> ferrolink::Result<()> {
+//! use ferrolink::moe::{MoeConfig, bf16};
+//! use ferrolink::{Communicator, Device, run_ranks};
+//! let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+//! let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+//! let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 3, capacity: None };
+//! let outs = run_ranks(&comms, |c| {
+//!     let mut moe = c.moe(cfg)?;
+//!     let dev = c.device();
+//!     // Token t of rank r is all (r * 3 + t); it goes to experts t and 3 - t.
+//!     let x: Vec<bf16> = (0..3 * 8).map(|i| bf16::from_f32((c.rank() * 3 + i / 8) as f32)).collect();
+//!     let idx: Vec<i32> = (0..3).flat_map(|t| [t, 3 - t]).collect();
+//!     moe.dispatch(&dev.alloc_from(&x)?, &dev.alloc_from(&idx)?)?;
+//!     // The experts would run here; their result is their input (in place).
+//!     let mut out = dev.alloc::<bf16>(3 * 8)?;
+//!     moe.combine(None, &dev.alloc_from(&[0.5f32; 6])?, &mut out)?;
+//!     out.to_vec()
+//! })?;
+//! // Each token comes back twice with weight 0.5: itself.
+//! assert_eq!(outs[1][8].to_f32(), 4.0);
+//! # Ok(()) }
+//! ```
+
+use crate::comm::Communicator;
+use crate::devcomm::{DevCommHandle, DevCommRequirements};
+use crate::mem::window::Window;
+use crate::ops::launch_copy;
+use crate::runtime::launch::{LaunchArg, LaunchArgs, LaunchConfig, LaunchTracking};
+use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
+use crate::{Backend, Error, Result};
+use ferrolink_device::kernels::copy::ferrolink_copy;
+use ferrolink_device::kernels::moe::{moe_combine, moe_dispatch};
+use ferrolink_device::moe::{self as dev_moe, MoeArgs, MoeState};
+use ferrolink_device::{DevComm, DevWindow};
+pub use half::bf16;
+
+/// The shape of a [`Moe`]: the same on every rank (checked when it is made).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    /// Experts in all: a multiple of the ranks (`num_experts / nranks` per rank, expert `e`
+    /// on rank `e / (num_experts / nranks)`).
+    pub num_experts: usize,
+    /// Elements (bf16) per token: a multiple of 8.
+    pub hidden: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// The most tokens a rank dispatches in one call.
+    pub max_tokens: usize,
+    /// Rows per local expert in the receive buffer; `None`: `max_tokens * nranks` (nothing
+    /// is dropped when each token names distinct experts). Entries past it are dropped and
+    /// counted ([`Moe::dropped`]).
+    pub capacity: Option<usize>,
+}
+
+/// The resources and the state of MoE dispatch and combine on one rank: see the
+/// [module docs](self).
+pub struct Moe {
+    comm: Communicator,
+    cfg: MoeConfig,
+    capacity: usize,
+    handle: DevCommHandle,
+    /// This rank's token rows (the dispatch's sources).
+    send: Window,
+    /// The rows received, `[experts_per_rank][capacity][hidden]`; the experts' results.
+    recv: Window,
+    /// The results coming back, one row per entry of this rank.
+    ret: Window,
+    /// The count matrices, `u32 [2][nranks][num_experts]` (by call parity), and this rank's
+    /// own row.
+    counts: Window,
+    ret_index: DeviceBuffer<u32>,
+    recv_counts: DeviceBuffer<i32>,
+    state: DeviceBuffer<u64>,
+    /// Dispatches so far.
+    epoch: u64,
+    /// Tokens of the dispatch waiting for its combine.
+    pending: Option<usize>,
+}
+
+impl Communicator {
+    /// Makes this rank's MoE resources (collective: every rank calls it with the same
+    /// configuration, checked). Memory per rank, in token rows of `2 * hidden` bytes:
+    /// `max_tokens` (sources), `capacity * num_experts / nranks` (received),
+    /// `max_tokens * top_k` (results coming back).
+    pub fn moe(&self, cfg: MoeConfig) -> Result<Moe> {
+        let n = self.nranks();
+        let bad = |why: String| Err(Error::InvalidArgument(format!("moe: {why} ({cfg:?})")));
+        if cfg.num_experts == 0 || !cfg.num_experts.is_multiple_of(n) {
+            return bad(format!("num_experts must be a positive multiple of the {n} ranks"));
+        }
+        if cfg.hidden == 0 || !cfg.hidden.is_multiple_of(8) {
+            return bad("hidden must be a positive multiple of 8 (rows move as 16-byte vectors)".into());
+        }
+        if cfg.top_k == 0 || cfg.max_tokens == 0 {
+            return bad("top_k and max_tokens must be at least 1".into());
+        }
+        let capacity = cfg.capacity.unwrap_or(cfg.max_tokens * n);
+        let entries = cfg.max_tokens.checked_mul(cfg.top_k);
+        if capacity == 0 || u32::try_from(capacity).is_err() || entries.is_none_or(|e| u32::try_from(e).is_err()) {
+            return bad("capacity must be at least 1, and capacity and max_tokens * top_k must fit 32 bits".into());
+        }
+        // Every CTA holds three arrays of num_experts words in shared memory (and its entries).
+        if dev_moe::dispatch_shared_bytes(cfg.num_experts, 1) > SHARED_LIMIT / 2 {
+            return bad(format!("at most {} experts", SHARED_LIMIT / 2 / 12 - 1));
+        }
+        // The same shape everywhere: the windows and the kernels' cut depend on it.
+        let mine: Vec<u8> = [cfg.num_experts, cfg.hidden, cfg.top_k, cfg.max_tokens, capacity]
+            .iter()
+            .flat_map(|v| (*v as u64).to_le_bytes())
+            .collect();
+        for (r, theirs) in self.all_gather_bytes(&mine)?.iter().enumerate() {
+            if *theirs != mine {
+                let w = |i: usize| u64::from_le_bytes(theirs[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+                return bad(format!(
+                    "rank {} and rank {r} differ: rank {r} has num_experts {}, hidden {}, top_k {}, max_tokens {}, \
+                     capacity {}",
+                    self.rank(),
+                    w(0),
+                    w(1),
+                    w(2),
+                    w(3),
+                    w(4)
+                ));
+            }
+        }
+        let row = 2 * cfg.hidden;
+        let per_rank = cfg.num_experts / n;
+        let sizes = [
+            cfg.max_tokens * row,
+            per_rank * capacity * row,
+            cfg.max_tokens * cfg.top_k * row,
+            (2 * n + 1) * cfg.num_experts * 4,
+        ];
+        let mut windows = Vec::with_capacity(4);
+        for bytes in sizes {
+            windows.push(self.register_window(self.mem_alloc(bytes)?)?);
+        }
+        let counts = windows.pop().expect("four");
+        let ret = windows.pop().expect("four");
+        let recv = windows.pop().expect("four");
+        let send = windows.pop().expect("four");
+        // The device communicator after the windows (as for every device communicator).
+        let handle = self.create_dev_comm(&DevCommRequirements {
+            gin_context_count: 1,
+            gin_signal_count: dev_moe::signal::COUNT,
+            ..DevCommRequirements::default()
+        })?;
+        let dev = self.device();
+        Ok(Moe {
+            comm: self.clone(),
+            cfg,
+            capacity,
+            handle,
+            send,
+            recv,
+            ret,
+            counts,
+            ret_index: dev.alloc(cfg.max_tokens * cfg.top_k)?,
+            recv_counts: dev.alloc(per_rank)?,
+            state: dev.alloc(dev_moe::scratch_bytes(cfg.num_experts).div_ceil(8))?,
+            epoch: 0,
+            pending: None,
+        })
+    }
+}
+
+/// Dynamic shared memory a CTA may use without opting in (CUDA's default limit).
+const SHARED_LIMIT: usize = 48 << 10;
+
+impl Moe {
+    /// The configuration (with [`MoeConfig::capacity`] as used).
+    pub fn config(&self) -> MoeConfig {
+        MoeConfig { capacity: Some(self.capacity), ..self.cfg }
+    }
+
+    /// Experts on each rank.
+    pub fn experts_per_rank(&self) -> usize {
+        self.cfg.num_experts / self.comm.nranks()
+    }
+
+    /// Rows per local expert in the receive buffer.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The receive buffer: a window of this communicator holding `[experts_per_rank]
+    /// [capacity][hidden]` bf16 from offset 0 (local expert `l`'s row `i` at byte `(l *
+    /// capacity + i) * 2 * hidden`). After a dispatch, local expert `l`'s first
+    /// `recv_counts[l]` rows are its tokens; the experts may write their results over them
+    /// (then pass `None` to [`Moe::combine`]). Pass `moe.received()` to a kernel (a tracked
+    /// use), or copy it out in stream order with [`Moe::copy_received`]. (A host read,
+    /// [`Window::read`], waits for every kernel of this process that uses the window, the
+    /// other ranks' too: with ranks on threads of one process it can wait for a peer's combine
+    /// that waits for this rank.)
+    pub fn received(&self) -> &Window {
+        &self.recv
+    }
+
+    /// Copies the receive buffer (`experts_per_rank * capacity * hidden` bf16) into `dst`,
+    /// on the rank's stream (after the dispatch, before the combine's sends read it).
+    pub fn copy_received(&self, dst: &mut DeviceBuffer<bf16>) -> Result<()> {
+        let bytes = self.experts_per_rank() * self.capacity * 2 * self.cfg.hidden;
+        if dst.len() * 2 != bytes {
+            return Err(Error::InvalidArgument(format!(
+                "moe copy_received: the buffer holds {} elements, the receive buffer {}",
+                dst.len(),
+                bytes / 2
+            )));
+        }
+        let dev = self.comm.device();
+        let cfg = match dev.backend() {
+            Backend::Cuda => crate::ops::copy_launch_config(dev, bytes),
+            Backend::Cpu => LaunchConfig::linear(1, 8),
+        };
+        launch_copy(
+            self.comm.stream(),
+            &ferrolink_copy,
+            dst.bytes_at_mut(0)?,
+            self.recv.slot_ptr(0, bytes)?,
+            bytes,
+            cfg,
+        )
+    }
+
+    /// Rows received per local expert by the last dispatch (`i32`, `experts_per_rank` of
+    /// them, at most the capacity each).
+    pub fn recv_counts(&self) -> &DeviceBuffer<i32> {
+        &self.recv_counts
+    }
+
+    /// Entries (token, expert pairs) of this rank that the last dispatch dropped at capacity
+    /// (waits for it).
+    pub fn dropped(&self) -> Result<u64> {
+        Ok(self.read_state()?.dropped)
+    }
+
+    /// Rows this rank received in the last dispatch (waits for it).
+    pub fn received_rows(&self) -> Result<u64> {
+        Ok(self.read_state()?.received)
+    }
+
+    fn read_state(&self) -> Result<MoeState> {
+        let words = self.state.to_vec()?;
+        Ok(bytemuck::pod_read_unaligned(bytemuck::cast_slice(&words[..std::mem::size_of::<MoeState>() / 8])))
+    }
+
+    /// Sends this rank's tokens to their experts' ranks (collective): `x` holds `T` rows of
+    /// `hidden` bf16 (`T <= max_tokens`), `topk_idx` `T * top_k` experts (`-1`: none). Returns
+    /// when the work is queued on the rank's stream; [`Moe::received`] and
+    /// [`Moe::recv_counts`] are then filled in stream order.
+    pub fn dispatch(&mut self, x: &DeviceBuffer<bf16>, topk_idx: &DeviceBuffer<i32>) -> Result<()> {
+        let (hidden, k) = (self.cfg.hidden, self.cfg.top_k);
+        if !x.len().is_multiple_of(hidden) {
+            return Err(Error::InvalidArgument(format!(
+                "moe dispatch: x holds {} elements, not whole rows of {hidden}",
+                x.len()
+            )));
+        }
+        let tokens = x.len() / hidden;
+        if tokens > self.cfg.max_tokens {
+            return Err(Error::InvalidArgument(format!(
+                "moe dispatch: {tokens} tokens, more than max_tokens {}",
+                self.cfg.max_tokens
+            )));
+        }
+        if topk_idx.len() != tokens * k {
+            return Err(Error::InvalidArgument(format!(
+                "moe dispatch: topk_idx holds {} entries, {tokens} tokens x top_k {k} = {} needed",
+                topk_idx.len(),
+                tokens * k
+            )));
+        }
+        if self.pending.is_some() {
+            return Err(Error::InvalidArgument(
+                "moe dispatch: the last dispatch has not been combined (calls alternate: dispatch, combine)".into(),
+            ));
+        }
+        let comm = self.comm.clone();
+        let dev = comm.device();
+        let module = dev.builtin_module()?;
+        let stream = comm.stream();
+        let entries = tokens * k;
+        let (threads, cap_ctas) = self.shape();
+        let grid = entries.div_ceil(ENTRIES_PER_CTA).clamp(1, cap_ctas.min(dev_moe::MAX_CTAS));
+        let chunk = entries.div_ceil(grid).max(1);
+        let shared = dev_moe::dispatch_shared_bytes(self.cfg.num_experts, chunk);
+        if shared > SHARED_LIMIT {
+            return Err(Error::InvalidArgument(format!(
+                "moe dispatch: {entries} entries over {grid} CTAs need {shared} bytes of shared memory per CTA, more \
+                 than {SHARED_LIMIT}: dispatch fewer tokens per call"
+            )));
+        }
+        if tokens > 0 {
+            let bytes = tokens * 2 * hidden;
+            let cfg = match dev.backend() {
+                Backend::Cuda => crate::ops::copy_launch_config(dev, bytes),
+                Backend::Cpu => LaunchConfig::linear(1, 8),
+            };
+            launch_copy(stream, &ferrolink_copy, self.send.slot_ptr(0, bytes)?, x.bytes_at(0)?, bytes, cfg)?;
+        }
+        self.epoch += 1;
+        let args = MoeArgs {
+            tokens: tokens as u32,
+            top_k: k as u32,
+            num_experts: self.cfg.num_experts as u32,
+            capacity: self.capacity as u32,
+            hidden: hidden as u32,
+            chunk: chunk as u32,
+            epoch: self.epoch,
+            ..MoeArgs::default()
+        };
+        let mut reads = Vec::new();
+        let mut writes = Vec::new();
+        let mut args = args;
+        if entries > 0 {
+            let idx = topk_idx.bytes_at(0)?;
+            args.topk_idx = idx.param() as u64;
+            reads.push(idx);
+            let ret = self.ret_index.bytes_at_mut(0)?;
+            args.ret_index = ret.param() as u64;
+            writes.push(ret);
+        }
+        let counts = self.recv_counts.bytes_at_mut(0)?;
+        args.recv_counts = counts.param() as u64;
+        writes.push(counts);
+        let state = self.state.bytes_at_mut(0)?;
+        args.state = state.param() as u64;
+        writes.push(state);
+        let launch = MoeLaunch {
+            handle: &self.handle,
+            windows: [&self.send, &self.recv, &self.counts],
+            args,
+            reads: &reads,
+            writes: &writes,
+        };
+        let cfg = LaunchConfig::linear(grid as u32, threads).with_shared_mem(shared as u32);
+        // SAFETY: `moe_dispatch`'s contract: every rank launches it with the same
+        // configuration (checked when the Moe was made) and grid shape rules, the windows of
+        // this Moe (made together on every rank, so with the same ids) sized for it, the
+        // token rows copied into `send` just before in stream order, and `topk_idx`,
+        // `ret_index`, `recv_counts` and the state sized for `tokens` (checked) and tracked
+        // by this launch; the device communicator and its signals are this Moe's only; the
+        // epoch counts its dispatches and calls alternate (checked).
+        let queued = unsafe { stream.launch(module, &moe_dispatch, cfg, launch) };
+        if let Err(e) = queued {
+            self.epoch -= 1;
+            return Err(e);
+        }
+        self.pending = Some(tokens);
+        Ok(())
+    }
+
+    /// Brings the experts' results back (collective): `expert_out` holds them in the receive
+    /// buffer's shape (`None`: they were written over [`Moe::received`], zero copy), and
+    /// `out` gets `T` rows of `hidden` bf16 (`T` of the last dispatch), each the sum over its
+    /// entries of `topk_weights[t, k]` (`f32`, `T * top_k`) times the result; dropped entries
+    /// and `-1` add nothing.
+    pub fn combine(
+        &mut self,
+        expert_out: Option<&DeviceBuffer<bf16>>,
+        topk_weights: &DeviceBuffer<f32>,
+        out: &mut DeviceBuffer<bf16>,
+    ) -> Result<()> {
+        let Some(tokens) = self.pending else {
+            return Err(Error::InvalidArgument("moe combine: no dispatch to combine".into()));
+        };
+        let (hidden, k) = (self.cfg.hidden, self.cfg.top_k);
+        if topk_weights.len() != tokens * k || out.len() != tokens * hidden {
+            return Err(Error::InvalidArgument(format!(
+                "moe combine: the last dispatch had {tokens} tokens: topk_weights must hold {} (it holds {}), out {} \
+                 (it holds {})",
+                tokens * k,
+                topk_weights.len(),
+                tokens * hidden,
+                out.len()
+            )));
+        }
+        let recv_bytes = self.experts_per_rank() * self.capacity * 2 * hidden;
+        let comm = self.comm.clone();
+        let dev = comm.device();
+        let module = dev.builtin_module()?;
+        let stream = comm.stream();
+        if let Some(src) = expert_out {
+            if src.len() * 2 != recv_bytes {
+                return Err(Error::InvalidArgument(format!(
+                    "moe combine: expert_out holds {} elements, the receive buffer's shape is {} x {} x {hidden}",
+                    src.len(),
+                    self.experts_per_rank(),
+                    self.capacity
+                )));
+            }
+            let cfg = match dev.backend() {
+                Backend::Cuda => crate::ops::copy_launch_config(dev, recv_bytes),
+                Backend::Cpu => LaunchConfig::linear(1, 8),
+            };
+            launch_copy(
+                stream,
+                &ferrolink_copy,
+                self.recv.slot_ptr(0, recv_bytes)?,
+                src.bytes_at(0)?,
+                recv_bytes,
+                cfg,
+            )?;
+        }
+        let (threads, cap_ctas) = self.shape();
+        let mut args = MoeArgs {
+            tokens: tokens as u32,
+            top_k: k as u32,
+            num_experts: self.cfg.num_experts as u32,
+            capacity: self.capacity as u32,
+            hidden: hidden as u32,
+            chunk: 1,
+            epoch: self.epoch,
+            ..MoeArgs::default()
+        };
+        let mut reads = Vec::new();
+        let mut writes = Vec::new();
+        if tokens > 0 {
+            let w = topk_weights.bytes_at(0)?;
+            args.topk_weights = w.param() as u64;
+            reads.push(w);
+            let r = self.ret_index.bytes_at(0)?;
+            args.ret_index = r.param() as u64;
+            reads.push(r);
+            let o = out.bytes_at_mut(0)?;
+            args.out = o.param() as u64;
+            writes.push(o);
+        }
+        let counts = self.recv_counts.bytes_at(0)?;
+        args.recv_counts = counts.param() as u64;
+        reads.push(counts);
+        let state = self.state.bytes_at(0)?;
+        args.state = state.param() as u64;
+        reads.push(state);
+        let launch = MoeLaunch {
+            handle: &self.handle,
+            windows: [&self.recv, &self.ret, &self.counts],
+            args,
+            reads: &reads,
+            writes: &writes,
+        };
+        let shared = dev_moe::combine_shared_bytes(self.cfg.num_experts);
+        let cfg = LaunchConfig::linear(cap_ctas as u32, threads).with_shared_mem(shared as u32);
+        // SAFETY: `moe_combine`'s contract: after this Moe's dispatch on this stream (pending,
+        // checked), with its windows, the weights and the output sized for its tokens
+        // (checked) and tracked, the expert results in `recv` (written by the caller's
+        // kernels, or copied just before).
+        unsafe { stream.launch(module, &moe_combine, cfg, launch)? };
+        self.pending = None;
+        Ok(())
+    }
+
+    /// Threads per CTA and the most CTAs per kernel: every CTA of every rank must be resident
+    /// at once (they wait for each other), so the ranks sharing this GPU share its SMs.
+    fn shape(&self) -> (u32, usize) {
+        let dev = self.comm.device();
+        match dev.backend() {
+            Backend::Cuda => {
+                (256, (dev.sm_count() as usize / self.comm.ranks_sharing_gpu()).clamp(1, dev_moe::MAX_CTAS))
+            }
+            // Whole warps (the kernels put rows a warp at a time), few CTAs.
+            Backend::Cpu => (64, 2),
+        }
+    }
+}
+
+/// Entries per dispatch CTA (more CTAs for more tokens, up to the resident limit).
+const ENTRIES_PER_CTA: usize = 32;
+
+/// A MoE kernel's arguments with everything it uses tracked.
+struct MoeLaunch<'s, 'a> {
+    handle: &'s DevCommHandle,
+    windows: [&'s Window; 3],
+    args: MoeArgs,
+    reads: &'s [TrackedPtr<'a, *const u8>],
+    writes: &'s [TrackedPtr<'a, *mut u8>],
+}
+
+impl LaunchArgs for MoeLaunch<'_, '_> {
+    type Params = (DevComm, DevWindow, DevWindow, DevWindow, MoeArgs);
+    fn params(&self) -> Self::Params {
+        let [a, b, c] = self.windows;
+        (self.handle.param(), a.param(), b.param(), c.param(), self.args)
+    }
+    fn track(&self, t: &mut LaunchTracking) {
+        self.handle.track(t);
+        for w in self.windows {
+            w.track(t);
+        }
+        for r in self.reads {
+            r.track(t);
+        }
+        for w in self.writes {
+            w.track(t);
+        }
+    }
+}

@@ -1,0 +1,363 @@
+//! MoE dispatch and combine (issue 13), against a host model: random, skewed and
+//! own-rank routing, empty experts, entries without an expert (-1), ranks without tokens,
+//! overflow at a small capacity (drops counted), several rounds in a row, across LSA domains
+//! through the GIN proxy, one process per rank, and the errors of bad calls, on every backend.
+
+use ferrolink::moe::{Moe, MoeConfig, bf16};
+use ferrolink::{CommConfig, Communicator, Device, LsaMode};
+use ferrolink_tests::check;
+use ferrolink_tests::jobs::{child, fits, job_passes, scenario, spawn_job, text};
+
+/// How tokens are routed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Routing {
+    /// `top_k` distinct experts, uniformly.
+    Random,
+    /// Expert 0 for nearly every token, then distinct others.
+    Skewed,
+    /// Only experts of the token's own rank.
+    OwnRank,
+    /// Only even experts (the odd ones receive nothing), with some entries -1.
+    EvenWithHoles,
+}
+
+/// A splitmix64 step: deterministic, so every rank can build every rank's inputs.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// One round's inputs for every rank.
+struct Round {
+    cfg: MoeConfig,
+    nranks: usize,
+    /// Per rank: tokens, rows (`tokens * hidden`), routing (`tokens * top_k`), weights.
+    tokens: Vec<usize>,
+    x: Vec<Vec<bf16>>,
+    idx: Vec<Vec<i32>>,
+    weights: Vec<Vec<f32>>,
+}
+
+impl Round {
+    fn new(cfg: MoeConfig, nranks: usize, seed: u64, routing: Routing) -> Round {
+        let (ne, k, h) = (cfg.num_experts, cfg.top_k, cfg.hidden);
+        let per = ne / nranks;
+        let mut r = Round { cfg, nranks, tokens: vec![], x: vec![], idx: vec![], weights: vec![] };
+        for rank in 0..nranks {
+            let s = mix(seed ^ (rank as u64) << 32);
+            // Rank 1 has no tokens in odd rounds; others a varying number.
+            let t = if rank == 1 && seed % 2 == 1 { 0 } else { cfg.max_tokens - (s % 3) as usize };
+            let x = (0..t * h).map(|i| bf16::from_f32(((mix(s ^ i as u64) % 255) as f32 - 127.0) / 16.0)).collect();
+            let mut idx = Vec::with_capacity(t * k);
+            for tok in 0..t {
+                let mut chosen: Vec<i32> = Vec::new();
+                let mut z = mix(s ^ 0xabc ^ (tok as u64) << 20);
+                while chosen.len() < k {
+                    z = mix(z);
+                    let e = match routing {
+                        Routing::Random => (z % ne as u64) as i32,
+                        Routing::Skewed if chosen.is_empty() && z % 8 != 0 => 0,
+                        Routing::Skewed => (z % ne as u64) as i32,
+                        Routing::OwnRank => (rank * per) as i32 + (z % per as u64) as i32,
+                        Routing::EvenWithHoles if z % 5 == 0 => -1,
+                        Routing::EvenWithHoles => 2 * (z % (ne as u64 / 2)) as i32,
+                    };
+                    if e < 0 || !chosen.contains(&e) {
+                        chosen.push(e);
+                    }
+                }
+                idx.extend(chosen);
+            }
+            let weights = (0..t * k).map(|i| ((mix(s ^ 0x5eed ^ i as u64) % 64) as f32 + 1.0) / 64.0).collect();
+            r.tokens.push(t);
+            r.x.push(x);
+            r.idx.push(idx);
+            r.weights.push(weights);
+        }
+        r
+    }
+
+    fn capacity(&self) -> usize {
+        self.cfg.capacity.unwrap_or(self.cfg.max_tokens * self.nranks)
+    }
+
+    /// Per expert, the entries routed to it in (rank, token, k) order: `(rank, token, k)`.
+    fn queue(&self, e: usize) -> Vec<(usize, usize, usize)> {
+        let k = self.cfg.top_k;
+        let mut q = Vec::new();
+        for rank in 0..self.nranks {
+            for (j, &x) in self.idx[rank].iter().enumerate() {
+                if x == e as i32 {
+                    q.push((rank, j / k, j % k));
+                }
+            }
+        }
+        q
+    }
+
+    /// The expert's result for a row (the expert computes `x * (e + 1) / 4`, in bf16).
+    fn expert(e: usize, v: bf16) -> bf16 {
+        bf16::from_f32(v.to_f32() * (e as f32 + 1.0) / 4.0)
+    }
+}
+
+/// One rank's dispatch and combine of `round`, checked against the model: the rows received
+/// (each local expert's, in order), the counts, the drops, and the combined output.
+fn run_round(c: &Communicator, moe: &mut Moe, round: &Round) -> ferrolink::Result<()> {
+    let dev = c.device();
+    let me = c.rank();
+    let (h, k) = (round.cfg.hidden, round.cfg.top_k);
+    let per = moe.experts_per_rank();
+    let cap = moe.capacity();
+    check(cap == round.capacity(), || format!("capacity {cap}, expected {}", round.capacity()))?;
+    let x = dev.alloc_from(&round.x[me])?;
+    let idx = dev.alloc_from(&round.idx[me])?;
+    let w = dev.alloc_from(&round.weights[me])?;
+    moe.dispatch(&x, &idx)?;
+    // Received rows and counts.
+    let counts = moe.recv_counts().to_vec()?;
+    // In stream order: a host read of the window would wait for the peers' kernels too.
+    let mut received = dev.alloc::<bf16>(per * cap * h)?;
+    moe.copy_received(&mut received)?;
+    let got = received.to_vec()?;
+    let mut expert_out = vec![bf16::ZERO; per * cap * h];
+    let mut expected_rows = 0;
+    for l in 0..per {
+        let e = me * per + l;
+        let q = round.queue(e);
+        let kept = q.len().min(cap);
+        expected_rows += kept;
+        check(counts[l] as usize == kept, || {
+            format!("rank {me} expert {e}: {} rows counted, {kept} expected", counts[l])
+        })?;
+        for (i, &(src, t, _)) in q.iter().take(kept).enumerate() {
+            let row = &got[(l * cap + i) * h..][..h];
+            let want = &round.x[src][t * h..][..h];
+            check(row == want, || {
+                format!(
+                    "rank {me} expert {e} row {i}: {:?}…, expected token {t} of rank {src} {:?}…",
+                    &row[..4],
+                    &want[..4]
+                )
+            })?;
+            for (o, v) in expert_out[(l * cap + i) * h..][..h].iter_mut().zip(row) {
+                *o = Round::expert(e, *v);
+            }
+        }
+    }
+    check(moe.received_rows()? == expected_rows as u64, || {
+        format!("rank {me}: {} rows received, {expected_rows} expected", moe.received_rows().unwrap_or(0))
+    })?;
+    // Drops: this rank's entries whose place in their expert's queue is past the capacity.
+    let mut dropped = vec![false; round.tokens[me] * k];
+    for e in 0..round.cfg.num_experts {
+        for (i, &(src, t, kk)) in round.queue(e).iter().enumerate() {
+            if src == me && i >= cap {
+                dropped[t * k + kk] = true;
+            }
+        }
+    }
+    let want_dropped = dropped.iter().filter(|d| **d).count() as u64;
+    check(moe.dropped()? == want_dropped, || {
+        format!("rank {me}: {:?} dropped, {want_dropped} expected", moe.dropped())
+    })?;
+    // Half the rounds combine the received rows as they are (zero copy: the experts are the
+    // identity), half pass the experts' results as a buffer.
+    let mut out = dev.alloc::<bf16>(round.tokens[me] * h)?;
+    let identity = round.tokens.iter().sum::<usize>() % 2 == 0;
+    if identity {
+        moe.combine(None, &w, &mut out)?;
+    } else {
+        moe.combine(Some(&dev.alloc_from(&expert_out)?), &w, &mut out)?;
+    }
+    let out = out.to_vec()?;
+    for t in 0..round.tokens[me] {
+        for i in 0..h {
+            let mut acc = 0f32;
+            for kk in 0..k {
+                let e = round.idx[me][t * k + kk];
+                if e < 0 || dropped[t * k + kk] {
+                    continue;
+                }
+                let v = round.x[me][t * h + i];
+                let result = if identity { v } else { Round::expert(e as usize, v) };
+                acc += round.weights[me][t * k + kk] * result.to_f32();
+            }
+            let want = bf16::from_f32(acc);
+            let g = out[t * h + i];
+            // One bf16 step of slack: the GPU may fuse the multiply and the add.
+            let ulp = bf16::from_bits(want.to_bits() | 1).to_f32() - bf16::from_bits(want.to_bits() & !1).to_f32();
+            check((g.to_f32() - want.to_f32()).abs() <= ulp.abs().max(1e-30), || {
+                format!("rank {me} token {t} element {i}: {g}, expected {want}")
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The shapes tried: (experts, hidden, top_k, max_tokens) on `n` ranks.
+fn shapes(dev: &Device, n: usize) -> Vec<MoeConfig> {
+    let big = dev.backend() == ferrolink::Backend::Cuda;
+    let mut v = vec![
+        MoeConfig { num_experts: 2 * n, hidden: 16, top_k: 2, max_tokens: 9, capacity: None },
+        MoeConfig { num_experts: 4 * n, hidden: 24, top_k: 3, max_tokens: 17, capacity: None },
+    ];
+    if big {
+        v.push(MoeConfig { num_experts: 8 * n, hidden: 7168, top_k: 8, max_tokens: 128, capacity: None });
+    }
+    v
+}
+
+/// Every routing, several rounds each on one [`Moe`], on one rank.
+fn every_routing(c: &Communicator) -> ferrolink::Result<()> {
+    let n = c.nranks();
+    for cfg in shapes(c.device(), n) {
+        let mut moe = c.moe(cfg)?;
+        for (seed, routing) in
+            [Routing::Random, Routing::Skewed, Routing::OwnRank, Routing::EvenWithHoles, Routing::Random]
+                .into_iter()
+                .enumerate()
+        {
+            let round = Round::new(cfg, n, seed as u64 + 17 * cfg.hidden as u64, routing);
+            run_round(c, &mut moe, &round).map_err(|e| {
+                // Every rank's failure (run_ranks returns the first rank's, which may be the
+                // consequence of another's: a failing rank aborts the communicator).
+                let e = format!("rank {}: {routing:?} round {seed} of {cfg:?} on {n} ranks: {e}", c.rank());
+                eprintln!("{e}");
+                ferrolink::Error::InvalidArgument(e)
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Overflow: a capacity of 3 rows per expert with skewed routing; the drops are counted and
+/// the combine leaves them out.
+fn overflow(c: &Communicator) -> ferrolink::Result<()> {
+    let n = c.nranks();
+    let cfg = MoeConfig { num_experts: 2 * n, hidden: 8, top_k: 2, max_tokens: 8, capacity: Some(3) };
+    let mut moe = c.moe(cfg)?;
+    for seed in 0..3 {
+        let round = Round::new(cfg, n, 100 + seed, if seed == 1 { Routing::Random } else { Routing::Skewed });
+        run_round(c, &mut moe, &round)?;
+    }
+    Ok(())
+}
+
+fn every_case(c: &Communicator) -> ferrolink::Result<()> {
+    every_routing(c)?;
+    overflow(c)
+}
+
+#[test]
+fn dispatch_and_combine_on_two_three_and_four_ranks() {
+    ferrolink::testing::for_each_backend("moe_dispatch_and_combine", |dev| {
+        for n in [2, 3, 4] {
+            let comms = Communicator::init_all(&vec![dev.clone(); n])?;
+            ferrolink::run_ranks(&comms, every_case)?;
+        }
+        Ok(())
+    });
+}
+
+/// LSA domains of one and of two ranks: rows to other domains go through the GIN proxy.
+#[test]
+fn dispatch_and_combine_across_lsa_domains() {
+    ferrolink::testing::for_each_backend("moe_across_lsa_domains", |dev| {
+        for (n, domain) in [(3, 1), (4, 2)] {
+            let mut config = CommConfig::from_env(dev.backend());
+            config.lsa = LsaMode::Size(domain);
+            let comms = Communicator::init_all_with(&vec![dev.clone(); n], config)?;
+            check(comms[0].lsa_size() == domain, || format!("LSA domains of {domain} asked, {}", comms[0].lsa_size()))?;
+            ferrolink::run_ranks(&comms, every_case)?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn bad_moe_calls_are_clear_errors() {
+    ferrolink::testing::for_each_backend("bad_moe_calls_are_clear_errors", |dev| {
+        let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
+        let good = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 4, capacity: None };
+        let errs = ferrolink::run_ranks(&comms, |c| {
+            let odd = c.moe(MoeConfig { num_experts: 3, ..good }).err().map(|e| e.to_string()).unwrap_or_default();
+            let hidden = c.moe(MoeConfig { hidden: 12, ..good }).err().map(|e| e.to_string()).unwrap_or_default();
+            let mut moe = c.moe(good)?;
+            let dev = c.device();
+            let x = dev.alloc::<bf16>(2 * 8)?;
+            let idx = dev.alloc_from(&[0i32, 1, 2, 3])?;
+            let w = dev.alloc::<f32>(4)?;
+            let mut out = dev.alloc::<bf16>(2 * 8)?;
+            let early = moe.combine(None, &w, &mut out).expect_err("combine before dispatch").to_string();
+            let short = moe.dispatch(&x, &dev.alloc::<i32>(3)?).expect_err("3 entries for 2 tokens").to_string();
+            let many =
+                moe.dispatch(&dev.alloc::<bf16>(5 * 8)?, &dev.alloc::<i32>(10)?).expect_err("5 tokens").to_string();
+            moe.dispatch(&x, &idx)?;
+            let twice = moe.dispatch(&x, &idx).expect_err("two dispatches").to_string();
+            let wrong_out = moe.combine(None, &w, &mut dev.alloc::<bf16>(8)?).expect_err("a short output").to_string();
+            moe.combine(None, &w, &mut out)?;
+            c.synchronize()?;
+            Ok([odd, hidden, early, short, many, twice, wrong_out])
+        })?;
+        let [odd, hidden, early, short, many, twice, wrong_out] = &errs[0];
+        check(odd.contains("multiple of the 2 ranks"), || format!("3 experts: {odd}"))?;
+        check(hidden.contains("multiple of 8"), || format!("hidden 12: {hidden}"))?;
+        check(early.contains("no dispatch to combine"), || format!("early combine: {early}"))?;
+        check(short.contains("3 entries, 2 tokens x top_k 2 = 4 needed"), || format!("short routing: {short}"))?;
+        check(many.contains("more than max_tokens 4"), || format!("5 tokens: {many}"))?;
+        check(twice.contains("has not been combined"), || format!("two dispatches: {twice}"))?;
+        check(wrong_out.contains("out 16 (it holds 8)"), || format!("short output: {wrong_out}"))?;
+        // Ranks with different shapes: an error naming the other rank's.
+        let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
+        let errs = ferrolink::run_ranks(&comms, |c| {
+            let k = if c.rank() == 0 { 2 } else { 1 };
+            Ok(c.moe(MoeConfig { top_k: k, ..good }).err().map(|e| e.to_string()).unwrap_or_default())
+        })?;
+        check(errs[0].contains("rank 1 has num_experts 4, hidden 8, top_k 1"), || format!("shapes: {}", errs[0]))?;
+        // An expert past the last: the kernel reports the entry; the stream fails.
+        let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
+        let errs = ferrolink::run_ranks(&comms, |c| {
+            let mut moe = c.moe(good)?;
+            let dev = c.device();
+            let idx = if c.rank() == 0 { [0i32, 9, 1, 2] } else { [0, 1, 2, 3] };
+            moe.dispatch(&dev.alloc::<bf16>(16)?, &dev.alloc_from(&idx)?)?;
+            Ok(c.synchronize().err().map(|e| e.to_string()).unwrap_or_default())
+        });
+        // Rank 0 faults; rank 1 is aborted with it (or reports the fault too).
+        let msg = match errs {
+            Ok(v) => v[0].clone(),
+            Err(e) => e.to_string(),
+        };
+        check(msg.contains("names expert 9 at entry 1"), || format!("expert 9: {msg}"))
+    });
+}
+
+/// One process per rank: every case with the ranks in one LSA domain, and with each process
+/// its own domain (the GIN proxy between them).
+#[test]
+fn moe_jobs_of_one_process_per_rank() {
+    if child(|c| {
+        let _ = scenario();
+        every_case(c)
+    }) {
+        return;
+    }
+    for n in [2, 3] {
+        if !fits(n) {
+            continue;
+        }
+        job_passes("moe_jobs_of_one_process_per_rank", "lsa", n);
+        for (r, out) in spawn_job(
+            "moe_jobs_of_one_process_per_rank",
+            "gin",
+            n,
+            &(0..n).collect::<Vec<_>>(),
+            &[("FERROLINK_LSA", "process")],
+        ) {
+            assert!(out.status.success(), "across domains on {n} processes: rank {r} failed:\n{}", text(&out));
+        }
+    }
+}
