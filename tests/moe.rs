@@ -317,19 +317,43 @@ fn bad_moe_calls_are_clear_errors() {
             Ok(c.moe(MoeConfig { top_k: k, ..good }).err().map(|e| e.to_string()).unwrap_or_default())
         })?;
         check(errs[0].contains("rank 1 has num_experts 4, hidden 8, top_k 1"), || format!("shapes: {}", errs[0]))?;
-        // An expert past the last: the kernel reports the entry; the stream fails.
-        let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
-        let errs = ferrolink::run_ranks(&comms, |c| {
-            let mut moe = c.moe(good)?;
-            let dev = c.device();
-            let idx = if c.rank() == 0 { [0i32, 9, 1, 2] } else { [0, 1, 2, 3] };
-            moe.dispatch(&dev.alloc::<bf16>(16)?, &dev.alloc_from(&idx)?)?;
-            Ok(c.synchronize().err().map(|e| e.to_string()).unwrap_or_default())
-        });
-        // Rank 0 faults; rank 1 is aborted with it (or reports the fault too).
-        let msg = match errs {
-            Ok(v) => v[0].clone(),
-            Err(e) => e.to_string(),
+        Ok(())
+    });
+}
+
+/// Rank 0 routes an entry to expert 9 of 4: the dispatch kernel reports the entry, and the
+/// stream fails. On CUDA the kernel traps, which breaks the process's context: that case runs
+/// in a child process.
+fn expert_out_of_range(dev: &Device) -> ferrolink::Result<String> {
+    let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
+    let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 4, capacity: None };
+    let errs = ferrolink::run_ranks(&comms, |c| {
+        let mut moe = c.moe(cfg)?;
+        let dev = c.device();
+        let idx = if c.rank() == 0 { [0i32, 9, 1, 2] } else { [0, 1, 2, 3] };
+        moe.dispatch(&dev.alloc::<bf16>(16)?, &dev.alloc_from(&idx)?)?;
+        Ok(c.synchronize().err().map(|e| e.to_string()).unwrap_or_default())
+    });
+    // Rank 0 faults; rank 1 is aborted with it (or reports the fault too).
+    Ok(match errs {
+        Ok(v) => v[0].clone(),
+        Err(e) => e.to_string(),
+    })
+}
+
+#[test]
+fn experts_out_of_range_are_reported_faults() {
+    const NAME: &str = "experts_out_of_range_are_reported_faults";
+    if ferrolink_tests::dev_in_child(NAME, ferrolink::Backend::Cuda, |dev| {
+        println!("child saw: {}", expert_out_of_range(dev)?);
+        Ok(())
+    }) {
+        return;
+    }
+    ferrolink::testing::for_each_backend(NAME, |dev| {
+        let msg = match dev.backend() {
+            ferrolink::Backend::Cuda => ferrolink_tests::run_child(NAME)?,
+            ferrolink::Backend::Cpu => expert_out_of_range(dev)?,
         };
         check(msg.contains("names expert 9 at entry 1"), || format!("expert 9: {msg}"))
     });
