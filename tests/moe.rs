@@ -58,10 +58,10 @@ impl Round {
                     z = mix(z);
                     let e = match routing {
                         Routing::Random => (z % ne as u64) as i32,
-                        Routing::Skewed if chosen.is_empty() && z % 8 != 0 => 0,
+                        Routing::Skewed if chosen.is_empty() && !z.is_multiple_of(8) => 0,
                         Routing::Skewed => (z % ne as u64) as i32,
                         Routing::OwnRank => (rank * per) as i32 + (z % per as u64) as i32,
-                        Routing::EvenWithHoles if z % 5 == 0 => -1,
+                        Routing::EvenWithHoles if z.is_multiple_of(5) => -1,
                         Routing::EvenWithHoles => 2 * (z % (ne as u64 / 2)) as i32,
                     };
                     if e < 0 || !chosen.contains(&e) {
