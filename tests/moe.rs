@@ -116,6 +116,9 @@ fn run_round(c: &Communicator, moe: &mut Moe, round: &Round) -> ferrolink::Resul
     let idx = dev.alloc_from(&round.idx[me])?;
     let w = dev.alloc_from(&round.weights[me])?;
     moe.dispatch(&x, &idx)?;
+    // The dispatch's error, if any (a buffer's host read waits for the kernel, but does not
+    // report the communicator's errors).
+    c.synchronize()?;
     // Received rows and counts.
     let counts = moe.recv_counts().to_vec()?;
     // In stream order: a host read of the window would wait for the peers' kernels too.
@@ -266,13 +269,6 @@ fn dispatch_and_combine_on_two_three_and_four_ranks() {
 #[test]
 fn dispatch_and_combine_across_lsa_domains() {
     ferrolink::testing::for_each_backend("moe_across_lsa_domains", |dev| {
-        if dev.backend() == ferrolink::Backend::Cuda && std::env::var("FERROLINK_MOE_ACROSS_ONE_PROCESS").is_err() {
-            // Known hang (docs/moe.md, 2026-12-02): ranks of one process on one GPU in several
-            // LSA domains stall on CUDA with no device wait reported; one process per rank
-            // across domains passes (moe_jobs_of_one_process_per_rank). Set the variable to run it.
-            println!("moe_across_lsa_domains: skipped on cuda: known hang of one-process ranks across domains");
-            return Ok(());
-        }
         for (n, domain) in [(3, 1), (4, 2)] {
             let mut config = CommConfig::from_env(dev.backend());
             config.lsa = LsaMode::Size(domain);

@@ -257,23 +257,27 @@ impl Moe {
     }
 
     /// Rows received per local expert by the last dispatch (`i32`, `experts_per_rank` of
-    /// them, at most the capacity each).
+    /// them, at most the capacity each). A host read of the buffer waits for the dispatch but
+    /// does not report its failure: call [`Communicator::synchronize`] first (an aborted or
+    /// timed-out dispatch leaves the counts of the call before).
     pub fn recv_counts(&self) -> &DeviceBuffer<i32> {
         &self.recv_counts
     }
 
     /// Entries (token, expert pairs) of this rank that the last dispatch dropped at capacity
-    /// (waits for it).
+    /// (waits for the rank's stream; its error, or the communicator's, if any).
     pub fn dropped(&self) -> Result<u64> {
         Ok(self.read_state()?.dropped)
     }
 
-    /// Rows this rank received in the last dispatch (waits for it).
+    /// Rows this rank received in the last dispatch (waits as [`Moe::dropped`]).
     pub fn received_rows(&self) -> Result<u64> {
         Ok(self.read_state()?.received)
     }
 
     fn read_state(&self) -> Result<MoeState> {
+        // The stream's and the communicator's errors first: an aborted dispatch wrote nothing.
+        self.comm.synchronize()?;
         let words = self.state.to_vec()?;
         Ok(bytemuck::pod_read_unaligned(bytemuck::cast_slice(&words[..std::mem::size_of::<MoeState>() / 8])))
     }
@@ -380,6 +384,7 @@ impl Moe {
             self.epoch -= 1;
             return Err(e);
         }
+        tracing::debug!(target: "ferrolink::moe", rank = comm.rank(), epoch = self.epoch, tokens, grid, "dispatch queued");
         self.pending = Some(tokens);
         Ok(())
     }
@@ -480,6 +485,7 @@ impl Moe {
         // (checked) and tracked, the expert results in `recv` (written by the caller's
         // kernels, or copied just before).
         unsafe { stream.launch(module, &moe_combine, cfg, launch)? };
+        tracing::debug!(target: "ferrolink::moe", rank = comm.rank(), epoch = self.epoch, tokens, "combine queued");
         self.pending = None;
         Ok(())
     }

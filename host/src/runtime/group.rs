@@ -22,12 +22,18 @@ thread_local! {
 }
 
 /// Runs a driver call that may block on the whole context outside any half-launched group.
-pub(crate) fn context_wide<R>(f: impl FnOnce() -> R) -> R {
-    if IN_GROUP_LAUNCH.get() {
-        return f();
-    }
-    let _shared = GROUP_LOCK.read().unwrap_or_else(|e| e.into_inner());
-    f()
+/// `what` names it in the `ferrolink::runtime` trace (a call that never ends is the last
+/// one begun there).
+pub(crate) fn context_wide<R>(what: &'static str, f: impl FnOnce() -> R) -> R {
+    tracing::trace!(target: "ferrolink::runtime", what, "context-wide driver call begins");
+    let r = if IN_GROUP_LAUNCH.get() {
+        f()
+    } else {
+        let _shared = GROUP_LOCK.read().unwrap_or_else(|e| e.into_inner());
+        f()
+    };
+    tracing::trace!(target: "ferrolink::runtime", what, "context-wide driver call ended");
+    r
 }
 
 /// Whether the calling thread is inside [`group_launch`] (where a host wait for a kernel

@@ -12,7 +12,15 @@
 //! * driver calls that may wait for the whole context (module load and unload, VMM map,
 //!   unmap and release, freeing pinned host memory) run under
 //!   [`crate::runtime::group::context_wide`], so they never interleave with a half-launched
-//!   group of ranks that wait for each other.
+//!   group of ranks that wait for each other;
+//! * pinned host memory is not freed while the device is open: a freed block goes to the
+//!   context's cache ([`Ctx::pinned_cache`], up to [`PINNED_CACHE_BYTES`]) and the next
+//!   allocation of its size takes it back. `cuMemFreeHost` (and `cuMemHostAlloc`) may wait for
+//!   every kernel of the context while holding a driver lock; with ranks of one process in
+//!   several LSA domains, a rank that dropped its GIN (its rings, its TCP staging) while a
+//!   peer's kernel still waited for data that this process's TCP receiver had to copy in
+//!   stalled the copy behind the lock and the kernel behind the copy (seen on the H200,
+//!   2026-12-02: MoE dispatch and combine across domains, one process).
 
 pub(crate) mod driver;
 
@@ -41,7 +49,13 @@ struct Ctx {
     /// calls. (Re-recording an event is allowed; waits already queued on it keep the record
     /// they saw.)
     free_events: std::sync::Mutex<Vec<sys::CUevent>>,
+    /// Freed pinned host allocations by size, for the next allocations of that size (see the
+    /// module docs), and their bytes in all.
+    pinned_cache: std::sync::Mutex<(HashMap<usize, Vec<usize>>, usize)>,
 }
+
+/// The most bytes of pinned host memory a context keeps for reuse (more is freed at once).
+const PINNED_CACHE_BYTES: usize = 1 << 30;
 
 /// Events kept in [`Ctx::free_events`] at most (more are destroyed).
 const EVENT_POOL: usize = 1024;
@@ -67,6 +81,14 @@ impl Drop for Ctx {
             for e in std::mem::take(&mut *crate::runtime::lifetime::lock(&self.free_events)) {
                 // SAFETY: a pooled event: no one holds it (its `CudaEvent` is gone).
                 let _ = unsafe { driver::event_destroy(e) };
+            }
+            let (cache, _) = std::mem::take(&mut *crate::runtime::lifetime::lock(&self.pinned_cache));
+            for host in cache.into_values().flatten() {
+                // SAFETY: a cached allocation of `host_alloc_mapped`: no one holds it (its
+                // `CudaHostMemory` is gone, after the kernels that used it).
+                if let Err(e) = context_wide("cuMemFreeHost", || unsafe { driver::host_free(host as *mut u8) }) {
+                    tracing::warn!(target: "ferrolink::runtime", error = %e, "freeing pinned host memory failed");
+                }
             }
             // SAFETY: the copy stream is ours and nothing uses it any more (every object that
             // could holds this context).
@@ -119,7 +141,13 @@ impl CudaDevice {
             }
         };
         Ok(CudaDevice {
-            ctx: Arc::new(Ctx { device, context, copy_stream, free_events: Default::default() }),
+            ctx: Arc::new(Ctx {
+                device,
+                context,
+                copy_stream,
+                free_events: Default::default(),
+                pinned_cache: Default::default(),
+            }),
             ordinal,
             sm_count,
             name,
@@ -244,10 +272,21 @@ impl DeviceBackend for CudaDevice {
 
     fn alloc_host_mapped(&self, bytes: usize) -> Result<Box<dyn HostMappedMemory>> {
         let _g = self.ctx.bind()?;
-        let host = driver::host_alloc_mapped(bytes)?;
-        // SAFETY: a fresh allocation of at least `bytes` bytes.
+        let cached = {
+            let mut cache = crate::runtime::lifetime::lock(&self.ctx.pinned_cache);
+            let host = cache.0.get_mut(&bytes).and_then(Vec::pop);
+            if host.is_some() {
+                cache.1 -= bytes;
+            }
+            host
+        };
+        let host = match cached {
+            Some(host) => host as *mut u8,
+            None => context_wide("cuMemHostAlloc", || driver::host_alloc_mapped(bytes))?,
+        };
+        // SAFETY: an allocation of `bytes` bytes (fresh, or cached: no one else holds it).
         unsafe { std::ptr::write_bytes(host, 0, bytes) };
-        let mem = CudaHostMemory { ctx: self.ctx.clone(), host };
+        let mem = CudaHostMemory { ctx: self.ctx.clone(), host, bytes };
         // SAFETY: `host` is live.
         let device = unsafe { driver::host_device_pointer(host) }?;
         Ok(Box::new(MappedHost { mem, device }))
@@ -268,18 +307,20 @@ impl DeviceBackend for CudaDevice {
         let started = std::time::Instant::now();
         // The driver compiles PTX on first load (the built-in PTX took ~85 s on an H200 with
         // an empty compute cache); a cubin for this GPU's architecture loads at once.
-        let assembled = cubin.and_then(|image| match context_wide(|| driver::module_load_image(image)) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                tracing::info!(target: "ferrolink::runtime", error = %e,
+        let assembled = cubin.and_then(|image| {
+            match context_wide("cuModuleLoadData (cubin)", || driver::module_load_image(image)) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    tracing::info!(target: "ferrolink::runtime", error = %e,
                     "the ahead-of-time cubin does not load on this GPU; compiling the PTX");
-                None
+                    None
+                }
             }
         });
         let from_cubin = assembled.is_some();
         let handle = match assembled {
             Some(m) => m,
-            None => context_wide(|| driver::module_load(ptx))?,
+            None => context_wide("cuModuleLoadData (PTX)", || driver::module_load(ptx))?,
         };
         tracing::debug!(target: "ferrolink::runtime", from_cubin, seconds = started.elapsed().as_secs_f64(),
             "module loaded");
@@ -291,7 +332,7 @@ impl DeviceBackend for CudaDevice {
         // (seen on the H200: the waiter timed out first).
         for name in entries {
             // SAFETY: the module is loaded.
-            let f = context_wide(|| unsafe { driver::module_function(module.module, name) })?;
+            let f = context_wide("cuModuleGetFunction", || unsafe { driver::module_function(module.module, name) })?;
             module.functions.insert(name.clone(), Function { f, limits: function_limits(f)? });
         }
         Ok(Box::new(module))
@@ -307,7 +348,7 @@ impl DeviceBackend for CudaDevice {
 
     fn vmm_create(&self, size: usize) -> Result<Box<dyn PhysicalMemory>> {
         let _g = self.ctx.bind()?;
-        let handle = context_wide(|| driver::vmm_create(self.ctx.device, size))?;
+        let handle = context_wide("cuMemCreate", || driver::vmm_create(self.ctx.device, size))?;
         Ok(Box::new(CudaPhysical { ctx: self.ctx.clone(), handle, size }))
     }
 
@@ -316,7 +357,8 @@ impl DeviceBackend for CudaDevice {
         let _g = self.ctx.bind()?;
         // SAFETY: `fd` is an open descriptor another process exported (the caller's word);
         // the driver does not take it, and it is closed when `fd` drops below.
-        let handle = context_wide(|| unsafe { driver::vmm_import_fd(fd.as_raw_fd()) })?;
+        let handle =
+            context_wide("cuMemImportFromShareableHandle", || unsafe { driver::vmm_import_fd(fd.as_raw_fd()) })?;
         Ok(Box::new(CudaPhysical { ctx: self.ctx.clone(), handle, size }))
     }
 
@@ -383,7 +425,7 @@ impl Drop for CudaModule {
         let Ok(_g) = self.ctx.bind() else { return };
         // SAFETY: the runtime retires a module only after every kernel launched from it has
         // finished.
-        if let Err(e) = context_wide(|| unsafe { driver::module_unload(self.module) }) {
+        if let Err(e) = context_wide("cuModuleUnload", || unsafe { driver::module_unload(self.module) }) {
             tracing::warn!(target: "ferrolink::runtime", error = %e, "unloading a module failed");
         }
     }
@@ -642,6 +684,7 @@ impl Drop for CudaEvent {
 struct CudaHostMemory {
     ctx: Arc<Ctx>,
     host: *mut u8,
+    bytes: usize,
 }
 
 struct MappedHost {
@@ -666,10 +709,19 @@ impl HostMappedMemory for MappedHost {
 
 impl Drop for CudaHostMemory {
     fn drop(&mut self) {
+        {
+            // Kept for reuse rather than freed (see the module docs).
+            let mut cache = crate::runtime::lifetime::lock(&self.ctx.pinned_cache);
+            if cache.1 + self.bytes <= PINNED_CACHE_BYTES {
+                cache.1 += self.bytes;
+                cache.0.entry(self.bytes).or_default().push(self.host as usize);
+                return;
+            }
+        }
         let Ok(_g) = self.ctx.bind() else { return };
         // SAFETY: allocated by `host_alloc_mapped`; retired only after the kernels that used
         // it finished.
-        if let Err(e) = context_wide(|| unsafe { driver::host_free(self.host) }) {
+        if let Err(e) = context_wide("cuMemFreeHost", || unsafe { driver::host_free(self.host) }) {
             tracing::warn!(target: "ferrolink::runtime", error = %e, "freeing pinned host memory failed");
         }
     }
@@ -703,7 +755,7 @@ impl Drop for CudaPhysical {
         let Ok(_g) = self.ctx.bind() else { return };
         // SAFETY: the handle came from cuMemCreate; the driver frees the memory once its last
         // mapping is gone.
-        if let Err(e) = context_wide(|| unsafe { driver::vmm_release(self.handle) }) {
+        if let Err(e) = context_wide("cuMemRelease", || unsafe { driver::vmm_release(self.handle) }) {
             tracing::warn!(target: "ferrolink::runtime", error = %e, "releasing VMM memory failed");
         }
     }
@@ -732,7 +784,7 @@ impl AddressRange for CudaRange {
         let _g = self.ctx.bind()?;
         // SAFETY: [base + offset, + size) lies in the reservation and is unmapped (the runtime
         // maps each offset once); `phys` is alive.
-        context_wide(|| unsafe { driver::vmm_map(self.base + offset as u64, phys.size, phys.handle) })?;
+        context_wide("cuMemMap", || unsafe { driver::vmm_map(self.base + offset as u64, phys.size, phys.handle) })?;
         self.mapped.push((offset, phys.size));
         Ok(())
     }
@@ -741,14 +793,14 @@ impl AddressRange for CudaRange {
         let ids = devices.iter().map(|d| CudaDevice::peer(*d).map(|d| d.ctx.device)).collect::<Result<Vec<_>>>()?;
         let _g = self.ctx.bind()?;
         // SAFETY: the runtime maps every slot before granting access.
-        context_wide(|| unsafe { driver::vmm_set_access(self.base, self.size, &ids) })
+        context_wide("cuMemSetAccess", || unsafe { driver::vmm_set_access(self.base, self.size, &ids) })
     }
 }
 
 impl Drop for CudaRange {
     fn drop(&mut self) {
         let Ok(_g) = self.ctx.bind() else { return };
-        context_wide(|| {
+        context_wide("cuMemUnmap", || {
             // Unmap everything and free the reservation even if one step fails.
             for (offset, size) in self.mapped.drain(..) {
                 // SAFETY: this exact sub-range was mapped by `map`; the runtime retires ranges
