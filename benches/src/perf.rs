@@ -151,6 +151,25 @@ mod tests {
         assert!(parse_size("99999999999999999999G").is_err());
     }
 
+    /// The routing as `benches/torch/moe_all_to_all.py` computes it (its `moe_routing`, run
+    /// with Python 3): the two must move the same bytes.
+    #[test]
+    fn moe_routing_matches_the_torch_script() {
+        let (idx, w) = moe_routing(0, 2, 64, 8);
+        assert_eq!(idx, [54, 33, 20, 49, 61, 2, 56, 28, 24, 26, 36, 35, 27, 14, 18, 7]);
+        assert_eq!(w[..4], [0.71875, 0.578125, 1.0, 0.90625]);
+        let (idx, w) = moe_routing(1, 2, 64, 8);
+        assert_eq!(idx, [10, 34, 22, 52, 35, 57, 55, 58, 2, 24, 59, 54, 13, 17, 35, 28]);
+        assert_eq!(w[..4], [0.75, 0.140625, 0.078125, 0.78125]);
+        let (idx, _) = moe_routing(1, 4096, 64, 8);
+        assert_eq!(idx.len(), 32768);
+        assert_eq!(idx.iter().filter(|&&e| e / 32 != 1).count(), 16381);
+        assert_eq!(idx.iter().map(|&e| i64::from(e)).sum::<i64>(), 1_033_240);
+        for t in idx.chunks(8) {
+            assert!((1..8).all(|i| !t[..i].contains(&t[i])), "distinct experts per token: {t:?}");
+        }
+    }
+
     #[test]
     fn median_of_even_and_odd_counts() {
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
@@ -1045,4 +1064,279 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
     }
     comm.barrier()?;
     Ok((me == 0).then_some(rows))
+}
+
+/// One splitmix64 step (as `tests/moe.rs` uses): the generator of the MoE benchmark's
+/// routing, the same in `benches/torch/moe_all_to_all.py`.
+pub fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The fixed seed of the MoE benchmark's routing (`ferrolink-perf moe` and
+/// `benches/torch/moe_all_to_all.py`).
+pub const MOE_SEED: u64 = 0x13_5eed;
+
+/// Rank `rank`'s routing in the MoE benchmark: `tokens * top_k` experts (`topk_idx`, row-major)
+/// and as many weights. Each token names `top_k` distinct experts, uniformly: with `s =
+/// splitmix64(MOE_SEED ^ (rank << 32))`, token `t` starts from `z = splitmix64(s ^ 0xabc ^ (t
+/// << 20))` and takes `e = z % experts` after each `z = splitmix64(z)`, skipping experts it has;
+/// entry `i`'s weight is `(splitmix64(s ^ 0x5eed ^ i) % 64 + 1) / 64` (positive, exact in
+/// bf16). The same on every run and in the PyTorch script, so both move the same bytes.
+pub fn moe_routing(rank: usize, tokens: usize, experts: usize, top_k: usize) -> (Vec<i32>, Vec<f32>) {
+    assert!(top_k <= experts, "top_k {top_k} distinct experts of {experts}");
+    let s = splitmix64(MOE_SEED ^ ((rank as u64) << 32));
+    let mut idx = Vec::with_capacity(tokens * top_k);
+    for t in 0..tokens {
+        let first = idx.len();
+        let mut z = splitmix64(s ^ 0xabc ^ ((t as u64) << 20));
+        while idx.len() - first < top_k {
+            z = splitmix64(z);
+            let e = (z % experts as u64) as i32;
+            if !idx[first..].contains(&e) {
+                idx.push(e);
+            }
+        }
+    }
+    let weights = (0..tokens * top_k).map(|i| ((splitmix64(s ^ 0x5eed ^ i as u64) % 64) as f32 + 1.0) / 64.0).collect();
+    (idx, weights)
+}
+
+/// Element `i` of token `t` of rank `rank` in the MoE benchmark: `((t * 131 + i * 7 + rank *
+/// 29) % 15 - 7) / 8`, a multiple of 1/8 in `-7/8..=7/8`, exact in bf16 (so the weighted sums
+/// of the check are exact in `f32`).
+pub fn moe_token_value(rank: usize, t: usize, i: usize) -> f32 {
+    ((t * 131 + i * 7 + rank * 29) % 15) as f32 / 8.0 - 7.0 / 8.0
+}
+
+/// Options of the MoE benchmark (`ferrolink-perf moe`).
+#[derive(Clone, Copy, Debug)]
+pub struct MoeBench {
+    /// Tokens per rank.
+    pub tokens: usize,
+    /// bf16 elements per token.
+    pub hidden: usize,
+    /// Experts in all (a multiple of the ranks).
+    pub experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Timed iterations.
+    pub iters: usize,
+    /// Untimed iterations before (dispatch and combine each).
+    pub warmup: usize,
+}
+
+/// The baseline of the MoE figures: the driver's copy into the next rank's mapped memory.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerCopyFigure {
+    /// The rank copied to (`rank + 1` mod the ranks).
+    pub peer: usize,
+    /// Whether that rank runs on this rank's GPU (virtual ranks): then the copy is a
+    /// device-to-device copy on that GPU, not a copy over NVLink.
+    pub same_gpu: bool,
+    /// Bytes per copy: what this rank's dispatch sends to that rank.
+    pub bytes: usize,
+    /// Microseconds per copy (mean).
+    pub us: f64,
+}
+
+impl PeerCopyFigure {
+    /// GB/s (10^9 bytes per second).
+    pub fn gbps(&self) -> f64 {
+        self.bytes as f64 / (self.us * 1e3)
+    }
+}
+
+/// What one rank measured in the MoE benchmark ([`moe_rank`]).
+#[derive(Clone, Copy, Debug)]
+pub struct MoeFigures {
+    /// Ranks of the communicator.
+    pub nranks: usize,
+    /// Microseconds per dispatch (mean over the iterations, CUDA events on the rank's stream
+    /// around each call; it includes the copy of the tokens into the send window).
+    pub dispatch_us: f64,
+    /// Microseconds per combine (identity experts: the received rows go back as they are).
+    pub combine_us: f64,
+    /// Microseconds per dispatch and combine back to back (events around all iterations).
+    pub end_to_end_us: f64,
+    /// Entries (token, expert) of this rank whose expert is on another rank: the rows its
+    /// dispatch sends to other ranks and its combine gets back.
+    pub remote_entries: usize,
+    /// Bytes per row (`2 * hidden`).
+    pub row_bytes: usize,
+    /// The baseline (`None` with one rank, when the next rank is not in this rank's LSA
+    /// domain, or when the dispatch sends it nothing).
+    pub peer_copy: Option<PeerCopyFigure>,
+    /// Elements of the checked output (`tokens * hidden`) that differ from the host model
+    /// by more than one bf16 step.
+    pub wrong: usize,
+}
+
+impl MoeFigures {
+    /// Bytes the dispatch sends to other ranks (the combine brings as many back).
+    pub fn remote_bytes(&self) -> usize {
+        self.remote_entries * self.row_bytes
+    }
+
+    /// GB/s of `bytes` in `us` microseconds.
+    pub fn gbps(bytes: usize, us: f64) -> f64 {
+        bytes as f64 / (us * 1e3)
+    }
+
+    /// `gbps` over the peer copy's GB/s, if there is one.
+    pub fn ratio(&self, gbps: f64) -> Option<f64> {
+        self.peer_copy.map(|p| gbps / p.gbps())
+    }
+}
+
+/// Mean microseconds between the pairs of events.
+fn mean_us(pairs: &[(&ferrolink::Event, &ferrolink::Event)]) -> Result<f64> {
+    let mut sum = 0.0;
+    for (start, end) in pairs {
+        sum += f64::from(end.elapsed_ms_since(start)?) * 1e3;
+    }
+    Ok(sum / pairs.len().max(1) as f64)
+}
+
+/// One rank's part of the MoE benchmark (every rank calls it; rank 0 returns its figures):
+/// `ferrolink::moe` dispatch and combine of `b.tokens` tokens routed by [`moe_routing`], with
+/// identity experts (`combine(None, ..)`). Timed with events on the rank's stream: each
+/// dispatch and each combine alone (the calls alternate), then `b.iters` of both back to back;
+/// then the baseline in the same run: the driver's copy of the bytes this rank's dispatch sends
+/// to the next rank into that rank's mapped window (as `cudaMemcpyPeer`; every rank copies at
+/// once, as every rank dispatches at once); last, one more dispatch and combine checked against
+/// the host model `out[t] = sum_k w[t, k] * x[t]` rounded to bf16.
+pub fn moe_rank(comm: &ferrolink::Communicator, b: &MoeBench) -> Result<Option<MoeFigures>> {
+    use ferrolink::moe::{MoeConfig, bf16};
+    let (me, n) = (comm.rank(), comm.nranks());
+    let bad = |why: String| Err(ferrolink::Error::InvalidArgument(format!("moe bench: {why}")));
+    if b.tokens == 0 || b.hidden == 0 || b.top_k == 0 || b.top_k > b.experts {
+        return bad(format!("need tokens >= 1, hidden >= 1 and 1 <= top_k <= experts (got {b:?})"));
+    }
+    if !b.experts.is_multiple_of(n) {
+        return bad(format!("{} experts do not split over {n} ranks", b.experts));
+    }
+    let (t_n, h, k) = (b.tokens, b.hidden, b.top_k);
+    let per = b.experts / n;
+    let (idx, weights) = moe_routing(me, t_n, b.experts, k);
+    let x: Vec<bf16> = (0..t_n * h).map(|j| bf16::from_f32(moe_token_value(me, j / h, j % h))).collect();
+    let remote_entries = idx.iter().filter(|&&e| e as usize / per != me).count();
+    let peer = (me + 1) % n;
+    let peer_bytes = if n > 1 { idx.iter().filter(|&&e| e as usize / per == peer).count() * 2 * h } else { 0 };
+    // One window size on every rank: the most any rank sends to its next rank.
+    let window_bytes = comm
+        .all_gather_bytes(&(peer_bytes as u64).to_le_bytes())?
+        .iter()
+        .map(|v| u64::from_le_bytes(v[..8].try_into().expect("8 bytes")) as usize)
+        .max()
+        .unwrap_or(0)
+        .max(16);
+    let dev = comm.device().clone();
+    // Everything is allocated before the first kernel and dropped after the last (see
+    // `gin_rank`: on CUDA an allocation or a free may wait for a peer's kernel waiting here).
+    let mut moe =
+        comm.moe(MoeConfig { num_experts: b.experts, hidden: h, top_k: k, max_tokens: t_n, capacity: None })?;
+    let window = comm.register_window(comm.mem_alloc(window_bytes)?)?;
+    let src = dev.alloc::<u8>(window_bytes)?;
+    let xb = dev.alloc_from(&x)?;
+    let idxb = dev.alloc_from(&idx)?;
+    let wb = dev.alloc_from(&weights)?;
+    let mut out = dev.alloc::<bf16>(t_n * h)?;
+    let stream = comm.stream();
+    let iters = b.iters.max(1);
+    comm.barrier()?;
+    for _ in 0..b.warmup {
+        moe.dispatch(&xb, &idxb)?;
+        moe.combine(None, &wb, &mut out)?;
+    }
+    comm.synchronize()?;
+    comm.barrier()?;
+    // Each call alone.
+    let mut marks = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let e0 = stream.record_event()?;
+        moe.dispatch(&xb, &idxb)?;
+        let e1 = stream.record_event()?;
+        moe.combine(None, &wb, &mut out)?;
+        let e2 = stream.record_event()?;
+        marks.push((e0, e1, e2));
+    }
+    comm.synchronize()?;
+    let dispatch_us = mean_us(&marks.iter().map(|(a, b, _)| (a, b)).collect::<Vec<_>>())?;
+    let combine_us = mean_us(&marks.iter().map(|(_, b, c)| (b, c)).collect::<Vec<_>>())?;
+    comm.barrier()?;
+    // Back to back.
+    let start = stream.record_event()?;
+    for _ in 0..iters {
+        moe.dispatch(&xb, &idxb)?;
+        moe.combine(None, &wb, &mut out)?;
+    }
+    let end = stream.record_event()?;
+    comm.synchronize()?;
+    let end_to_end_us = f64::from(end.elapsed_ms_since(&start)?) * 1e3 / iters as f64;
+    comm.barrier()?;
+    // The baseline: every rank copies what it dispatches to the next rank into its window.
+    let mapped = n > 1 && comm.lsa_peers().contains(&peer) && peer_bytes > 0;
+    let mut peer_copy = None;
+    if mapped {
+        let peer_addr = window.dev_window().lsa_ptr::<u8>(0, (peer - comm.lsa_peers().start) as u32) as u64;
+        // SAFETY: `src` and the next rank's buffer of `window` hold `window_bytes` >=
+        // `peer_bytes` bytes and live until the end of this function, after the synchronize
+        // below; only this rank writes that buffer, and nothing reads it.
+        let copy = || unsafe { stream.copy_raw(peer_addr, src.addr(), peer_bytes) };
+        for _ in 0..b.warmup {
+            copy()?;
+        }
+        comm.synchronize()?;
+        let mut marks = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let e0 = stream.record_event()?;
+            copy()?;
+            marks.push((e0, stream.record_event()?));
+        }
+        comm.synchronize()?;
+        let us = mean_us(&marks.iter().map(|(a, b)| (a, b)).collect::<Vec<_>>())?;
+        let (mine, theirs) = (&comm.peers()[me], &comm.peers()[peer]);
+        let same_gpu = mine.node == theirs.node && mine.uuid == theirs.uuid;
+        peer_copy = Some(PeerCopyFigure { peer, same_gpu, bytes: peer_bytes, us });
+    }
+    comm.barrier()?;
+    // The check.
+    moe.dispatch(&xb, &idxb)?;
+    moe.combine(None, &wb, &mut out)?;
+    comm.synchronize()?;
+    let got = out.to_vec()?;
+    let mut wrong = 0;
+    for t in 0..t_n {
+        let w = &weights[t * k..][..k];
+        for i in 0..h {
+            let v = x[t * h + i].to_f32();
+            let mut acc = 0f32;
+            for wk in w {
+                acc += wk * v;
+            }
+            let want = bf16::from_f32(acc);
+            let g = got[t * h + i];
+            // One bf16 step of slack, as tests/moe.rs allows (the inputs make every sum exact).
+            let ulp = bf16::from_bits(want.to_bits() | 1).to_f32() - bf16::from_bits(want.to_bits() & !1).to_f32();
+            if (g.to_f32() - want.to_f32()).abs() > ulp.abs().max(1e-30) {
+                wrong += 1;
+            }
+        }
+    }
+    // Every rank's kernels have ended before anything is dropped.
+    comm.barrier()?;
+    let figures = MoeFigures {
+        nranks: n,
+        dispatch_us,
+        combine_us,
+        end_to_end_us,
+        remote_entries,
+        row_bytes: 2 * h,
+        peer_copy,
+        wrong,
+    };
+    Ok((me == 0).then_some(figures))
 }

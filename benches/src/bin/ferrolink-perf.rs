@@ -5,6 +5,7 @@
 //! ferrolink-perf info
 //! ferrolink-perf copy --sizes 256M,1G [--iters 20] [--trials 5] [--sweep]
 //! ferrolink-perf all_reduce -b 8 -e 256M -f 2 -d bf16 -o sum -n 20 -w 5 -c 1 [-g 2] [--json]
+//! ferrolink-perf moe --tokens 4096 --hidden 7168 --experts 64 --top-k 8 -n 20 -w 5 [-g 2] [--json]
 //! ```
 //! `--backend cpu|cuda` (or `FERROLINK_BACKEND`) picks the backend; the default is CUDA when
 //! a GPU is present, else the CPU emulator (whose figures are not GPU figures).
@@ -139,8 +140,47 @@ enum Command {
     /// previous one in one group (busbw = algbw; -o is ignored).
     #[command(name = "sendrecv")]
     SendRecv(CollCli),
-    /// Everything above with default settings (scale, bootstrap and pair only by name).
+    /// MoE dispatch and combine (`ferrolink::moe`, identity experts) on every rank: microseconds
+    /// per dispatch, per combine and per both, the bytes each sends to other ranks and GB/s,
+    /// beside the driver's copy of the same bytes into the next rank's mapped memory (as
+    /// `cudaMemcpyPeer`); one dispatch and combine checked (#wrong). Alone: one process over
+    /// `-g` GPUs (all on CUDA, 2 on the emulator); under `ferrolink-run`: one process per rank.
+    Moe(MoeCli),
+    /// Everything above with default settings (scale, bootstrap, pair and moe only by name).
     All,
+}
+
+/// `ferrolink-perf moe`'s options.
+#[derive(clap::Args, Clone, Debug)]
+struct MoeCli {
+    /// Tokens per rank.
+    #[arg(long, default_value_t = 4096)]
+    tokens: usize,
+    /// bf16 elements per token (a multiple of 8).
+    #[arg(long, default_value_t = 7168)]
+    hidden: usize,
+    /// Experts in all (a multiple of the ranks).
+    #[arg(long, default_value_t = 64)]
+    experts: usize,
+    /// Experts per token (distinct).
+    #[arg(long = "top-k", default_value_t = 8)]
+    top_k: usize,
+    /// Timed iterations.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    iters: usize,
+    /// Warm-up iterations.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    warmup: usize,
+    /// GPUs in one process when not launched (default: every GPU on CUDA, 2 devices on the
+    /// emulator).
+    #[arg(short = 'g', long = "ngpus")]
+    ngpus: Option<usize>,
+    /// Ranks per GPU in one process (virtual ranks sharing each GPU; default 1).
+    #[arg(long = "ranks-per-gpu", default_value_t = 1)]
+    ranks_per_gpu: usize,
+    /// Print one JSON line instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 /// nccl-tests' options.
@@ -239,6 +279,7 @@ fn run(cli: Cli) -> ferrolink::Result<()> {
         Command::Reduce(c) => coll(&dev, perf::BenchOp::Coll(ferrolink::coll::CollKind::Reduce), c),
         Command::AllToAll(c) => coll(&dev, perf::BenchOp::Coll(ferrolink::coll::CollKind::AllToAll), c),
         Command::SendRecv(c) => coll(&dev, perf::BenchOp::SendRecv, c),
+        Command::Moe(m) => moe(&dev, m),
         Command::Bootstrap { ranks } => {
             println!("\n== TCP bootstrap over loopback: init of N ranks (threads), one all-gather, one barrier");
             for n in ranks {
@@ -473,6 +514,126 @@ fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> 
     println!("# Avg bus bandwidth    : {avg:.3}");
     if rows.iter().any(|r| r.out_of_place.3.is_some_and(|w| w > 0)) {
         return Err(ferrolink::Error::InvalidArgument(format!("{name}: wrong results (#wrong > 0)")));
+    }
+    Ok(())
+}
+
+fn moe(dev: &Device, m: MoeCli) -> ferrolink::Result<()> {
+    let bench = perf::MoeBench {
+        tokens: m.tokens,
+        hidden: m.hidden,
+        experts: m.experts,
+        top_k: m.top_k,
+        iters: m.iters,
+        warmup: m.warmup,
+    };
+    let launched = ferrolink::comm::launch::LaunchEnv::detect()?.is_some();
+    let (figures, mode) = if launched {
+        let comm = ferrolink::Communicator::from_env(dev)?;
+        (perf::moe_rank(&comm, &bench)?, "one process per rank".to_string())
+    } else {
+        let g = match m.ngpus {
+            Some(g) => g.max(1),
+            None if gpu(dev) => ferrolink::runtime::device_count(dev.backend()).unwrap_or(1).max(1),
+            None => 2,
+        };
+        let k = m.ranks_per_gpu.max(1);
+        // One `Device` per GPU, shared by its ranks (one module load per GPU).
+        let gpus = (0..g).map(|i| Device::open_with(dev.backend(), i)).collect::<ferrolink::Result<Vec<_>>>()?;
+        let devs: Vec<Device> = (0..g * k).map(|i| gpus[i / k].clone()).collect();
+        let comms = ferrolink::Communicator::init_all(&devs)?;
+        let f = ferrolink::run_ranks(&comms, |c| perf::moe_rank(c, &bench))?.into_iter().flatten().next();
+        (f, format!("one process, {g} device(s) x {k} rank(s)"))
+    };
+    let Some(f) = figures else { return Ok(()) };
+    let n = f.nranks;
+    let bytes = f.remote_bytes();
+    let rows = [
+        ("dispatch", f.dispatch_us, bytes),
+        ("combine", f.combine_us, bytes),
+        ("end_to_end", f.end_to_end_us, 2 * bytes),
+    ];
+    let copy_name = perf::driver_copy_name(dev);
+    if m.json {
+        let num = |v: Option<f64>| v.filter(|v| v.is_finite()).map_or("null".to_string(), |v| format!("{v:.3}"));
+        let op = |(_, us, b): (&str, f64, usize)| {
+            let g = perf::MoeFigures::gbps(b, us);
+            format!("{{\"time_us\":{us:.2},\"bytes\":{b},\"gbps\":{},\"ratio\":{}}}", num(Some(g)), num(f.ratio(g)))
+        };
+        let peer = f.peer_copy.map_or("null".to_string(), |p| {
+            format!(
+                "{{\"method\":\"{copy_name}\",\"peer\":{},\"same_gpu\":{},\"bytes\":{},\"time_us\":{:.2},\"gbps\":{:.3}}}",
+                p.peer,
+                p.same_gpu,
+                p.bytes,
+                p.us,
+                p.gbps()
+            )
+        });
+        println!(
+            "{{\"bench\":\"moe\",\"nranks\":{n},\"mode\":\"{mode}\",\"tokens\":{},\"hidden\":{},\"experts\":{},\"top_k\":{},\"iters\":{},\"warmup\":{},\"dispatch\":{},\"combine\":{},\"end_to_end\":{},\"peer_copy\":{peer},\"wrong\":{}}}",
+            m.tokens,
+            m.hidden,
+            m.experts,
+            m.top_k,
+            m.iters,
+            m.warmup,
+            op(rows[0]),
+            op(rows[1]),
+            op(rows[2]),
+            f.wrong
+        );
+    } else {
+        println!("# ferrolink moe: {n} ranks ({mode}), {} ({:?})", dev.name(), dev.backend());
+        println!(
+            "# {} tokens x {} hidden bf16 per rank, top-{} of {} experts ({} per rank), identity experts; rank 0, mean \
+             of {} iterations after {} warm-up; timed by events on the rank's stream",
+            m.tokens,
+            m.hidden,
+            m.top_k,
+            m.experts,
+            m.experts / n.max(1),
+            m.iters.max(1),
+            m.warmup
+        );
+        match f.peer_copy {
+            Some(p) => println!(
+                "# peer copy: {copy_name} of {} B (what rank 0 dispatches to rank {}) into rank {}'s window, {}: {:.2} \
+                 us, {:.2} GB/s",
+                p.bytes,
+                p.peer,
+                p.peer,
+                if p.same_gpu {
+                    "on the same GPU (virtual ranks: a device-to-device copy on that GPU, not NVLink)"
+                } else {
+                    "its memory mapped here (as cudaMemcpyPeer)"
+                },
+                p.us,
+                p.gbps()
+            ),
+            None => println!(
+                "# peer copy: none (one rank, the next rank outside rank 0's LSA domain, or nothing sent to it): ratio N/A"
+            ),
+        }
+        println!(
+            "# {:>10} {:>10} {:>16} {:>9} {:>8} {:>7}",
+            "op", "time", "bytes to others", "GB/s", "ratio", "#wrong"
+        );
+        println!("# {:>10} {:>10} {:>16} {:>9} {:>8} {:>7}", "", "(us)", "(B)", "", "(/copy)", "");
+        for (i, &(name, us, b)) in rows.iter().enumerate() {
+            let g = perf::MoeFigures::gbps(b, us);
+            let ratio = f.ratio(g).map_or("N/A".to_string(), |r| format!("{r:.3}"));
+            let wrong = if i == 2 { f.wrong.to_string() } else { "-".to_string() };
+            println!("  {name:>10} {us:>10.2} {b:>16} {g:>9.2} {ratio:>8} {wrong:>7}");
+        }
+        println!(
+            "# bytes to others: rows of rank 0's entries whose expert is on another rank x {} B (combine: as many \
+             back; end_to_end: both); #wrong: one dispatch and combine against the host model",
+            f.row_bytes
+        );
+    }
+    if f.wrong > 0 {
+        return Err(ferrolink::Error::InvalidArgument(format!("moe: wrong results (#wrong {} > 0)", f.wrong)));
     }
     Ok(())
 }

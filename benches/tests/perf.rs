@@ -1,0 +1,97 @@
+//! `ferrolink-perf` run as a program on the CPU emulator (the GPU figures come from the GPU
+//! machine; here the subcommands must run to the end, check their results and print their
+//! columns).
+
+use std::process::{Command, Output};
+
+/// Runs `ferrolink-perf` with `args` outside any launcher's environment (one process over its
+/// own devices), on the CPU emulator.
+fn perf(args: &[&str]) -> (Output, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrolink-perf"));
+    cmd.args(args).env("FERROLINK_BACKEND", "cpu");
+    // A launcher's variables would make the tool one rank of a job.
+    for v in [
+        "FERROLINK_RANK",
+        "FERROLINK_NRANKS",
+        "RANK",
+        "WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+    ] {
+        cmd.env_remove(v);
+    }
+    let out = cmd.output().expect("ferrolink-perf starts");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out, text)
+}
+
+const MOE_SMALL: [&str; 15] = [
+    "moe",
+    "--backend",
+    "cpu",
+    "--tokens",
+    "64",
+    "--hidden",
+    "256",
+    "--experts",
+    "8",
+    "--top-k",
+    "2",
+    "-n",
+    "2",
+    "-w",
+    "1",
+];
+
+/// `ferrolink-perf moe` with small shapes: two ranks (one process, two emulated devices), the
+/// header's columns, a row per measurement with positive times and bytes, the peer copy
+/// baseline and a ratio, and #wrong 0.
+#[test]
+fn moe_subcommand_runs_on_the_cpu_emulator() {
+    let (out, text) = perf(&MOE_SMALL);
+    assert!(out.status.success(), "ferrolink-perf moe failed:\n{text}");
+    assert!(text.contains("# ferrolink moe: 2 ranks"), "two ranks by default on the emulator:\n{text}");
+    let header = text.lines().find(|l| l.contains("#wrong")).unwrap_or_else(|| panic!("no header:\n{text}"));
+    for col in ["op", "time", "bytes to others", "GB/s", "ratio", "#wrong"] {
+        assert!(header.contains(col), "column {col:?} missing from {header:?}");
+    }
+    assert!(text.contains("# peer copy: host memcpy (emulator) of"), "the baseline:\n{text}");
+    for op in ["dispatch", "combine", "end_to_end"] {
+        let row = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(op))
+            .unwrap_or_else(|| panic!("no {op} row:\n{text}"));
+        let f: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(f.len(), 6, "{op}: op, time, bytes, GB/s, ratio, #wrong: {row:?}");
+        let us: f64 = f[1].parse().unwrap_or_else(|_| panic!("{op} time {row:?}"));
+        let bytes: usize = f[2].parse().unwrap_or_else(|_| panic!("{op} bytes {row:?}"));
+        let ratio: f64 = f[4].parse().unwrap_or_else(|_| panic!("{op} ratio {row:?}"));
+        // The emulator's figures are host threads: tiny GB/s, a ratio that rounds to 0.
+        assert!(
+            us > 0.0 && bytes > 0 && bytes.is_multiple_of(512) && ratio.is_finite() && ratio >= 0.0,
+            "{op}: {row:?}"
+        );
+        if op == "end_to_end" {
+            assert_eq!(f[5], "0", "#wrong: {row:?}");
+        }
+    }
+}
+
+/// The same with `--json`: one line with every figure and `"wrong":0`.
+#[test]
+fn moe_subcommand_prints_json() {
+    let mut args = MOE_SMALL.to_vec();
+    args.push("--json");
+    let (out, text) = perf(&args);
+    assert!(out.status.success(), "ferrolink-perf moe --json failed:\n{text}");
+    let line =
+        text.lines().find(|l| l.starts_with("{\"bench\":\"moe\"")).unwrap_or_else(|| panic!("no JSON line:\n{text}"));
+    for key in
+        ["\"nranks\":2", "\"dispatch\":{", "\"combine\":{", "\"end_to_end\":{", "\"peer_copy\":{", "\"wrong\":0}"]
+    {
+        assert!(line.contains(key), "{key} missing from {line}");
+    }
+    assert!(!line.contains("NaN") && !line.contains("inf"), "{line}");
+}
