@@ -3,7 +3,7 @@
 //! overflow at a small capacity (drops counted), several rounds in a row, across LSA domains
 //! through the GIN proxy, one process per rank, and the errors of bad calls, on every backend.
 
-use ferrolink::moe::{Moe, MoeConfig, bf16};
+use ferrolink::moe::{Moe, MoeConfig, MoeLowLatency, bf16};
 use ferrolink::{CommConfig, Communicator, Device, LsaMode};
 use ferrolink_tests::check;
 use ferrolink_tests::jobs::{child, fits, job_passes, scenario, spawn_job, text};
@@ -175,7 +175,13 @@ fn run_round(c: &Communicator, moe: &mut Moe, round: &Round) -> ferrolink::Resul
     } else {
         moe.combine(Some(&dev.alloc_from(&expert_out)?), &w, &mut out)?;
     }
-    let out = out.to_vec()?;
+    check_combined(me, round, &dropped, identity, &out.to_vec()?)
+}
+
+/// Checks rank `me`'s combined output against the model: per token, the weighted sum of its
+/// kept entries' results (the experts' `x * (e + 1) / 4`, or `x` itself for `identity`).
+fn check_combined(me: usize, round: &Round, dropped: &[bool], identity: bool, out: &[bf16]) -> ferrolink::Result<()> {
+    let (h, k) = (round.cfg.hidden, round.cfg.top_k);
     for t in 0..round.tokens[me] {
         for i in 0..h {
             let mut acc = 0f32;
@@ -196,6 +202,108 @@ fn run_round(c: &Communicator, moe: &mut Moe, round: &Round) -> ferrolink::Resul
                 format!("rank {me} token {t} element {i}: {g}, expected {want}")
             })?;
         }
+    }
+    Ok(())
+}
+
+/// One rank's low-latency dispatch and combine of `round` (split into send and receive
+/// halves when `hook`), checked against the model: each (expert, source) region holds that
+/// source's rows for the expert (in any order), the counts, and the combined output.
+fn run_low_latency_round(c: &Communicator, ll: &mut MoeLowLatency, round: &Round, hook: bool) -> ferrolink::Result<()> {
+    let dev = c.device();
+    let (me, n) = (c.rank(), c.nranks());
+    let (h, k, max) = (round.cfg.hidden, round.cfg.top_k, round.cfg.max_tokens);
+    let per = ll.experts_per_rank();
+    let x = dev.alloc_from(&round.x[me])?;
+    let idx = dev.alloc_from(&round.idx[me])?;
+    let w = dev.alloc_from(&round.weights[me])?;
+    if hook {
+        ll.dispatch_send(&x, &idx)?;
+        ll.dispatch_recv()?;
+    } else {
+        ll.dispatch(&x, &idx)?;
+    }
+    c.synchronize()?;
+    let counts = ll.recv_counts().to_vec()?;
+    let mut received = dev.alloc::<bf16>(per * n * max * h)?;
+    ll.copy_received(&mut received)?;
+    let got = received.to_vec()?;
+    let mut expert_out = vec![bf16::ZERO; per * n * max * h];
+    let mut total = 0;
+    let bits = |r: &[bf16]| r.iter().map(|v| v.to_bits()).collect::<Vec<u16>>();
+    for l in 0..per {
+        let e = me * per + l;
+        for src in 0..n {
+            let mut want: Vec<Vec<u16>> = round
+                .queue(e)
+                .iter()
+                .filter(|q| q.0 == src)
+                .map(|&(_, t, _)| bits(&round.x[src][t * h..][..h]))
+                .collect();
+            let region = (l * n + src) * max;
+            let half = per * n * max * 2 * h;
+            check(ll.region(l, src)? % half == region * 2 * h, || format!("rank {me}: region ({l}, {src})"))?;
+            check(counts[l * n + src] as usize == want.len(), || {
+                format!(
+                    "rank {me} expert {e} from rank {src}: {} rows counted, {} expected",
+                    counts[l * n + src],
+                    want.len()
+                )
+            })?;
+            let mut rows: Vec<Vec<u16>> = (0..want.len()).map(|i| bits(&got[(region + i) * h..][..h])).collect();
+            for (i, row) in got[region * h..][..want.len() * h].chunks(h).enumerate() {
+                for (o, v) in expert_out[(region + i) * h..][..h].iter_mut().zip(row) {
+                    *o = Round::expert(e, *v);
+                }
+            }
+            want.sort();
+            rows.sort();
+            check(rows == want, || format!("rank {me} expert {e}: the rows from rank {src} are not its tokens'"))?;
+            total += want.len();
+        }
+    }
+    check(ll.received_rows()? == total as u64, || {
+        format!("rank {me}: {:?} rows received, {total} expected", ll.received_rows())
+    })?;
+    let mut out = dev.alloc::<bf16>(round.tokens[me] * h)?;
+    let identity = round.tokens.iter().sum::<usize>() % 2 == 0;
+    let expert_out = if identity { None } else { Some(dev.alloc_from(&expert_out)?) };
+    if hook {
+        ll.combine_send(expert_out.as_ref())?;
+        ll.combine_recv(&w, &mut out)?;
+    } else {
+        ll.combine(expert_out.as_ref(), &w, &mut out)?;
+    }
+    check_combined(me, round, &vec![false; round.tokens[me] * k], identity, &out.to_vec()?)
+}
+
+/// Every routing, several rounds on one [`MoeLowLatency`] (both parities, hook and not).
+fn every_low_latency_round(c: &Communicator) -> ferrolink::Result<()> {
+    let n = c.nranks();
+    for cfg in shapes(c.device(), n) {
+        let mut ll = c.moe_low_latency(cfg)?;
+        for (seed, routing) in [
+            Routing::Random,
+            Routing::Skewed,
+            Routing::OwnRank,
+            Routing::EvenWithHoles,
+            Routing::Random,
+            Routing::Skewed,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let round = Round::new(cfg, n, seed as u64 + 31 * cfg.hidden as u64, routing);
+            run_low_latency_round(c, &mut ll, &round, seed % 3 != 1).map_err(|e| {
+                let e = format!("rank {}: low latency {routing:?} round {seed} of {cfg:?} on {n} ranks: {e}", c.rank());
+                eprintln!("{e}");
+                ferrolink::Error::InvalidArgument(e)
+            })?;
+        }
+        // A rank without tokens does not wait for its last combine (nothing comes back to
+        // it), but its kernel still sends the others their results: wait before going on
+        // (and before a process ends).
+        c.synchronize()?;
     }
     Ok(())
 }
@@ -251,7 +359,8 @@ fn overflow(c: &Communicator) -> ferrolink::Result<()> {
 
 fn every_case(c: &Communicator) -> ferrolink::Result<()> {
     every_routing(c)?;
-    overflow(c)
+    overflow(c)?;
+    every_low_latency_round(c)
 }
 
 #[test]
@@ -359,6 +468,78 @@ fn experts_out_of_range_are_reported_faults() {
             ferrolink::Backend::Cpu => expert_out_of_range(dev)?,
         };
         check(msg.contains("names expert 9 at entry 1"), || format!("expert 9: {msg}"))
+    });
+}
+
+/// Low-latency mode: rank 0 names expert 0 twice per token, 4 entries for 2 rows.
+fn low_latency_overflow(dev: &Device) -> ferrolink::Result<String> {
+    let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
+    let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 2, capacity: None };
+    let errs = ferrolink::run_ranks(&comms, |c| {
+        let mut ll = c.moe_low_latency(cfg)?;
+        let dev = c.device();
+        let idx = if c.rank() == 0 { [0i32, 0, 0, 0] } else { [0, 1, 2, 3] };
+        ll.dispatch(&dev.alloc::<bf16>(16)?, &dev.alloc_from(&idx)?)?;
+        Ok(c.synchronize().err().map(|e| e.to_string()).unwrap_or_default())
+    });
+    Ok(match errs {
+        Ok(v) => v[0].clone(),
+        Err(e) => e.to_string(),
+    })
+}
+
+#[test]
+fn low_latency_overflow_is_a_reported_fault() {
+    const NAME: &str = "low_latency_overflow_is_a_reported_fault";
+    if ferrolink_tests::dev_in_child(NAME, ferrolink::Backend::Cuda, |dev| {
+        println!("child saw: {}", low_latency_overflow(dev)?);
+        Ok(())
+    }) {
+        return;
+    }
+    ferrolink::testing::for_each_backend(NAME, |dev| {
+        let msg = match dev.backend() {
+            ferrolink::Backend::Cuda => ferrolink_tests::run_child(NAME)?,
+            ferrolink::Backend::Cpu => low_latency_overflow(dev)?,
+        };
+        check(msg.contains("more than max_tokens (2) entries of this rank to expert 0"), || format!("overflow: {msg}"))
+    });
+}
+
+#[test]
+fn bad_low_latency_calls_are_clear_errors() {
+    ferrolink::testing::for_each_backend("bad_low_latency_calls_are_clear_errors", |dev| {
+        let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
+        let good = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 2, capacity: None };
+        let errs = ferrolink::run_ranks(&comms, |c| {
+            let cap = c.moe_low_latency(MoeConfig { capacity: Some(3), ..good }).err().map(|e| e.to_string());
+            let mut ll = c.moe_low_latency(good)?;
+            let dev = c.device();
+            let (x, idx) = (dev.alloc::<bf16>(16)?, dev.alloc_from(&[0i32, 1, 2, 3])?);
+            let (w, mut out) = (dev.alloc::<f32>(4)?, dev.alloc::<bf16>(16)?);
+            let early_recv = ll.dispatch_recv().expect_err("a receive before its send").to_string();
+            let early_combine = ll.combine(None, &w, &mut out).expect_err("combine before dispatch").to_string();
+            let many = ll.dispatch(&dev.alloc::<bf16>(24)?, &dev.alloc::<i32>(6)?).expect_err("3 tokens").to_string();
+            ll.dispatch_send(&x, &idx)?;
+            let skipped = ll.combine_send(None).expect_err("combine before the receive").to_string();
+            ll.dispatch_recv()?;
+            let short = ll.combine(None, &w, &mut dev.alloc::<bf16>(8)?).expect_err("a short output").to_string();
+            ll.combine(None, &w, &mut out)?;
+            c.synchronize()?;
+            Ok([cap.unwrap_or_default(), early_recv, early_combine, many, skipped, short])
+        })?;
+        let [cap, early_recv, early_combine, many, skipped, short] = &errs[0];
+        check(cap.contains("capacity must be None"), || format!("capacity: {cap}"))?;
+        check(early_recv.contains("dispatch_recv: only after dispatch_send"), || {
+            format!("early receive: {early_recv}")
+        })?;
+        check(early_combine.contains("combine: only after the dispatch's receive"), || {
+            format!("early: {early_combine}")
+        })?;
+        check(many.contains("at most max_tokens 2"), || format!("3 tokens: {many}"))?;
+        check(skipped.contains("combine_send: only after the dispatch's receive"), || format!("skipped: {skipped}"))?;
+        check(short.contains("out 16 (it holds 8)"), || format!("short output: {short}"))?;
+        Ok(())
     });
 }
 

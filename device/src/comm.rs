@@ -188,6 +188,9 @@ pub mod error_code {
     /// `chunk << 32 | grid`), or an entry naming an expert past the last (`a` = the entry,
     /// `b` = the expert).
     pub const MOE_ARGS: u32 = 11;
+    /// Low-latency MoE: more than `max_tokens` entries of this rank to one expert in a call
+    /// (`a` = the expert, `b` = `max_tokens`).
+    pub const MOE_CAPACITY: u32 = 12;
 }
 
 /// What one slow barrier wait is waiting for (one record per barrier of the communicator,

@@ -73,6 +73,8 @@ use crate::gin::{Gin, LocalAction, RemoteAction};
 use crate::window::DevWindow;
 use bytemuck::{Pod, Zeroable};
 
+pub mod low_latency;
+
 /// The GIN signals the MoE kernels use (on GIN context 0 of their own device communicator).
 pub mod signal {
     /// Count rows received (one per rank per dispatch).
@@ -191,6 +193,67 @@ impl CountMatrix<'_> {
         // SAFETY: the window holds `(2 nranks + 1) num_experts` words (the kernels'
         // contract); written by puts acquired before any read (see the module's ordering).
         unsafe { self.counts.local_ptr::<u32>(self.row(src) + e * 4).read_volatile() }
+    }
+}
+
+/// The combine's last step: `out[t] = sum_k topk_weights[t, k] * ret_row(ret_index[t, k])`
+/// over this rank's `args.tokens` tokens, accumulated in `f32` in `k` order and rounded once
+/// to bf16 ([`NO_RETURN`] adds nothing), for the 16-byte units `first, first + stride, ..`
+/// of `out` (a thread's share).
+///
+/// # Safety
+/// `ret` holds a row of `2 * args.hidden` bytes at every index in `args.ret_index[..tokens *
+/// top_k]` but [`NO_RETURN`], with its data landed; `args.topk_weights` and `args.out` hold
+/// `tokens * top_k` weights and `tokens * hidden` bf16.
+#[inline(always)]
+pub(crate) unsafe fn weighted_sum<A: SumArgs>(ret: &DevWindow, args: &A, first: usize, stride: usize) {
+    let (tokens, k, hidden) = args.sum_shape();
+    let (ret_index, weights, out) = args.sum_buffers();
+    let row = hidden * 2;
+    let vecs = hidden / 8;
+    let units = tokens * vecs;
+    let mut u = first;
+    // SAFETY: the caller's contract: every index below lies in the buffers it describes.
+    unsafe {
+        while u < units {
+            let (t, v) = (u / vecs, u % vecs);
+            let mut acc = [0f32; 8];
+            for kk in 0..k {
+                let at = ret_index.add(t * k + kk).read();
+                if at == NO_RETURN {
+                    continue;
+                }
+                let w = weights.add(t * k + kk).read();
+                let x = arch::load_v4(ret.local_ptr::<U32x4>(at as usize * row + v * 16));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let bits = (x.0[i / 2] >> (16 * (i % 2))) & 0xffff;
+                    *a += w * half::bf16::from_bits(bits as u16).to_f32();
+                }
+            }
+            let mut words = [0u32; 4];
+            for (i, a) in acc.iter().enumerate() {
+                words[i / 2] |= u32::from(half::bf16::from_f32(*a).to_bits()) << (16 * (i % 2));
+            }
+            arch::store_v4(out.add(u), U32x4(words));
+            u += stride;
+        }
+    }
+}
+
+/// What [`weighted_sum`] reads from a kernel's arguments.
+pub(crate) trait SumArgs {
+    /// `(tokens, top_k, hidden)`.
+    fn sum_shape(&self) -> (usize, usize, usize);
+    /// `(ret_index, topk_weights, out)`.
+    fn sum_buffers(&self) -> (*const u32, *const f32, *mut U32x4);
+}
+
+impl SumArgs for MoeArgs {
+    fn sum_shape(&self) -> (usize, usize, usize) {
+        (self.tokens as usize, self.top_k as usize, self.hidden as usize)
+    }
+    fn sum_buffers(&self) -> (*const u32, *const f32, *mut U32x4) {
+        (self.ret_index as *const u32, self.topk_weights as *const f32, self.out as *mut U32x4)
     }
 }
 
@@ -530,35 +593,7 @@ pub unsafe fn combine(
         if gin.wait_signal(cta, signal::RETURN, expected).is_err() {
             return false;
         }
-        let k = args.top_k as usize;
-        let vecs = args.hidden as usize / 8;
-        let units = args.tokens as usize * vecs;
-        let ret_index = args.ret_index as *const u32;
-        let weights = args.topk_weights as *const f32;
-        let out = args.out as *mut U32x4;
-        let mut u = block * threads + tid;
-        while u < units {
-            let (t, v) = (u / vecs, u % vecs);
-            let mut acc = [0f32; 8];
-            for kk in 0..k {
-                let at = ret_index.add(t * k + kk).read();
-                if at == NO_RETURN {
-                    continue;
-                }
-                let w = weights.add(t * k + kk).read();
-                let x = arch::load_v4(ret.local_ptr::<U32x4>(at as usize * row + v * 16));
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let bits = (x.0[i / 2] >> (16 * (i % 2))) & 0xffff;
-                    *a += w * half::bf16::from_bits(bits as u16).to_f32();
-                }
-            }
-            let mut words = [0u32; 4];
-            for (i, a) in acc.iter().enumerate() {
-                words[i / 2] |= u32::from(half::bf16::from_f32(*a).to_bits()) << (16 * (i % 2));
-            }
-            arch::store_v4(out.add(u), U32x4(words));
-            u += grid * threads;
-        }
+        weighted_sum(ret, args, block * threads + tid, grid * threads);
     }
     gin.flush(cta);
     true

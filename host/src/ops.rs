@@ -27,6 +27,16 @@ pub fn copy_launch_config(dev: &Device, bytes: usize) -> LaunchConfig {
     }
 }
 
+/// The launch shape of a copy queued among the ranks' own kernels (staging into or out of a
+/// window): [`copy_launch_config`] on a GPU; on the emulator one CTA of 8 threads, as every
+/// rank's kernels share the host's cores.
+pub(crate) fn staging_copy_config(dev: &Device, bytes: usize) -> LaunchConfig {
+    match dev.backend() {
+        Backend::Cuda => copy_launch_config(dev, bytes),
+        Backend::Cpu => LaunchConfig::linear(1, 8),
+    }
+}
+
 /// A kernel with the copy kernel's signature and contract.
 pub type CopyKernel = Kernel<(*mut u8, *const u8, usize)>;
 

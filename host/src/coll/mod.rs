@@ -359,10 +359,7 @@ impl Communicator {
             state.renew_handle(self)?;
         }
         let handle = state.handle.as_ref().expect("made above");
-        let copy_cfg = |bytes: usize| match dev.backend() {
-            Backend::Cuda => crate::ops::copy_launch_config(dev, bytes),
-            Backend::Cpu => LaunchConfig::linear(1, 8),
-        };
+        let copy_cfg = |bytes: usize| crate::ops::staging_copy_config(dev, bytes);
         // Split the output (no borrow of `output` outlives this).
         let (out_window, mut out_buf): (Option<(&Window, usize)>, Option<&mut DeviceBuffer<T>>) = match output {
             Output::Window(w, off) => (Some((w, off)), None),

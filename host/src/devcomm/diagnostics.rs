@@ -86,6 +86,11 @@ pub(crate) fn describe_fault(r: &DevErrorRecord) -> String {
             r.b >> 32,
             r.b & 0xffff_ffff
         ),
+        error_code::MOE_CAPACITY => format!(
+            "{at}: low-latency MoE: more than max_tokens ({}) entries of this rank to expert {} in one call; each \
+             token must name distinct experts (or raise max_tokens)",
+            r.b, r.a
+        ),
         code => format!("{at}: device fault code {code} (a = {:#x}, b = {:#x})", r.a, r.b),
     }
 }

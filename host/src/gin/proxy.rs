@@ -119,8 +119,8 @@ impl Proxy {
                 let d: GinDescriptor = bytemuck::cast(words);
                 self.next[ring] = t + 1;
                 worked = true;
-                let (req, source) =
-                    request(gin, ring, t, &d).map_err(|e| format!("bad descriptor on the ring to rank {peer}: {e}"))?;
+                let (req, source) = request(gin, ring, t, &d)
+                    .map_err(|e| format!("bad descriptor on the ring to rank {peer}: {e} (ticket {t}: {d:?})"))?;
                 let counter = (d.flags() & desc_flags::LOCAL_COUNTER_INC != 0).then_some(d.counter_id);
                 if counter.is_some() || source.is_some() {
                     self.holds.insert((ring, t), (counter, source));

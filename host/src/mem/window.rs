@@ -84,8 +84,27 @@ fn registering() -> &'static Registering {
 type RankMemory = (Option<Arc<FlatMapping>>, SymBuffer, Vec<Arc<dyn PhysicalMemory>>);
 
 /// Every live window of this process, by (communicator, rank, window id): how GIN's proxy
-/// finds the memory a descriptor names.
-type LiveWindows = Mutex<HashMap<(u64, usize, u32), (std::sync::Weak<WindowRank>, DevWindow)>>;
+/// finds the memory a descriptor names. An entry outlives the handles while the memory is
+/// retiring (its kernels may still post puts that name it): see [`LiveWindow`].
+type LiveWindows = Mutex<HashMap<(u64, usize, u32), LiveWindow>>;
+
+/// What the registry keeps of a window: its handle (while one lives) and, for after the last
+/// handle is dropped, what rebuilds one while the memory is still held (by its retirement,
+/// until its kernels have finished, or by another rebuilt handle).
+struct LiveWindow {
+    handle: std::sync::Weak<WindowRank>,
+    memory: std::sync::Weak<HeldMemory>,
+    comm_id: u64,
+    rank: usize,
+    dev: Device,
+    local: Arc<LocalWindow>,
+    addr: u64,
+    dev_window: DevWindow,
+}
+
+/// A rank's window memory, shared by its handles and its retirement: freed when the last
+/// of them is gone.
+struct HeldMemory(#[allow(dead_code)] Mutex<RankMemory>);
 
 fn live_windows() -> &'static LiveWindows {
     static L: OnceLock<LiveWindows> = OnceLock::new();
@@ -95,8 +114,22 @@ fn live_windows() -> &'static LiveWindows {
 /// Rank `rank`'s handle of window `id` of communicator `comm_id`, if it lives in this process.
 pub(crate) fn lookup(comm_id: u64, rank: usize, id: u32) -> Option<Window> {
     let live = lock(live_windows());
-    let (w, dev_window) = live.get(&(comm_id, rank, id))?;
-    Some(Window { shared: w.upgrade()?, dev_window: *dev_window })
+    let w = live.get(&(comm_id, rank, id))?;
+    if let Some(shared) = w.handle.upgrade() {
+        return Some(Window { shared, dev_window: w.dev_window });
+    }
+    // Every handle is gone but the memory is not (its kernels have not all finished): a
+    // handle on it for the proxy, which holds the memory while it uses it.
+    let memory = w.memory.upgrade()?;
+    let shared = Arc::new(WindowRank {
+        comm_id: w.comm_id,
+        rank: w.rank,
+        dev: w.dev.clone(),
+        local: w.local.clone(),
+        memory: Some(memory),
+        addr: w.addr,
+    });
+    Some(Window { shared, dev_window: w.dev_window })
 }
 
 /// One rank's part of a window; retired as one piece when its last handle is dropped.
@@ -107,7 +140,7 @@ struct WindowRank {
     local: Arc<LocalWindow>,
     /// This rank's buffer, its GPU's flat mapping, and peers' memory imported from other
     /// processes (kept while mapped here).
-    memory: Option<RankMemory>,
+    memory: Option<Arc<HeldMemory>>,
     addr: u64,
 }
 
@@ -290,14 +323,26 @@ impl Communicator {
                 rank,
                 dev: self.device().clone(),
                 local: local.clone(),
-                memory: Some((Some(flat), buf, imported)),
+                memory: Some(Arc::new(HeldMemory(Mutex::new((Some(flat), buf, imported))))),
                 addr,
             }),
             dev_window,
         };
         let mut live = lock(live_windows());
-        live.retain(|_, w| w.0.strong_count() > 0);
-        live.insert((self.shared.id, rank, dev_window.id), (Arc::downgrade(&window.shared), dev_window));
+        live.retain(|_, w| w.handle.strong_count() > 0 || w.memory.strong_count() > 0);
+        live.insert(
+            (self.shared.id, rank, dev_window.id),
+            LiveWindow {
+                handle: Arc::downgrade(&window.shared),
+                memory: Arc::downgrade(window.shared.memory.as_ref().expect("just made")),
+                comm_id: self.shared.id,
+                rank,
+                dev: self.device().clone(),
+                local: local.clone(),
+                addr,
+                dev_window,
+            },
+        );
         Ok(window)
     }
 }

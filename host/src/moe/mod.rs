@@ -58,15 +58,19 @@
 use crate::comm::Communicator;
 use crate::devcomm::{DevCommHandle, DevCommRequirements};
 use crate::mem::window::Window;
-use crate::ops::launch_copy;
+use crate::ops::{launch_copy, staging_copy_config};
 use crate::runtime::launch::{LaunchArg, LaunchArgs, LaunchConfig, LaunchTracking};
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::{Backend, Error, Result};
+use ferrolink_device::kernel::KernelParam;
 use ferrolink_device::kernels::copy::ferrolink_copy;
 use ferrolink_device::kernels::moe::{moe_combine, moe_dispatch};
 use ferrolink_device::moe::{self as dev_moe, MoeArgs, MoeState};
 use ferrolink_device::{DevComm, DevWindow};
 pub use half::bf16;
+
+mod low_latency;
+pub use low_latency::MoeLowLatency;
 
 /// The shape of a [`Moe`]: the same on every rank (checked when it is made).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,45 +122,8 @@ impl Communicator {
     /// `max_tokens * top_k` (results coming back).
     pub fn moe(&self, cfg: MoeConfig) -> Result<Moe> {
         let n = self.nranks();
-        let bad = |why: String| Err(Error::InvalidArgument(format!("moe: {why} ({cfg:?})")));
-        if cfg.num_experts == 0 || !cfg.num_experts.is_multiple_of(n) {
-            return bad(format!("num_experts must be a positive multiple of the {n} ranks"));
-        }
-        if cfg.hidden == 0 || !cfg.hidden.is_multiple_of(8) {
-            return bad("hidden must be a positive multiple of 8 (rows move as 16-byte vectors)".into());
-        }
-        if cfg.top_k == 0 || cfg.max_tokens == 0 {
-            return bad("top_k and max_tokens must be at least 1".into());
-        }
         let capacity = cfg.capacity.unwrap_or(cfg.max_tokens * n);
-        let entries = cfg.max_tokens.checked_mul(cfg.top_k);
-        if capacity == 0 || u32::try_from(capacity).is_err() || entries.is_none_or(|e| u32::try_from(e).is_err()) {
-            return bad("capacity must be at least 1, and capacity and max_tokens * top_k must fit 32 bits".into());
-        }
-        // Every CTA holds three arrays of num_experts words in shared memory (and its entries).
-        if dev_moe::dispatch_shared_bytes(cfg.num_experts, 1) > SHARED_LIMIT / 2 {
-            return bad(format!("at most {} experts", SHARED_LIMIT / 2 / 12 - 1));
-        }
-        // The same shape everywhere: the windows and the kernels' cut depend on it.
-        let mine: Vec<u8> = [cfg.num_experts, cfg.hidden, cfg.top_k, cfg.max_tokens, capacity]
-            .iter()
-            .flat_map(|v| (*v as u64).to_le_bytes())
-            .collect();
-        for (r, theirs) in self.all_gather_bytes(&mine)?.iter().enumerate() {
-            if *theirs != mine {
-                let w = |i: usize| u64::from_le_bytes(theirs[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-                return bad(format!(
-                    "rank {} and rank {r} differ: rank {r} has num_experts {}, hidden {}, top_k {}, max_tokens {}, \
-                     capacity {}",
-                    self.rank(),
-                    w(0),
-                    w(1),
-                    w(2),
-                    w(3),
-                    w(4)
-                ));
-            }
-        }
+        check_config(self, &cfg, capacity, "moe")?;
         let row = 2 * cfg.hidden;
         let per_rank = cfg.num_experts / n;
         let sizes = [
@@ -167,7 +134,7 @@ impl Communicator {
         ];
         let mut windows = Vec::with_capacity(4);
         for bytes in sizes {
-            windows.push(self.register_window(self.mem_alloc(bytes)?)?);
+            windows.push(new_window(self, bytes)?);
         }
         let counts = windows.pop().expect("four");
         let ret = windows.pop().expect("four");
@@ -241,11 +208,7 @@ impl Moe {
                 bytes / 2
             )));
         }
-        let dev = self.comm.device();
-        let cfg = match dev.backend() {
-            Backend::Cuda => crate::ops::copy_launch_config(dev, bytes),
-            Backend::Cpu => LaunchConfig::linear(1, 8),
-        };
+        let cfg = staging_copy_config(self.comm.device(), bytes);
         launch_copy(
             self.comm.stream(),
             &ferrolink_copy,
@@ -330,10 +293,7 @@ impl Moe {
         }
         if tokens > 0 {
             let bytes = tokens * 2 * hidden;
-            let cfg = match dev.backend() {
-                Backend::Cuda => crate::ops::copy_launch_config(dev, bytes),
-                Backend::Cpu => LaunchConfig::linear(1, 8),
-            };
+            let cfg = staging_copy_config(dev, bytes);
             launch_copy(stream, &ferrolink_copy, self.send.slot_ptr(0, bytes)?, x.bytes_at(0)?, bytes, cfg)?;
         }
         self.epoch += 1;
@@ -428,10 +388,7 @@ impl Moe {
                     self.capacity
                 )));
             }
-            let cfg = match dev.backend() {
-                Backend::Cuda => crate::ops::copy_launch_config(dev, recv_bytes),
-                Backend::Cpu => LaunchConfig::linear(1, 8),
-            };
+            let cfg = staging_copy_config(dev, recv_bytes);
             launch_copy(
                 stream,
                 &ferrolink_copy,
@@ -490,17 +447,8 @@ impl Moe {
         Ok(())
     }
 
-    /// Threads per CTA and the most CTAs per kernel: every CTA of every rank must be resident
-    /// at once (they wait for each other), so the ranks sharing this GPU share its SMs.
     fn shape(&self) -> (u32, usize) {
-        let dev = self.comm.device();
-        match dev.backend() {
-            Backend::Cuda => {
-                (256, (dev.sm_count() as usize / self.comm.ranks_sharing_gpu()).clamp(1, dev_moe::MAX_CTAS))
-            }
-            // Whole warps (the kernels put rows a warp at a time), few CTAs.
-            Backend::Cpu => (64, 2),
-        }
+        kernel_shape(&self.comm)
     }
 }
 
@@ -508,16 +456,16 @@ impl Moe {
 const ENTRIES_PER_CTA: usize = 32;
 
 /// A MoE kernel's arguments with everything it uses tracked.
-struct MoeLaunch<'s, 'a> {
+struct MoeLaunch<'s, 'a, A> {
     handle: &'s DevCommHandle,
     windows: [&'s Window; 3],
-    args: MoeArgs,
+    args: A,
     reads: &'s [TrackedPtr<'a, *const u8>],
     writes: &'s [TrackedPtr<'a, *mut u8>],
 }
 
-impl LaunchArgs for MoeLaunch<'_, '_> {
-    type Params = (DevComm, DevWindow, DevWindow, DevWindow, MoeArgs);
+impl<A: KernelParam + Copy> LaunchArgs for MoeLaunch<'_, '_, A> {
+    type Params = (DevComm, DevWindow, DevWindow, DevWindow, A);
     fn params(&self) -> Self::Params {
         let [a, b, c] = self.windows;
         (self.handle.param(), a.param(), b.param(), c.param(), self.args)
@@ -533,5 +481,66 @@ impl LaunchArgs for MoeLaunch<'_, '_> {
         for w in self.writes {
             w.track(t);
         }
+    }
+}
+
+/// Checks `cfg` (with the capacity in use) for `mode`'s kernels on this communicator, and
+/// that every rank has the same shape (collective).
+fn check_config(comm: &Communicator, cfg: &MoeConfig, capacity: usize, mode: &str) -> Result<()> {
+    let n = comm.nranks();
+    let bad = |why: String| Err(Error::InvalidArgument(format!("{mode}: {why} ({cfg:?})")));
+    if cfg.num_experts == 0 || !cfg.num_experts.is_multiple_of(n) {
+        return bad(format!("num_experts must be a positive multiple of the {n} ranks"));
+    }
+    if cfg.hidden == 0 || !cfg.hidden.is_multiple_of(8) {
+        return bad("hidden must be a positive multiple of 8 (rows move as 16-byte vectors)".into());
+    }
+    if cfg.top_k == 0 || cfg.max_tokens == 0 {
+        return bad("top_k and max_tokens must be at least 1".into());
+    }
+    let entries = cfg.max_tokens.checked_mul(cfg.top_k);
+    if capacity == 0 || u32::try_from(capacity).is_err() || entries.is_none_or(|e| u32::try_from(e).is_err()) {
+        return bad("capacity must be at least 1, and capacity and max_tokens * top_k must fit 32 bits".into());
+    }
+    // Every CTA holds three arrays of num_experts words in shared memory (and its entries).
+    if dev_moe::dispatch_shared_bytes(cfg.num_experts, 1) > SHARED_LIMIT / 2 {
+        return bad(format!("at most {} experts", SHARED_LIMIT / 2 / 12 - 1));
+    }
+    // The same shape everywhere: the windows and the kernels' cut depend on it.
+    let mine: Vec<u8> = [cfg.num_experts, cfg.hidden, cfg.top_k, cfg.max_tokens, capacity]
+        .iter()
+        .flat_map(|v| (*v as u64).to_le_bytes())
+        .collect();
+    for (r, theirs) in comm.all_gather_bytes(&mine)?.iter().enumerate() {
+        if *theirs != mine {
+            let w = |i: usize| u64::from_le_bytes(theirs[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            return bad(format!(
+                "rank {} and rank {r} differ: rank {r} has num_experts {}, hidden {}, top_k {}, max_tokens {}, \
+                 capacity {}",
+                comm.rank(),
+                w(0),
+                w(1),
+                w(2),
+                w(3),
+                w(4)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Registers a window of `bytes` bytes of fresh device memory on every rank (collective).
+fn new_window(comm: &Communicator, bytes: usize) -> Result<Window> {
+    comm.register_window(comm.mem_alloc(bytes)?)
+}
+
+/// Threads per CTA and the most CTAs per MoE kernel: every CTA of every rank must be
+/// resident at once (they wait for each other), so the ranks sharing a GPU share its SMs.
+fn kernel_shape(comm: &Communicator) -> (u32, usize) {
+    let dev = comm.device();
+    match dev.backend() {
+        Backend::Cuda => (256, (dev.sm_count() as usize / comm.ranks_sharing_gpu()).clamp(1, dev_moe::MAX_CTAS)),
+        // Whole warps (the kernels put rows a warp at a time), few CTAs.
+        Backend::Cpu => (64, 2),
     }
 }

@@ -1,0 +1,470 @@
+//! MoE dispatch and combine in **low-latency mode**: no count exchange before the data, a
+//! fixed place for every row, two buffers by call parity, and each half (send, receive) a
+//! kernel of its own if the caller wants one (the *receive hook*: compute overlaps the
+//! transfer between them).
+//!
+//! # Layout
+//! Expert `e` lives on rank `e / experts_per_rank` as its local expert `l`. Every (local
+//! expert, source rank) pair owns `max_tokens` rows of the receive window, twice (call
+//! parity `p = epoch % 2`): row `i` of local expert `l` from rank `s` lies at [`recv_row`]`(p,
+//! l, s, i)`. A rank gives each of its entries to expert `e` the next free *slot* of `e`
+//! (an atomic counter per expert: the order of a source's rows in its region is not fixed,
+//! the rows are), puts the token's row there, and, once all its entries are out, its count
+//! per local expert to every rank. Nothing is dropped: a source has at most `max_tokens`
+//! entries per expert when its tokens name distinct experts; more is a fault
+//! ([`error_code::MOE_CAPACITY`]), never an overwrite.
+//!
+//! The results come back into the source's return window, row `e * max_tokens + slot`
+//! ([`ret_row`]), which the source remembered per entry (its `ret_index`), and the combine
+//! sums them per token as in normal mode ([`super::weighted_sum`]).
+//!
+//! # The kernels
+//! * [`dispatch`] with [`phase::SEND`]: a warp per token copies the row into the send window,
+//!   then per entry takes a slot and puts the row (signal [`signal::DATA`]`[p]`). The last
+//!   CTA to finish (a counter of finished CTAs) puts this rank's counts per local expert to
+//!   every rank (signal [`signal::COUNTS`]`[p]`) and zeroes the other parity's counters for the
+//!   next call.
+//! * [`dispatch`] with [`phase::RECV`]: CTA 0 waits for every rank's counts of this call,
+//!   writes `recv_counts [local expert][source]`, and waits for that many rows.
+//! * [`combine`] with [`phase::SEND`]: every received row back to its source (signal
+//!   [`signal::RETURN`]); with [`phase::RECV`]: every CTA waits for all of this rank's results
+//!   and computes its share of the weighted sums.
+//!
+//! [`phase::BOTH`] runs both halves in one kernel (no hook).
+//!
+//! # Ordering
+//! * Slots: lane 0 of the warp takes a slot with a relaxed atomic add at GPU scope. Each CTA
+//!   meets (CTA barrier), then its thread 0 issues a release fence at GPU scope and adds 1 to
+//!   the finished-CTA counter; the thread that reads `grid - 1` there issues an acquire fence
+//!   at GPU scope and its CTA meets: it sees every slot taken (the counters' final values).
+//! * Counters of the other parity are zeroed by that last CTA; the next call (the other
+//!   parity) runs after this kernel on the stream.
+//! * Rows and counts between ranks: each put raises its signal once its data has landed
+//!   (GIN's strong signals); [`Gin::wait_signal`] acquires at system scope. The receiver
+//!   counts the rows it expects from the counts and waits for the running total of rows of
+//!   this parity (kept by CTA 0's thread 0 in the state), so the order of counts and rows on
+//!   the wire does not matter. The counts signal of parity `p` reaches `n * ((epoch + 1) / 2)`.
+//! * Reuse: a rank sends rows of call `c + 2` (parity `p` again) only after its receive of
+//!   `c + 1`, which waited for every rank's counts of `c + 1`; a rank sends those only after
+//!   its combine of `c` ended (stream and call order), and a combine ends after its sources
+//!   (the rows of parity `p`) were read ([`Gin::flush`]). Results of `c + 1` come back to a
+//!   source only after it sent rows of `c + 1`, that is after its combine of `c` ended, so one
+//!   return buffer is enough. Every kernel ends with [`Gin::flush`], so the send window and the
+//!   own counts may be rewritten by the next call.
+
+use super::{NO_RETURN, SumArgs, weighted_sum};
+use crate::arch::{self, FenceOrder, RmwOrder, Scope, U32x4, atomic};
+use crate::comm::{DevComm, error_code};
+use crate::coop::{Coop, CoopCta, CoopWarp};
+use crate::gin::{Gin, LocalAction, RemoteAction};
+use crate::window::DevWindow;
+use bytemuck::{Pod, Zeroable};
+
+/// Which halves a low-latency kernel runs ([`MoeLowLatencyArgs::phase`]).
+pub mod phase {
+    /// Sends (the dispatch's rows and counts, the combine's results).
+    pub const SEND: u32 = 1;
+    /// Receives (the dispatch waits for its rows, the combine for its results and sums them).
+    pub const RECV: u32 = 2;
+    /// Both, in one kernel.
+    pub const BOTH: u32 = 3;
+}
+
+/// The GIN signals of the low-latency kernels (GIN context 0 of their own device
+/// communicator).
+pub mod signal {
+    /// Count messages received, by call parity.
+    pub const COUNTS: [u32; 2] = [0, 1];
+    /// Rows received, by call parity.
+    pub const DATA: [u32; 2] = [2, 3];
+    /// Results received.
+    pub const RETURN: u32 = 4;
+    /// Signals in all.
+    pub const COUNT: u32 = 5;
+}
+
+/// What the low-latency kernels run with (the same on every rank but `tokens` and the
+/// addresses).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct MoeLowLatencyArgs {
+    /// This rank's tokens in this call (at most `max_tokens`).
+    pub tokens: u32,
+    /// Experts per token.
+    pub top_k: u32,
+    /// Experts in all (a multiple of `nranks`).
+    pub num_experts: u32,
+    /// The most tokens of a rank per call, and the rows per (local expert, source).
+    pub max_tokens: u32,
+    /// Elements (bf16) per row: a multiple of 8.
+    pub hidden: u32,
+    /// [`phase`] bits.
+    pub phase: u32,
+    /// The dispatch call's number, from 1 (its parity picks the buffers).
+    pub epoch: u64,
+    /// Device address of `bf16 [tokens][hidden]`: the tokens (dispatch).
+    pub x: u64,
+    /// Device address of `i32 [tokens * top_k]`: each entry's expert, or -1 (dispatch).
+    pub topk_idx: u64,
+    /// Device address of `f32 [tokens * top_k]` (combine).
+    pub topk_weights: u64,
+    /// Device address of `u32 [tokens * top_k]`: each entry's return row, or [`NO_RETURN`]
+    /// (written by the dispatch, read by the combine).
+    pub ret_index: u64,
+    /// Device address of `i32 [experts per rank][nranks]`: rows received per (local expert,
+    /// source) (dispatch).
+    pub recv_counts: u64,
+    /// Device address of the [`LowLatencyState`] and the slot counters after it
+    /// ([`scratch_bytes`]).
+    pub state: u64,
+    /// Device address of `bf16 [tokens][hidden]`: the combine's output.
+    pub out: u64,
+}
+
+impl SumArgs for MoeLowLatencyArgs {
+    fn sum_shape(&self) -> (usize, usize, usize) {
+        (self.tokens as usize, self.top_k as usize, self.hidden as usize)
+    }
+    fn sum_buffers(&self) -> (*const u32, *const f32, *mut U32x4) {
+        (self.ret_index as *const u32, self.topk_weights as *const f32, self.out as *mut U32x4)
+    }
+}
+
+/// A rank's running totals in low-latency mode (device memory). Each field is written by one
+/// thread at a time, and only field by field: the send half's last CTA writes `ret_total`
+/// and `done` while, in the same kernel, CTA 0's receive writes `data_total` and `received`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct LowLatencyState {
+    /// Rows received by every receive of each parity so far (the data signals' targets).
+    pub data_total: [u64; 2],
+    /// Results expected by every combine so far (the return signal's target), counted by the
+    /// dispatches' sends.
+    pub ret_total: u64,
+    /// Rows this rank received in the last dispatch.
+    pub received: u64,
+    /// Finished dispatch CTAs, by parity (the last one sends the counts).
+    pub done: [u32; 2],
+    /// Unused.
+    pub _reserved: [u32; 6],
+}
+
+/// Bytes of the state and the slot counters after it (`u32 [2][num_experts]`).
+pub const fn scratch_bytes(num_experts: usize) -> usize {
+    core::mem::size_of::<LowLatencyState>() + 8 * num_experts
+}
+
+/// Dynamic shared memory the kernels need per CTA.
+pub const SHARED_BYTES: usize = 16;
+
+/// Byte offset of row `i` from source `s` of local expert `l` in the receive window, for
+/// call parity `p` (`[2][experts per rank][nranks][max_tokens]` rows of `row` bytes).
+pub const fn recv_row(
+    p: usize,
+    l: usize,
+    s: usize,
+    i: usize,
+    per_rank: usize,
+    n: usize,
+    max: usize,
+    row: usize,
+) -> usize {
+    (((p * per_rank + l) * n + s) * max + i) * row
+}
+
+/// The return row of slot `i` of expert `e` (`e * max_tokens + i`; the byte offset is that
+/// times the row size).
+pub const fn ret_row(e: usize, i: usize, max: usize) -> usize {
+    e * max + i
+}
+
+/// Where the counts lie in the counts window (`u32`): received `[2][nranks][experts per
+/// rank]`, then this rank's own `[nranks][experts per rank]` (the sources of its puts).
+#[derive(Clone, Copy)]
+struct Counts {
+    n: usize,
+    per_rank: usize,
+}
+
+impl Counts {
+    /// Byte offset of the counts from `src` for parity `p`.
+    fn received(&self, p: usize, src: usize) -> usize {
+        (p * self.n + src) * self.per_rank * 4
+    }
+    /// Byte offset of this rank's counts for rank `dst`.
+    fn own(&self, dst: usize) -> usize {
+        (2 * self.n + dst) * self.per_rank * 4
+    }
+}
+
+/// Bytes of the counts window for `num_experts` experts (three blocks of `nranks *
+/// experts_per_rank = num_experts` words).
+pub const fn counts_bytes(num_experts: usize) -> usize {
+    3 * num_experts * 4
+}
+
+#[inline(always)]
+fn check_args(comm: &DevComm, args: &MoeLowLatencyArgs) {
+    let n = comm.nranks;
+    let bad = n == 0
+        || args.num_experts == 0
+        || !args.num_experts.is_multiple_of(n)
+        || args.hidden == 0
+        || !args.hidden.is_multiple_of(8)
+        || args.max_tokens == 0
+        || args.tokens > args.max_tokens
+        || args.phase == 0
+        || args.phase > phase::BOTH;
+    if bad {
+        comm.fail(
+            error_code::MOE_ARGS,
+            u64::from(args.num_experts) << 32 | u64::from(args.hidden),
+            u64::from(args.max_tokens) << 32 | u64::from(args.phase),
+        );
+    }
+}
+
+/// One CTA (`block` of `grid`) of the low-latency dispatch: see the module docs. `send` holds
+/// `max_tokens` rows (this rank's, copied in by the kernel), `recv` the rows received
+/// (`[2][experts per rank][nranks][max_tokens]`), `counts` [`counts_bytes`]. False on an
+/// abort (the host reports it).
+///
+/// # Safety
+/// Every rank runs it with the same `args` (but `tokens`, `phase` and the addresses) and
+/// windows (by id); the send half with every CTA resident at once when the receive half runs
+/// in the same kernel; [`SHARED_BYTES`] of dynamic shared memory and a whole number of warps
+/// per CTA; the windows hold what is said above; the addresses in `args` hold what
+/// [`MoeLowLatencyArgs`] says, the state is this rank's and used by one of these kernels at a
+/// time; the signals [`signal`] of GIN context 0 are these kernels'; `args.epoch` counts the
+/// dispatches, and the halves run in the order send, receive, combine send, combine receive.
+pub unsafe fn dispatch(
+    comm: &DevComm,
+    send: &DevWindow,
+    recv: &DevWindow,
+    counts: &DevWindow,
+    args: &MoeLowLatencyArgs,
+    block: usize,
+    grid: usize,
+) -> bool {
+    check_args(comm, args);
+    let cta = CoopCta;
+    let gin = Gin::new(comm, 0);
+    let (n, me) = (comm.nranks as usize, comm.rank as usize);
+    let ne = args.num_experts as usize;
+    let per_rank = ne / n;
+    let max = args.max_tokens as usize;
+    let row = args.hidden as usize * 2;
+    let k = args.top_k as usize;
+    let p = (args.epoch % 2) as usize;
+    let c = Counts { n, per_rank };
+    let (tid, threads) = (cta.thread_rank(), cta.size());
+    let state = args.state as *mut LowLatencyState;
+    let slots = (args.state as usize + core::mem::size_of::<LowLatencyState>()) as *mut u32;
+    // SAFETY: (the whole body) every index lies in the arrays the contract sizes: rows by
+    // `tokens <= max_tokens`, entries by `tokens * top_k`, counters by `2 * num_experts`,
+    // window offsets by the layout above.
+    unsafe {
+        if args.phase & phase::SEND != 0 {
+            let warps = threads / arch::WARP_SIZE;
+            let lane = arch::lane_id() as usize;
+            let idx = args.topk_idx as *const i32;
+            let ret_index = args.ret_index as *mut u32;
+            let x = args.x as *const U32x4;
+            let mut t = block * warps + arch::warp_id_in_block();
+            while t < args.tokens as usize {
+                let mut v = lane;
+                while v < row / 16 {
+                    arch::store_v4(send.local_ptr::<U32x4>(t * row + v * 16), arch::load_v4(x.add(t * row / 16 + v)));
+                    v += arch::WARP_SIZE;
+                }
+                for kk in 0..k {
+                    let j = t * k + kk;
+                    let e = idx.add(j).read();
+                    if e < 0 {
+                        if lane == 0 {
+                            ret_index.add(j).write(NO_RETURN);
+                        }
+                        continue;
+                    }
+                    if e >= ne as i32 {
+                        comm.fail(error_code::MOE_ARGS, j as u64, u64::from(e as u32));
+                    }
+                    let e = e as usize;
+                    let mut slot = 0u32;
+                    if lane == 0 {
+                        slot = atomic::fetch_add(slots.add(p * ne + e), 1u32, RmwOrder::Relaxed, Scope::Gpu);
+                    }
+                    let slot = arch::shfl_sync(arch::FULL_MASK, slot, 0) as usize;
+                    if slot >= max {
+                        comm.fail(error_code::MOE_CAPACITY, e as u64, max as u64);
+                    }
+                    if lane == 0 {
+                        ret_index.add(j).write(ret_row(e, slot, max) as u32);
+                    }
+                    let l = e % per_rank;
+                    gin.put(
+                        CoopWarp,
+                        comm.world(),
+                        (e / per_rank) as u32,
+                        *recv,
+                        recv_row(p, l, me, slot, per_rank, n, max, row),
+                        *send,
+                        t * row,
+                        row,
+                        RemoteAction::SignalInc(signal::DATA[p]),
+                        LocalAction::None,
+                    );
+                }
+                t += grid * warps;
+            }
+            // The last CTA to finish sends the counts.
+            cta.sync();
+            let mut last = false;
+            if tid == 0 {
+                atomic::fence(FenceOrder::Release, Scope::Gpu);
+                let done = core::ptr::addr_of_mut!((*state).done[p]);
+                last = atomic::fetch_add(done, 1u32, RmwOrder::Relaxed, Scope::Gpu) as usize == grid - 1;
+                if last {
+                    atomic::fence(FenceOrder::Acquire, Scope::Gpu);
+                }
+            }
+            if cta.sync_any(last) {
+                let mine = counts.local_ptr::<u32>(c.own(0));
+                let mut e = tid;
+                while e < ne {
+                    let got = atomic::load(slots.add(p * ne + e), arch::LoadOrder::Relaxed, Scope::Gpu);
+                    // Own counts: rank `e / per_rank`'s vector, entry `e % per_rank`.
+                    mine.add(e).write(got);
+                    slots.add((1 - p) * ne + e).write(0);
+                    e += threads;
+                }
+                cta.sync();
+                if tid == 0 {
+                    // Field by field: in one kernel with the receive half, CTA 0 writes the
+                    // data totals meanwhile.
+                    let mut sent = 0u64;
+                    for e in 0..ne {
+                        sent += u64::from(mine.add(e).read());
+                    }
+                    let ret_total = core::ptr::addr_of_mut!((*state).ret_total);
+                    ret_total.write_volatile(ret_total.read_volatile() + sent);
+                    core::ptr::addr_of_mut!((*state).done[1 - p]).write_volatile(0);
+                }
+                let (warp, warps) = (arch::warp_id_in_block(), threads / arch::WARP_SIZE);
+                let mut d = warp;
+                while d < n {
+                    gin.put(
+                        CoopWarp,
+                        comm.world(),
+                        d as u32,
+                        *counts,
+                        c.received(p, me),
+                        *counts,
+                        c.own(d),
+                        per_rank * 4,
+                        RemoteAction::SignalInc(signal::COUNTS[p]),
+                        LocalAction::None,
+                    );
+                    d += warps;
+                }
+            }
+        }
+        if args.phase & phase::RECV != 0 && block == 0 {
+            let calls = args.epoch.div_ceil(2);
+            if gin.wait_signal(cta, signal::COUNTS[p], calls * n as u64).is_err() {
+                return false;
+            }
+            let target = arch::dynamic_shared_mem::<u64>();
+            if tid == 0 {
+                let mut expected = 0u64;
+                for s in 0..n {
+                    let from = counts.local_ptr::<u32>(c.received(p, s));
+                    for l in 0..per_rank {
+                        let got = from.add(l).read_volatile();
+                        (args.recv_counts as *mut i32).add(l * n + s).write(got as i32);
+                        expected += u64::from(got);
+                    }
+                }
+                // Field by field (the send half's last CTA may be writing the others).
+                let total = core::ptr::addr_of_mut!((*state).data_total[p]);
+                let t = total.read_volatile() + expected;
+                total.write_volatile(t);
+                core::ptr::addr_of_mut!((*state).received).write_volatile(expected);
+                target.write(t);
+            }
+            cta.sync();
+            if gin.wait_signal(cta, signal::DATA[p], target.read()).is_err() {
+                return false;
+            }
+        }
+    }
+    gin.flush(cta);
+    true
+}
+
+/// One CTA (`block` of `grid`) of the low-latency combine: see the module docs. `recv` holds
+/// the experts' results where the dispatch put their rows, `ret` this rank's results
+/// (`[num_experts][max_tokens]` rows), `counts` the dispatch's counts. False on an abort.
+///
+/// # Safety
+/// As [`dispatch`] (the same windows and `args`, after its receive half);
+/// `args.topk_weights` and `args.out` hold `tokens * top_k` weights and `tokens * hidden`
+/// bf16, and `args.ret_index` what the dispatch wrote.
+pub unsafe fn combine(
+    comm: &DevComm,
+    recv: &DevWindow,
+    ret: &DevWindow,
+    counts: &DevWindow,
+    args: &MoeLowLatencyArgs,
+    block: usize,
+    grid: usize,
+) -> bool {
+    check_args(comm, args);
+    let cta = CoopCta;
+    let gin = Gin::new(comm, 0);
+    let (n, me) = (comm.nranks as usize, comm.rank as usize);
+    let per_rank = args.num_experts as usize / n;
+    let max = args.max_tokens as usize;
+    let row = args.hidden as usize * 2;
+    let p = (args.epoch % 2) as usize;
+    let c = Counts { n, per_rank };
+    let (tid, threads) = (cta.thread_rank(), cta.size());
+    // SAFETY: (the whole body) indices inside the windows and buffers the contract sizes.
+    unsafe {
+        if args.phase & phase::SEND != 0 {
+            let warps = threads / arch::WARP_SIZE;
+            let (first, stride) = (block * warps + arch::warp_id_in_block(), grid * warps);
+            for s in 0..n {
+                let from = counts.local_ptr::<u32>(c.received(p, s));
+                for l in 0..per_rank {
+                    let got = from.add(l).read_volatile() as usize;
+                    let mut i = first;
+                    while i < got {
+                        gin.put(
+                            CoopWarp,
+                            comm.world(),
+                            s as u32,
+                            *ret,
+                            ret_row(me * per_rank + l, i, max) * row,
+                            *recv,
+                            recv_row(p, l, s, i, per_rank, n, max, row),
+                            row,
+                            RemoteAction::SignalInc(signal::RETURN),
+                            LocalAction::None,
+                        );
+                        i += stride;
+                    }
+                }
+            }
+        }
+        if args.phase & phase::RECV != 0 {
+            let expected = (args.state as *const LowLatencyState).read_volatile().ret_total;
+            if gin.wait_signal(cta, signal::RETURN, expected).is_err() {
+                return false;
+            }
+            weighted_sum(ret, args, block * threads + tid, grid * threads);
+        }
+    }
+    gin.flush(cta);
+    true
+}

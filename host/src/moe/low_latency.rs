@@ -1,0 +1,441 @@
+//! MoE dispatch and combine in low-latency mode ([`MoeLowLatency`]).
+
+use super::{MoeConfig, MoeLaunch, bf16, check_config, kernel_shape, new_window};
+use crate::comm::Communicator;
+use crate::devcomm::{DevCommHandle, DevCommRequirements};
+use crate::mem::window::Window;
+use crate::ops::{launch_copy, staging_copy_config};
+use crate::runtime::launch::{LaunchArg, LaunchConfig};
+use crate::runtime::memory::DeviceBuffer;
+use crate::{Error, Result};
+use ferrolink_device::kernels::copy::ferrolink_copy;
+use ferrolink_device::kernels::moe::{moe_ll_combine, moe_ll_dispatch};
+use ferrolink_device::moe::low_latency::{
+    self as ll, LowLatencyState, MoeLowLatencyArgs, counts_bytes, phase, scratch_bytes,
+};
+
+/// MoE dispatch and combine for small batches (decoding), made collectively by
+/// [`Communicator::moe_low_latency`]: every (local expert, source rank) pair has a fixed
+/// region of `max_tokens` rows, so no count exchange precedes the data (each rank's counts
+/// travel with its rows); the buffers alternate by call; and each call can be split into a
+/// *send* and a *receive* (the receive hook) so that the caller's kernels run while the rows
+/// travel.
+///
+/// Received rows: local expert `l`'s rows from rank `s` lie at [`MoeLowLatency::region`]`(l,
+/// s)` of [`MoeLowLatency::received`], [`MoeLowLatency::recv_counts`]`[l * nranks + s]` of
+/// them (the order of one source's rows in its region is not fixed; each row is its
+/// token's). The combine sums, per token, `topk_weights[t, k]` times the result of each of
+/// its entries, in `f32` in `k` order, rounded once to bf16: the same output as
+/// [`super::Moe::combine`]. Nothing is dropped; a rank with more than `max_tokens` entries
+/// to one expert (a token naming an expert twice) is a kernel fault that says so.
+///
+/// Calls go in the order dispatch (or `dispatch_send` then `dispatch_recv`), then combine
+/// (or `combine_send` then `combine_recv`), on every rank (checked here).
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::moe::{MoeConfig, bf16};
+/// use ferrolink::{Communicator, Device, run_ranks};
+/// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+/// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 3, capacity: None };
+/// let outs = run_ranks(&comms, |c| {
+///     let mut ll = c.moe_low_latency(cfg)?;
+///     let dev = c.device();
+///     let x: Vec<bf16> = (0..3 * 8).map(|i| bf16::from_f32((c.rank() * 3 + i / 8) as f32)).collect();
+///     let idx: Vec<i32> = (0..3).flat_map(|t| [t, 3 - t]).collect();
+///     let (x, idx) = (dev.alloc_from(&x)?, dev.alloc_from(&idx)?);
+///     ll.dispatch_send(&x, &idx)?;
+///     // ... compute that does not need the rows runs here ...
+///     ll.dispatch_recv()?;
+///     let mut out = dev.alloc::<bf16>(3 * 8)?;
+///     ll.combine(None, &dev.alloc_from(&[0.5f32; 6])?, &mut out)?;
+///     out.to_vec()
+/// })?;
+/// assert_eq!(outs[1][8].to_f32(), 4.0);
+/// # Ok(()) }
+/// ```
+pub struct MoeLowLatency {
+    comm: Communicator,
+    cfg: MoeConfig,
+    handle: DevCommHandle,
+    /// This rank's token rows (copied in by the dispatch).
+    send: Window,
+    /// `[2][experts_per_rank][nranks][max_tokens]` rows.
+    recv: Window,
+    /// `[num_experts][max_tokens]` rows: this rank's results coming back.
+    ret: Window,
+    /// Counts received (`[2][nranks][experts_per_rank]`) and this rank's own.
+    counts: Window,
+    ret_index: DeviceBuffer<u32>,
+    recv_counts: DeviceBuffer<i32>,
+    state: DeviceBuffer<u64>,
+    /// Dispatches so far.
+    epoch: u64,
+    stage: Stage,
+}
+
+/// Where a rank is in its calls (each holds the tokens of the dispatch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Idle,
+    DispatchSent(usize),
+    Received(usize),
+    CombineSent(usize),
+}
+
+impl Communicator {
+    /// Makes this rank's low-latency MoE resources (collective: every rank calls it with the
+    /// same configuration, checked; `capacity` must be `None`: every (expert, source) pair
+    /// has `max_tokens` rows). Memory per rank, in rows of `2 * hidden` bytes: `max_tokens`
+    /// (sources), `2 * num_experts * max_tokens` (received, two buffers of
+    /// `experts_per_rank * nranks * max_tokens`), `num_experts * max_tokens` (results).
+    pub fn moe_low_latency(&self, cfg: MoeConfig) -> Result<MoeLowLatency> {
+        if cfg.capacity.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "moe_low_latency: capacity must be None: every (expert, source) pair has max_tokens rows ({cfg:?})"
+            )));
+        }
+        check_config(self, &cfg, cfg.max_tokens, "moe_low_latency")?;
+        let rows = cfg.max_tokens * 2 * cfg.hidden;
+        let send = new_window(self, rows)?;
+        let recv = new_window(self, 2 * cfg.num_experts * rows)?;
+        let ret = new_window(self, cfg.num_experts * rows)?;
+        let counts = new_window(self, counts_bytes(cfg.num_experts))?;
+        let handle = self.create_dev_comm(&DevCommRequirements {
+            gin_context_count: 1,
+            gin_signal_count: ll::signal::COUNT,
+            ..DevCommRequirements::default()
+        })?;
+        let dev = self.device();
+        Ok(MoeLowLatency {
+            comm: self.clone(),
+            cfg,
+            handle,
+            send,
+            recv,
+            ret,
+            counts,
+            ret_index: dev.alloc(cfg.max_tokens * cfg.top_k)?,
+            recv_counts: dev.alloc(cfg.num_experts)?,
+            state: dev.alloc(scratch_bytes(cfg.num_experts).div_ceil(8))?,
+            epoch: 0,
+            stage: Stage::Idle,
+        })
+    }
+}
+
+impl MoeLowLatency {
+    /// The configuration.
+    pub fn config(&self) -> MoeConfig {
+        self.cfg
+    }
+
+    /// Experts on each rank.
+    pub fn experts_per_rank(&self) -> usize {
+        self.cfg.num_experts / self.comm.nranks()
+    }
+
+    /// The receive window: two buffers of `[experts_per_rank][nranks][max_tokens][hidden]`
+    /// bf16, used by alternate dispatches; a kernel may write the experts' results over the
+    /// rows (then pass `None` to the combine). See [`MoeLowLatency::region`].
+    pub fn received(&self) -> &Window {
+        &self.recv
+    }
+
+    /// Byte offset in [`MoeLowLatency::received`] of the rows that the last dispatch
+    /// received for local expert `l` from rank `src` (`recv_counts[l * nranks + src]` rows).
+    pub fn region(&self, l: usize, src: usize) -> Result<usize> {
+        let (per, n) = (self.experts_per_rank(), self.comm.nranks());
+        if l >= per || src >= n || self.epoch == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "moe_low_latency region: local expert {l} of {per}, rank {src} of {n}, after {} dispatches",
+                self.epoch
+            )));
+        }
+        let row = 2 * self.cfg.hidden;
+        Ok(ll::recv_row(self.parity(), l, src, 0, per, n, self.cfg.max_tokens, row))
+    }
+
+    /// Rows received per (local expert, source rank) by the last dispatch: `i32
+    /// [experts_per_rank][nranks]`. A host read waits for the receive but does not report its
+    /// failure: call [`Communicator::synchronize`] first.
+    pub fn recv_counts(&self) -> &DeviceBuffer<i32> {
+        &self.recv_counts
+    }
+
+    /// Rows this rank received in the last dispatch (waits for the rank's stream; its error,
+    /// or the communicator's, if any).
+    pub fn received_rows(&self) -> Result<u64> {
+        self.comm.synchronize()?;
+        let words = self.state.to_vec()?;
+        let state: LowLatencyState =
+            bytemuck::pod_read_unaligned(bytemuck::cast_slice(&words[..size_of::<LowLatencyState>() / 8]));
+        Ok(state.received)
+    }
+
+    /// Copies the last dispatch's buffer (`experts_per_rank * nranks * max_tokens * hidden`
+    /// bf16, as [`MoeLowLatency::region`] lays it out) into `dst`, on the rank's stream.
+    pub fn copy_received(&self, dst: &mut DeviceBuffer<bf16>) -> Result<()> {
+        let bytes = self.half_bytes();
+        if dst.len() * 2 != bytes || self.epoch == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "moe_low_latency copy_received: the buffer holds {} elements, a receive buffer {} (after {} \
+                 dispatches)",
+                dst.len(),
+                bytes / 2,
+                self.epoch
+            )));
+        }
+        let cfg = staging_copy_config(self.comm.device(), bytes);
+        let from = self.recv.slot_ptr(self.parity() * bytes, bytes)?;
+        launch_copy(self.comm.stream(), &ferrolink_copy, dst.bytes_at_mut(0)?, from, bytes, cfg)
+    }
+
+    /// [`MoeLowLatency::dispatch_send`] and [`MoeLowLatency::dispatch_recv`] in one kernel.
+    pub fn dispatch(&mut self, x: &DeviceBuffer<bf16>, topk_idx: &DeviceBuffer<i32>) -> Result<()> {
+        self.send_dispatch(x, topk_idx, phase::BOTH)
+    }
+
+    /// Sends this rank's tokens (`x`: `T` rows of `hidden` bf16, `T <= max_tokens`;
+    /// `topk_idx`: `T * top_k` experts, `-1`: none) to their experts' ranks, and its counts;
+    /// returns when queued. The rows land while the stream runs other work;
+    /// [`MoeLowLatency::dispatch_recv`] waits for them.
+    pub fn dispatch_send(&mut self, x: &DeviceBuffer<bf16>, topk_idx: &DeviceBuffer<i32>) -> Result<()> {
+        self.send_dispatch(x, topk_idx, phase::SEND)
+    }
+
+    /// The receive hook: waits (on the stream) for every rank's rows of this dispatch and
+    /// writes [`MoeLowLatency::recv_counts`].
+    pub fn dispatch_recv(&mut self) -> Result<()> {
+        let Stage::DispatchSent(tokens) = self.stage else {
+            return Err(self.out_of_order("dispatch_recv", "after dispatch_send"));
+        };
+        self.launch_dispatch(None, None, tokens, phase::RECV)?;
+        self.stage = Stage::Received(tokens);
+        Ok(())
+    }
+
+    /// [`MoeLowLatency::combine_send`] and [`MoeLowLatency::combine_recv`] in one kernel.
+    pub fn combine(
+        &mut self,
+        expert_out: Option<&DeviceBuffer<bf16>>,
+        topk_weights: &DeviceBuffer<f32>,
+        out: &mut DeviceBuffer<bf16>,
+    ) -> Result<()> {
+        let Stage::Received(tokens) = self.stage else {
+            return Err(self.out_of_order("combine", "after the dispatch's receive"));
+        };
+        self.stage_results(expert_out)?;
+        self.launch_combine(Some((topk_weights, out)), tokens, phase::BOTH)?;
+        self.stage = Stage::Idle;
+        Ok(())
+    }
+
+    /// Sends the experts' results back (`expert_out` in the shape of
+    /// [`MoeLowLatency::copy_received`], or `None`: written over [`MoeLowLatency::received`]).
+    pub fn combine_send(&mut self, expert_out: Option<&DeviceBuffer<bf16>>) -> Result<()> {
+        let Stage::Received(tokens) = self.stage else {
+            return Err(self.out_of_order("combine_send", "after the dispatch's receive"));
+        };
+        self.stage_results(expert_out)?;
+        self.launch_combine(None, tokens, phase::SEND)?;
+        self.stage = Stage::CombineSent(tokens);
+        Ok(())
+    }
+
+    /// The combine's receive hook: waits for this rank's results and writes `out` (`T` rows
+    /// of `hidden` bf16) as the weighted sums with `topk_weights` (`f32`, `T * top_k`).
+    pub fn combine_recv(&mut self, topk_weights: &DeviceBuffer<f32>, out: &mut DeviceBuffer<bf16>) -> Result<()> {
+        let Stage::CombineSent(tokens) = self.stage else {
+            return Err(self.out_of_order("combine_recv", "after combine_send"));
+        };
+        self.launch_combine(Some((topk_weights, out)), tokens, phase::RECV)?;
+        self.stage = Stage::Idle;
+        Ok(())
+    }
+
+    fn parity(&self) -> usize {
+        (self.epoch % 2) as usize
+    }
+
+    /// Bytes of one of the two receive buffers.
+    fn half_bytes(&self) -> usize {
+        self.cfg.num_experts * self.cfg.max_tokens * 2 * self.cfg.hidden
+    }
+
+    fn out_of_order(&self, call: &str, when: &str) -> Error {
+        Error::InvalidArgument(format!(
+            "moe_low_latency {call}: only {when} (calls go dispatch_send, dispatch_recv, combine_send, \
+             combine_recv, or dispatch then combine; this rank is at {:?})",
+            self.stage
+        ))
+    }
+
+    fn send_dispatch(&mut self, x: &DeviceBuffer<bf16>, topk_idx: &DeviceBuffer<i32>, ph: u32) -> Result<()> {
+        let (hidden, k) = (self.cfg.hidden, self.cfg.top_k);
+        if self.stage != Stage::Idle {
+            return Err(self.out_of_order("dispatch", "after the last combine"));
+        }
+        if !x.len().is_multiple_of(hidden) || x.len() / hidden > self.cfg.max_tokens {
+            return Err(Error::InvalidArgument(format!(
+                "moe_low_latency dispatch: x holds {} elements: whole rows of {hidden}, at most max_tokens {} of them",
+                x.len(),
+                self.cfg.max_tokens
+            )));
+        }
+        let tokens = x.len() / hidden;
+        if topk_idx.len() != tokens * k {
+            return Err(Error::InvalidArgument(format!(
+                "moe_low_latency dispatch: topk_idx holds {} entries, {tokens} tokens x top_k {k} = {} needed",
+                topk_idx.len(),
+                tokens * k
+            )));
+        }
+        self.epoch += 1;
+        if let Err(e) = self.launch_dispatch(Some(x), Some(topk_idx), tokens, ph) {
+            self.epoch -= 1;
+            return Err(e);
+        }
+        self.stage = if ph == phase::BOTH { Stage::Received(tokens) } else { Stage::DispatchSent(tokens) };
+        Ok(())
+    }
+
+    fn args(&self, tokens: usize, ph: u32) -> MoeLowLatencyArgs {
+        MoeLowLatencyArgs {
+            tokens: tokens as u32,
+            top_k: self.cfg.top_k as u32,
+            num_experts: self.cfg.num_experts as u32,
+            max_tokens: self.cfg.max_tokens as u32,
+            hidden: self.cfg.hidden as u32,
+            phase: ph,
+            epoch: self.epoch,
+            ..MoeLowLatencyArgs::default()
+        }
+    }
+
+    fn launch_dispatch(
+        &mut self,
+        x: Option<&DeviceBuffer<bf16>>,
+        topk_idx: Option<&DeviceBuffer<i32>>,
+        tokens: usize,
+        ph: u32,
+    ) -> Result<()> {
+        let comm = self.comm.clone();
+        let module = comm.device().builtin_module()?;
+        let mut args = self.args(tokens, ph);
+        let mut reads = Vec::new();
+        let mut writes = Vec::new();
+        if let (Some(x), Some(idx)) = (x, topk_idx)
+            && tokens > 0
+        {
+            let x = x.bytes_at(0)?;
+            args.x = x.param() as u64;
+            reads.push(x);
+            let idx = idx.bytes_at(0)?;
+            args.topk_idx = idx.param() as u64;
+            reads.push(idx);
+            let ret = self.ret_index.bytes_at_mut(0)?;
+            args.ret_index = ret.param() as u64;
+            writes.push(ret);
+        }
+        let counts = self.recv_counts.bytes_at_mut(0)?;
+        args.recv_counts = counts.param() as u64;
+        writes.push(counts);
+        let state = self.state.bytes_at_mut(0)?;
+        args.state = state.param() as u64;
+        writes.push(state);
+        let (threads, cap) = kernel_shape(&comm);
+        let warps = threads as usize / 32;
+        // The receive alone is CTA 0's work; a send gets a warp per token.
+        let grid = if ph == phase::RECV { 1 } else { tokens.div_ceil(warps).clamp(1, cap) };
+        let launch = MoeLaunch {
+            handle: &self.handle,
+            windows: [&self.send, &self.recv, &self.counts],
+            args,
+            reads: &reads,
+            writes: &writes,
+        };
+        let cfg = LaunchConfig::linear(grid as u32, threads).with_shared_mem(ll::SHARED_BYTES as u32);
+        // SAFETY: `moe_ll_dispatch`'s contract: every rank launches it with the configuration
+        // checked when this was made and this rank's tokens (checked against max_tokens),
+        // the windows of this object (made together on every rank), `x`, `topk_idx`,
+        // `ret_index`, `recv_counts` and the state sized for them and tracked; at most the
+        // resident CTAs of this rank's share of the GPU; the signals are this object's only;
+        // the epoch counts its dispatches and the halves go in order (checked by `stage`).
+        unsafe { comm.stream().launch(module, &moe_ll_dispatch, cfg, launch) }
+    }
+
+    /// Copies the experts' results into this dispatch's receive buffer (when given).
+    fn stage_results(&self, expert_out: Option<&DeviceBuffer<bf16>>) -> Result<()> {
+        let Some(src) = expert_out else { return Ok(()) };
+        let bytes = self.half_bytes();
+        if src.len() * 2 != bytes {
+            return Err(Error::InvalidArgument(format!(
+                "moe_low_latency combine: expert_out holds {} elements, a receive buffer {} ({} x {} x {} x {})",
+                src.len(),
+                bytes / 2,
+                self.experts_per_rank(),
+                self.comm.nranks(),
+                self.cfg.max_tokens,
+                self.cfg.hidden
+            )));
+        }
+        let cfg = staging_copy_config(self.comm.device(), bytes);
+        let to = self.recv.slot_ptr(self.parity() * bytes, bytes)?;
+        launch_copy(self.comm.stream(), &ferrolink_copy, to, src.bytes_at(0)?, bytes, cfg)
+    }
+
+    fn launch_combine(
+        &mut self,
+        sum: Option<(&DeviceBuffer<f32>, &mut DeviceBuffer<bf16>)>,
+        tokens: usize,
+        ph: u32,
+    ) -> Result<()> {
+        let (hidden, k) = (self.cfg.hidden, self.cfg.top_k);
+        let comm = self.comm.clone();
+        let module = comm.device().builtin_module()?;
+        let mut args = self.args(tokens, ph);
+        let mut reads = Vec::new();
+        let mut writes = Vec::new();
+        if let Some((weights, out)) = sum {
+            if weights.len() != tokens * k || out.len() != tokens * hidden {
+                return Err(Error::InvalidArgument(format!(
+                    "moe_low_latency combine: the dispatch had {tokens} tokens: topk_weights must hold {} (it holds \
+                     {}), out {} (it holds {})",
+                    tokens * k,
+                    weights.len(),
+                    tokens * hidden,
+                    out.len()
+                )));
+            }
+            if tokens > 0 {
+                let w = weights.bytes_at(0)?;
+                args.topk_weights = w.param() as u64;
+                reads.push(w);
+                let r = self.ret_index.bytes_at(0)?;
+                args.ret_index = r.param() as u64;
+                reads.push(r);
+                let o = out.bytes_at_mut(0)?;
+                args.out = o.param() as u64;
+                writes.push(o);
+            }
+        }
+        let state = self.state.bytes_at(0)?;
+        args.state = state.param() as u64;
+        reads.push(state);
+        let (threads, cap) = kernel_shape(&comm);
+        let launch = MoeLaunch {
+            handle: &self.handle,
+            windows: [&self.recv, &self.ret, &self.counts],
+            args,
+            reads: &reads,
+            writes: &writes,
+        };
+        let cfg = LaunchConfig::linear(cap as u32, threads).with_shared_mem(ll::SHARED_BYTES as u32);
+        // SAFETY: `moe_ll_combine`'s contract: after this object's dispatch receive on this
+        // stream (checked by `stage`), with its windows, the weights and the output sized
+        // for its tokens (checked) and tracked, the experts' results in the receive buffer.
+        unsafe { comm.stream().launch(module, &moe_ll_combine, cfg, launch) }
+    }
+}
