@@ -6,7 +6,7 @@
 //! # Layout
 //! Expert `e` lives on rank `e / experts_per_rank` as its local expert `l`. Every (local
 //! expert, source rank) pair owns `max_tokens` rows of the receive window, twice (call
-//! parity `p = epoch % 2`): row `i` of local expert `l` from rank `s` lies at [`recv_row`]`(p,
+//! parity `p = epoch % 2`): row `i` of local expert `l` from rank `s` lies at [`RowLayout::recv_row`]`(p,
 //! l, s, i)`. A rank gives each of its entries to expert `e` the next free *slot* of `e`
 //! (an atomic counter per expert: the order of a source's rows in its region is not fixed,
 //! the rows are), puts the token's row there, and, once all its entries are out, its count
@@ -15,7 +15,7 @@
 //! ([`error_code::MOE_CAPACITY`]), never an overwrite.
 //!
 //! The results come back into the source's return window, row `e * max_tokens + slot`
-//! ([`ret_row`]), which the source remembered per entry (its `ret_index`), and the combine
+//! ([`RowLayout::ret_row`]), which the source remembered per entry (its `ret_index`), and the combine
 //! sums them per token as in normal mode ([`super::weighted_sum`]).
 //!
 //! # The kernels
@@ -157,25 +157,31 @@ pub const fn scratch_bytes(num_experts: usize) -> usize {
 /// Dynamic shared memory the kernels need per CTA.
 pub const SHARED_BYTES: usize = 16;
 
-/// Byte offset of row `i` from source `s` of local expert `l` in the receive window, for
-/// call parity `p` (`[2][experts per rank][nranks][max_tokens]` rows of `row` bytes).
-pub const fn recv_row(
-    p: usize,
-    l: usize,
-    s: usize,
-    i: usize,
-    per_rank: usize,
-    n: usize,
-    max: usize,
-    row: usize,
-) -> usize {
-    (((p * per_rank + l) * n + s) * max + i) * row
+/// Where rows lie in the receive and return windows, for one shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowLayout {
+    /// Experts per rank.
+    pub per_rank: usize,
+    /// Ranks.
+    pub nranks: usize,
+    /// `max_tokens`: rows per (local expert, source), and per expert in the return window.
+    pub max_tokens: usize,
+    /// Bytes per row (`2 * hidden`).
+    pub row_bytes: usize,
 }
 
-/// The return row of slot `i` of expert `e` (`e * max_tokens + i`; the byte offset is that
-/// times the row size).
-pub const fn ret_row(e: usize, i: usize, max: usize) -> usize {
-    e * max + i
+impl RowLayout {
+    /// Byte offset of row `i` from source `s` of local expert `l` in the receive window, for
+    /// call parity `p` (`[2][experts per rank][nranks][max_tokens]` rows).
+    pub const fn recv_row(&self, p: usize, l: usize, s: usize, i: usize) -> usize {
+        (((p * self.per_rank + l) * self.nranks + s) * self.max_tokens + i) * self.row_bytes
+    }
+
+    /// The return row of slot `i` of expert `e` (`e * max_tokens + i`; its byte offset is
+    /// that times the row size).
+    pub const fn ret_row(&self, e: usize, i: usize) -> usize {
+        e * self.max_tokens + i
+    }
 }
 
 /// Where the counts lie in the counts window (`u32`): received `[2][nranks][experts per
@@ -257,6 +263,7 @@ pub unsafe fn dispatch(
     let k = args.top_k as usize;
     let p = (args.epoch % 2) as usize;
     let c = Counts { n, per_rank };
+    let rows = RowLayout { per_rank, nranks: n, max_tokens: max, row_bytes: row };
     let (tid, threads) = (cta.thread_rank(), cta.size());
     let state = args.state as *mut LowLatencyState;
     let slots = (args.state as usize + core::mem::size_of::<LowLatencyState>()) as *mut u32;
@@ -299,7 +306,7 @@ pub unsafe fn dispatch(
                         comm.fail(error_code::MOE_CAPACITY, e as u64, max as u64);
                     }
                     if lane == 0 {
-                        ret_index.add(j).write(ret_row(e, slot, max) as u32);
+                        ret_index.add(j).write(rows.ret_row(e, slot) as u32);
                     }
                     let l = e % per_rank;
                     gin.put(
@@ -307,7 +314,7 @@ pub unsafe fn dispatch(
                         comm.world(),
                         (e / per_rank) as u32,
                         *recv,
-                        recv_row(p, l, me, slot, per_rank, n, max, row),
+                        rows.recv_row(p, l, me, slot),
                         *send,
                         t * row,
                         row,
@@ -428,6 +435,7 @@ pub unsafe fn combine(
     let row = args.hidden as usize * 2;
     let p = (args.epoch % 2) as usize;
     let c = Counts { n, per_rank };
+    let rows = RowLayout { per_rank, nranks: n, max_tokens: max, row_bytes: row };
     let (tid, threads) = (cta.thread_rank(), cta.size());
     // SAFETY: (the whole body) indices inside the windows and buffers the contract sizes.
     unsafe {
@@ -445,9 +453,9 @@ pub unsafe fn combine(
                             comm.world(),
                             s as u32,
                             *ret,
-                            ret_row(me * per_rank + l, i, max) * row,
+                            rows.ret_row(me * per_rank + l, i) * row,
                             *recv,
-                            recv_row(p, l, s, i, per_rank, n, max, row),
+                            rows.recv_row(p, l, s, i),
                             row,
                             RemoteAction::SignalInc(signal::RETURN),
                             LocalAction::None,

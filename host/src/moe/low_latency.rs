@@ -154,7 +154,8 @@ impl MoeLowLatency {
             )));
         }
         let row = 2 * self.cfg.hidden;
-        Ok(ll::recv_row(self.parity(), l, src, 0, per, n, self.cfg.max_tokens, row))
+        let rows = ll::RowLayout { per_rank: per, nranks: n, max_tokens: self.cfg.max_tokens, row_bytes: row };
+        Ok(rows.recv_row(self.parity(), l, src, 0))
     }
 
     /// Rows received per (local expert, source rank) by the last dispatch: `i32
