@@ -1126,6 +1126,9 @@ pub struct MoeBench {
     pub iters: usize,
     /// Untimed iterations before (dispatch and combine each).
     pub warmup: usize,
+    /// [`ferrolink::moe::MoeLowLatency`] (`Communicator::moe_low_latency`) instead of
+    /// [`ferrolink::moe::Moe`].
+    pub low_latency: bool,
 }
 
 /// The baseline of the MoE figures: the driver's copy into the next rank's mapped memory.
@@ -1154,13 +1157,21 @@ impl PeerCopyFigure {
 pub struct MoeFigures {
     /// Ranks of the communicator.
     pub nranks: usize,
+    /// Whether the low-latency mode ran ([`MoeBench::low_latency`]).
+    pub low_latency: bool,
     /// Microseconds per dispatch (mean over the iterations, CUDA events on the rank's stream
-    /// around each call; it includes the copy of the tokens into the send window).
+    /// around each call; in normal mode it includes the copy of the tokens into the send
+    /// window, the low-latency mode reads them from `x`).
     pub dispatch_us: f64,
     /// Microseconds per combine (identity experts: the received rows go back as they are).
     pub combine_us: f64,
     /// Microseconds per dispatch and combine back to back (events around all iterations).
     pub end_to_end_us: f64,
+    /// Low-latency mode only: microseconds per `dispatch_send` and `dispatch_recv` back to
+    /// back (the receive hook with nothing between the halves), events around the pair.
+    pub dispatch_hook_us: Option<f64>,
+    /// Low-latency mode only: the same for `combine_send` and `combine_recv`.
+    pub combine_hook_us: Option<f64>,
     /// Entries (token, expert) of this rank whose expert is on another rank: the rows its
     /// dispatch sends to other ranks and its combine gets back.
     pub remote_entries: usize,
@@ -1170,11 +1181,17 @@ pub struct MoeFigures {
     /// domain, or when the dispatch sends it nothing).
     pub peer_copy: Option<PeerCopyFigure>,
     /// Elements of the checked output (`tokens * hidden`) that differ from the host model
-    /// by more than one bf16 step.
+    /// by more than one bf16 step (low-latency mode: two checked rounds, one-kernel calls
+    /// then the hook halves, summed).
     pub wrong: usize,
 }
 
 impl MoeFigures {
+    /// The mode that ran, as the tool prints it: `normal` or `low_latency`.
+    pub fn mode(&self) -> &'static str {
+        if self.low_latency { "low_latency" } else { "normal" }
+    }
+
     /// Bytes the dispatch sends to other ranks (the combine brings as many back).
     pub fn remote_bytes(&self) -> usize {
         self.remote_entries * self.row_bytes
@@ -1200,14 +1217,42 @@ fn mean_us(pairs: &[(&ferrolink::Event, &ferrolink::Event)]) -> Result<f64> {
     Ok(sum / pairs.len().max(1) as f64)
 }
 
+/// The MoE object the benchmark drives: normal or low-latency mode.
+enum MoeEngine {
+    Normal(ferrolink::moe::Moe),
+    LowLatency(ferrolink::moe::MoeLowLatency),
+}
+
+impl MoeEngine {
+    fn dispatch(&mut self, x: &DeviceBuffer<ferrolink::moe::bf16>, idx: &DeviceBuffer<i32>) -> Result<()> {
+        match self {
+            MoeEngine::Normal(m) => m.dispatch(x, idx),
+            MoeEngine::LowLatency(m) => m.dispatch(x, idx),
+        }
+    }
+
+    /// The combine with identity experts.
+    fn combine(&mut self, w: &DeviceBuffer<f32>, out: &mut DeviceBuffer<ferrolink::moe::bf16>) -> Result<()> {
+        match self {
+            MoeEngine::Normal(m) => m.combine(None, w, out),
+            MoeEngine::LowLatency(m) => m.combine(None, w, out),
+        }
+    }
+}
+
 /// One rank's part of the MoE benchmark (every rank calls it; rank 0 returns its figures):
 /// `ferrolink::moe` dispatch and combine of `b.tokens` tokens routed by [`moe_routing`], with
-/// identity experts (`combine(None, ..)`). Timed with events on the rank's stream: each
-/// dispatch and each combine alone (the calls alternate), then `b.iters` of both back to back;
-/// then the baseline in the same run: the driver's copy of the bytes this rank's dispatch sends
-/// to the next rank into that rank's mapped window (as `cudaMemcpyPeer`; every rank copies at
-/// once, as every rank dispatches at once); last, one more dispatch and combine checked against
-/// the host model `out[t] = sum_k w[t, k] * x[t]` rounded to bf16.
+/// identity experts (`combine(None, ..)`), by [`ferrolink::moe::Moe`] or, with
+/// `b.low_latency`, by [`ferrolink::moe::MoeLowLatency`] (`max_tokens` = `b.tokens`). Timed
+/// with events on the rank's stream: each dispatch and each combine alone (the calls
+/// alternate), then `b.iters` of both back to back; in low-latency mode also the hook halves
+/// (`dispatch_send` then `dispatch_recv`, `combine_send` then `combine_recv`, each pair
+/// timed); then the baseline in the same run: the driver's copy of the bytes this rank's
+/// dispatch sends to the next rank into that rank's mapped window (as `cudaMemcpyPeer`;
+/// every rank copies at once, as every rank dispatches at once); last, one more dispatch and
+/// combine (low-latency mode: one by the one-kernel calls and one by the halves) checked
+/// against the host model `out[t] = sum_k w[t, k] * x[t]` rounded to bf16, the output zeroed
+/// before each.
 pub fn moe_rank(comm: &ferrolink::Communicator, b: &MoeBench) -> Result<Option<MoeFigures>> {
     use ferrolink::moe::{MoeConfig, bf16};
     let (me, n) = (comm.rank(), comm.nranks());
@@ -1236,20 +1281,25 @@ pub fn moe_rank(comm: &ferrolink::Communicator, b: &MoeBench) -> Result<Option<M
     let dev = comm.device().clone();
     // Everything is allocated before the first kernel and dropped after the last (see
     // `gin_rank`: on CUDA an allocation or a free may wait for a peer's kernel waiting here).
-    let mut moe =
-        comm.moe(MoeConfig { num_experts: b.experts, hidden: h, top_k: k, max_tokens: t_n, capacity: None })?;
+    let cfg = MoeConfig { num_experts: b.experts, hidden: h, top_k: k, max_tokens: t_n, capacity: None };
+    let mut moe = if b.low_latency {
+        MoeEngine::LowLatency(comm.moe_low_latency(cfg)?)
+    } else {
+        MoeEngine::Normal(comm.moe(cfg)?)
+    };
     let window = comm.register_window(comm.mem_alloc(window_bytes)?)?;
     let src = dev.alloc::<u8>(window_bytes)?;
     let xb = dev.alloc_from(&x)?;
     let idxb = dev.alloc_from(&idx)?;
     let wb = dev.alloc_from(&weights)?;
     let mut out = dev.alloc::<bf16>(t_n * h)?;
+    let zeros = dev.alloc::<bf16>(t_n * h)?;
     let stream = comm.stream();
     let iters = b.iters.max(1);
     comm.barrier()?;
     for _ in 0..b.warmup {
         moe.dispatch(&xb, &idxb)?;
-        moe.combine(None, &wb, &mut out)?;
+        moe.combine(&wb, &mut out)?;
     }
     comm.synchronize()?;
     comm.barrier()?;
@@ -1259,7 +1309,7 @@ pub fn moe_rank(comm: &ferrolink::Communicator, b: &MoeBench) -> Result<Option<M
         let e0 = stream.record_event()?;
         moe.dispatch(&xb, &idxb)?;
         let e1 = stream.record_event()?;
-        moe.combine(None, &wb, &mut out)?;
+        moe.combine(&wb, &mut out)?;
         let e2 = stream.record_event()?;
         marks.push((e0, e1, e2));
     }
@@ -1271,12 +1321,31 @@ pub fn moe_rank(comm: &ferrolink::Communicator, b: &MoeBench) -> Result<Option<M
     let start = stream.record_event()?;
     for _ in 0..iters {
         moe.dispatch(&xb, &idxb)?;
-        moe.combine(None, &wb, &mut out)?;
+        moe.combine(&wb, &mut out)?;
     }
     let end = stream.record_event()?;
     comm.synchronize()?;
     let end_to_end_us = f64::from(end.elapsed_ms_since(&start)?) * 1e3 / iters as f64;
     comm.barrier()?;
+    // The hook halves back to back (low-latency mode).
+    let (mut dispatch_hook_us, mut combine_hook_us) = (None, None);
+    if let MoeEngine::LowLatency(ll) = &mut moe {
+        let mut marks = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let e0 = stream.record_event()?;
+            ll.dispatch_send(&xb, &idxb)?;
+            ll.dispatch_recv()?;
+            let e1 = stream.record_event()?;
+            ll.combine_send(None)?;
+            ll.combine_recv(&wb, &mut out)?;
+            let e2 = stream.record_event()?;
+            marks.push((e0, e1, e2));
+        }
+        comm.synchronize()?;
+        dispatch_hook_us = Some(mean_us(&marks.iter().map(|(a, b, _)| (a, b)).collect::<Vec<_>>())?);
+        combine_hook_us = Some(mean_us(&marks.iter().map(|(_, b, c)| (b, c)).collect::<Vec<_>>())?);
+        comm.barrier()?;
+    }
     // The baseline: every rank copies what it dispatches to the next rank into its window.
     let mapped = n > 1 && comm.lsa_peers().contains(&peer) && peer_bytes > 0;
     let mut peer_copy = None;
@@ -1303,13 +1372,49 @@ pub fn moe_rank(comm: &ferrolink::Communicator, b: &MoeBench) -> Result<Option<M
         peer_copy = Some(PeerCopyFigure { peer, same_gpu, bytes: peer_bytes, us });
     }
     comm.barrier()?;
-    // The check.
-    moe.dispatch(&xb, &idxb)?;
-    moe.combine(None, &wb, &mut out)?;
-    comm.synchronize()?;
-    let got = out.to_vec()?;
+    // The check (low-latency mode: the one-kernel calls, then the hook halves).
     let mut wrong = 0;
-    for t in 0..t_n {
+    for round in 0..if b.low_latency { 2 } else { 1 } {
+        stream.copy_buffer(&mut out, &zeros)?;
+        match (&mut moe, round) {
+            (MoeEngine::LowLatency(ll), 1) => {
+                ll.dispatch_send(&xb, &idxb)?;
+                ll.dispatch_recv()?;
+                ll.combine_send(None)?;
+                ll.combine_recv(&wb, &mut out)?;
+            }
+            (moe, _) => {
+                moe.dispatch(&xb, &idxb)?;
+                moe.combine(&wb, &mut out)?;
+            }
+        }
+        comm.synchronize()?;
+        wrong += count_wrong(&out.to_vec()?, &x, &weights, h, k);
+    }
+    // Every rank's kernels have ended before anything is dropped.
+    comm.barrier()?;
+    let figures = MoeFigures {
+        nranks: n,
+        low_latency: b.low_latency,
+        dispatch_us,
+        combine_us,
+        end_to_end_us,
+        dispatch_hook_us,
+        combine_hook_us,
+        remote_entries,
+        row_bytes: 2 * h,
+        peer_copy,
+        wrong,
+    };
+    Ok((me == 0).then_some(figures))
+}
+
+/// Elements of `got` (`tokens * h`) that differ by more than one bf16 step from the host
+/// model `sum_k weights[t, k] * x[t]` (identity experts), rounded to bf16.
+fn count_wrong(got: &[ferrolink::moe::bf16], x: &[ferrolink::moe::bf16], weights: &[f32], h: usize, k: usize) -> usize {
+    use ferrolink::moe::bf16;
+    let mut wrong = 0;
+    for t in 0..x.len() / h {
         let w = &weights[t * k..][..k];
         for i in 0..h {
             let v = x[t * h + i].to_f32();
@@ -1326,17 +1431,5 @@ pub fn moe_rank(comm: &ferrolink::Communicator, b: &MoeBench) -> Result<Option<M
             }
         }
     }
-    // Every rank's kernels have ended before anything is dropped.
-    comm.barrier()?;
-    let figures = MoeFigures {
-        nranks: n,
-        dispatch_us,
-        combine_us,
-        end_to_end_us,
-        remote_entries,
-        row_bytes: 2 * h,
-        peer_copy,
-        wrong,
-    };
-    Ok((me == 0).then_some(figures))
+    wrong
 }

@@ -45,26 +45,25 @@ const MOE_SMALL: [&str; 15] = [
     "1",
 ];
 
-/// `ferrolink-perf moe` with small shapes: two ranks (one process, two emulated devices), the
-/// header's columns, a row per measurement with positive times and bytes, the peer copy
-/// baseline and a ratio, and #wrong 0.
-#[test]
-fn moe_subcommand_runs_on_the_cpu_emulator() {
-    let (out, text) = perf(&MOE_SMALL);
-    assert!(out.status.success(), "ferrolink-perf moe failed:\n{text}");
+/// Checks the table of `ferrolink-perf moe` in `text` (two ranks): the header's columns, a
+/// row per op in `ops` with positive times and bytes, a ratio to the peer copy baseline,
+/// `mode` in every row, and #wrong 0.
+fn check_moe_table(text: &str, ops: &[&str], mode: &str) {
     assert!(text.contains("# ferrolink moe: 2 ranks"), "two ranks by default on the emulator:\n{text}");
+    assert!(text.contains(&format!("mode {mode}")), "the mode in the title:\n{text}");
     let header = text.lines().find(|l| l.contains("#wrong")).unwrap_or_else(|| panic!("no header:\n{text}"));
-    for col in ["op", "time", "bytes to others", "GB/s", "ratio", "#wrong"] {
+    for col in ["op", "time", "bytes to others", "GB/s", "ratio", "#wrong", "mode"] {
         assert!(header.contains(col), "column {col:?} missing from {header:?}");
     }
     assert!(text.contains("# peer copy: host memcpy (emulator) of"), "the baseline:\n{text}");
-    for op in ["dispatch", "combine", "end_to_end"] {
+    for &op in ops {
         let row = text
             .lines()
             .find(|l| l.split_whitespace().next() == Some(op))
             .unwrap_or_else(|| panic!("no {op} row:\n{text}"));
         let f: Vec<&str> = row.split_whitespace().collect();
-        assert_eq!(f.len(), 6, "{op}: op, time, bytes, GB/s, ratio, #wrong: {row:?}");
+        assert_eq!(f.len(), 7, "{op}: op, time, bytes, GB/s, ratio, #wrong, mode: {row:?}");
+        assert_eq!(f[6], mode, "{op}: mode: {row:?}");
         let us: f64 = f[1].parse().unwrap_or_else(|_| panic!("{op} time {row:?}"));
         let bytes: usize = f[2].parse().unwrap_or_else(|_| panic!("{op} bytes {row:?}"));
         let ratio: f64 = f[4].parse().unwrap_or_else(|_| panic!("{op} ratio {row:?}"));
@@ -79,7 +78,50 @@ fn moe_subcommand_runs_on_the_cpu_emulator() {
     }
 }
 
-/// The same with `--json`: one line with every figure and `"wrong":0`.
+/// `ferrolink-perf moe` with small shapes: two ranks (one process, two emulated devices), the
+/// header's columns, a row per measurement with positive times and bytes, the peer copy
+/// baseline and a ratio, mode `normal`, and #wrong 0.
+#[test]
+fn moe_subcommand_runs_on_the_cpu_emulator() {
+    let (out, text) = perf(&MOE_SMALL);
+    assert!(out.status.success(), "ferrolink-perf moe failed:\n{text}");
+    check_moe_table(&text, &["dispatch", "combine", "end_to_end"], "normal");
+    assert!(!text.contains("dispatch_hook"), "the hook rows are the low-latency mode's:\n{text}");
+}
+
+/// `ferrolink-perf moe --low-latency` with small shapes: the same table in mode
+/// `low_latency` with the hook rows (`dispatch_send` + `dispatch_recv`, `combine_send` +
+/// `combine_recv`), #wrong 0 over both checked rounds; then `--json` says the mode and has the
+/// hook figures.
+#[test]
+fn moe_low_latency_runs_on_the_cpu_emulator() {
+    let mut args = MOE_SMALL.to_vec();
+    args.push("--low-latency");
+    let (out, text) = perf(&args);
+    assert!(out.status.success(), "ferrolink-perf moe --low-latency failed:\n{text}");
+    check_moe_table(&text, &["dispatch", "combine", "end_to_end", "dispatch_hook", "combine_hook"], "low_latency");
+    args.push("--json");
+    let (out, text) = perf(&args);
+    assert!(out.status.success(), "ferrolink-perf moe --low-latency --json failed:\n{text}");
+    let line =
+        text.lines().find(|l| l.starts_with("{\"bench\":\"moe\"")).unwrap_or_else(|| panic!("no JSON line:\n{text}"));
+    for key in [
+        "\"mode\":\"low_latency\"",
+        "\"nranks\":2",
+        "\"dispatch\":{",
+        "\"end_to_end\":{",
+        "\"dispatch_hook\":{\"time_us\":",
+        "\"combine_hook\":{\"time_us\":",
+        "\"peer_copy\":{",
+        "\"wrong\":0}",
+    ] {
+        assert!(line.contains(key), "{key} missing from {line}");
+    }
+    assert!(!line.contains("NaN") && !line.contains("inf"), "{line}");
+}
+
+/// `ferrolink-perf moe --json` (normal mode): one line with the mode, every figure, `null`
+/// for the hook rows and `"wrong":0`.
 #[test]
 fn moe_subcommand_prints_json() {
     let mut args = MOE_SMALL.to_vec();
@@ -88,9 +130,16 @@ fn moe_subcommand_prints_json() {
     assert!(out.status.success(), "ferrolink-perf moe --json failed:\n{text}");
     let line =
         text.lines().find(|l| l.starts_with("{\"bench\":\"moe\"")).unwrap_or_else(|| panic!("no JSON line:\n{text}"));
-    for key in
-        ["\"nranks\":2", "\"dispatch\":{", "\"combine\":{", "\"end_to_end\":{", "\"peer_copy\":{", "\"wrong\":0}"]
-    {
+    for key in [
+        "\"mode\":\"normal\"",
+        "\"nranks\":2",
+        "\"dispatch\":{",
+        "\"combine\":{",
+        "\"end_to_end\":{",
+        "\"dispatch_hook\":null",
+        "\"peer_copy\":{",
+        "\"wrong\":0}",
+    ] {
         assert!(line.contains(key), "{key} missing from {line}");
     }
     assert!(!line.contains("NaN") && !line.contains("inf"), "{line}");

@@ -6,6 +6,7 @@
 //! ferrolink-perf copy --sizes 256M,1G [--iters 20] [--trials 5] [--sweep]
 //! ferrolink-perf all_reduce -b 8 -e 256M -f 2 -d bf16 -o sum -n 20 -w 5 -c 1 [-g 2] [--json]
 //! ferrolink-perf moe --tokens 4096 --hidden 7168 --experts 64 --top-k 8 -n 20 -w 5 [-g 2] [--json]
+//! ferrolink-perf moe --low-latency --tokens 128 --hidden 7168 --experts 64 --top-k 8 [-g 2] [--json]
 //! ```
 //! `--backend cpu|cuda` (or `FERROLINK_BACKEND`) picks the backend; the default is CUDA when
 //! a GPU is present, else the CPU emulator (whose figures are not GPU figures).
@@ -145,6 +146,8 @@ enum Command {
     /// beside the driver's copy of the same bytes into the next rank's mapped memory (as
     /// `cudaMemcpyPeer`); one dispatch and combine checked (#wrong). Alone: one process over
     /// `-g` GPUs (all on CUDA, 2 on the emulator); under `ferrolink-run`: one process per rank.
+    /// `--low-latency`: the same by `ferrolink::moe::MoeLowLatency`, plus the receive hook's
+    /// halves (`dispatch_send` + `dispatch_recv`, `combine_send` + `combine_recv`) timed.
     Moe(MoeCli),
     /// Everything above with default settings (scale, bootstrap, pair and moe only by name).
     All,
@@ -178,6 +181,11 @@ struct MoeCli {
     /// Ranks per GPU in one process (virtual ranks sharing each GPU; default 1).
     #[arg(long = "ranks-per-gpu", default_value_t = 1)]
     ranks_per_gpu: usize,
+    /// The low-latency mode (`Communicator::moe_low_latency`, `max_tokens` = `--tokens`):
+    /// adds the rows `dispatch_hook` and `combine_hook` (each call's send and receive halves
+    /// back to back).
+    #[arg(long = "low-latency")]
+    low_latency: bool,
     /// Print one JSON line instead of the table.
     #[arg(long)]
     json: bool,
@@ -526,9 +534,10 @@ fn moe(dev: &Device, m: MoeCli) -> ferrolink::Result<()> {
         top_k: m.top_k,
         iters: m.iters,
         warmup: m.warmup,
+        low_latency: m.low_latency,
     };
     let launched = ferrolink::comm::launch::LaunchEnv::detect()?.is_some();
-    let (figures, mode) = if launched {
+    let (figures, launch) = if launched {
         let comm = ferrolink::Communicator::from_env(dev)?;
         (perf::moe_rank(&comm, &bench)?, "one process per rank".to_string())
     } else {
@@ -548,15 +557,20 @@ fn moe(dev: &Device, m: MoeCli) -> ferrolink::Result<()> {
     let Some(f) = figures else { return Ok(()) };
     let n = f.nranks;
     let bytes = f.remote_bytes();
-    let rows = [
+    let mode = f.mode();
+    let mut rows = vec![
         ("dispatch", f.dispatch_us, bytes),
         ("combine", f.combine_us, bytes),
         ("end_to_end", f.end_to_end_us, 2 * bytes),
     ];
+    if let (Some(d), Some(c)) = (f.dispatch_hook_us, f.combine_hook_us) {
+        rows.push(("dispatch_hook", d, bytes));
+        rows.push(("combine_hook", c, bytes));
+    }
     let copy_name = perf::driver_copy_name(dev);
     if m.json {
         let num = |v: Option<f64>| v.filter(|v| v.is_finite()).map_or("null".to_string(), |v| format!("{v:.3}"));
-        let op = |(_, us, b): (&str, f64, usize)| {
+        let op = |&(_, us, b): &(&str, f64, usize)| {
             let g = perf::MoeFigures::gbps(b, us);
             format!("{{\"time_us\":{us:.2},\"bytes\":{b},\"gbps\":{},\"ratio\":{}}}", num(Some(g)), num(f.ratio(g)))
         };
@@ -570,21 +584,24 @@ fn moe(dev: &Device, m: MoeCli) -> ferrolink::Result<()> {
                 p.gbps()
             )
         });
+        let hook = |i: usize| rows.get(i).map_or("null".to_string(), op);
         println!(
-            "{{\"bench\":\"moe\",\"nranks\":{n},\"mode\":\"{mode}\",\"tokens\":{},\"hidden\":{},\"experts\":{},\"top_k\":{},\"iters\":{},\"warmup\":{},\"dispatch\":{},\"combine\":{},\"end_to_end\":{},\"peer_copy\":{peer},\"wrong\":{}}}",
+            "{{\"bench\":\"moe\",\"mode\":\"{mode}\",\"nranks\":{n},\"launch\":\"{launch}\",\"tokens\":{},\"hidden\":{},\"experts\":{},\"top_k\":{},\"iters\":{},\"warmup\":{},\"dispatch\":{},\"combine\":{},\"end_to_end\":{},\"dispatch_hook\":{},\"combine_hook\":{},\"peer_copy\":{peer},\"wrong\":{}}}",
             m.tokens,
             m.hidden,
             m.experts,
             m.top_k,
             m.iters,
             m.warmup,
-            op(rows[0]),
-            op(rows[1]),
-            op(rows[2]),
+            op(&rows[0]),
+            op(&rows[1]),
+            op(&rows[2]),
+            hook(3),
+            hook(4),
             f.wrong
         );
     } else {
-        println!("# ferrolink moe: {n} ranks ({mode}), {} ({:?})", dev.name(), dev.backend());
+        println!("# ferrolink moe: {n} ranks ({launch}), {} ({:?}), mode {mode}", dev.name(), dev.backend());
         println!(
             "# {} tokens x {} hidden bf16 per rank, top-{} of {} experts ({} per rank), identity experts; rank 0, mean \
              of {} iterations after {} warm-up; timed by events on the rank's stream",
@@ -616,21 +633,32 @@ fn moe(dev: &Device, m: MoeCli) -> ferrolink::Result<()> {
             ),
         }
         println!(
-            "# {:>10} {:>10} {:>16} {:>9} {:>8} {:>7}",
-            "op", "time", "bytes to others", "GB/s", "ratio", "#wrong"
+            "# {:>13} {:>10} {:>16} {:>9} {:>8} {:>7} {:>11}",
+            "op", "time", "bytes to others", "GB/s", "ratio", "#wrong", "mode"
         );
-        println!("# {:>10} {:>10} {:>16} {:>9} {:>8} {:>7}", "", "(us)", "(B)", "", "(/copy)", "");
+        println!("# {:>13} {:>10} {:>16} {:>9} {:>8} {:>7} {:>11}", "", "(us)", "(B)", "", "(/copy)", "", "");
         for (i, &(name, us, b)) in rows.iter().enumerate() {
             let g = perf::MoeFigures::gbps(b, us);
             let ratio = f.ratio(g).map_or("N/A".to_string(), |r| format!("{r:.3}"));
             let wrong = if i == 2 { f.wrong.to_string() } else { "-".to_string() };
-            println!("  {name:>10} {us:>10.2} {b:>16} {g:>9.2} {ratio:>8} {wrong:>7}");
+            println!("  {name:>13} {us:>10.2} {b:>16} {g:>9.2} {ratio:>8} {wrong:>7} {mode:>11}");
         }
         println!(
             "# bytes to others: rows of rank 0's entries whose expert is on another rank x {} B (combine: as many \
-             back; end_to_end: both); #wrong: one dispatch and combine against the host model",
-            f.row_bytes
+             back; end_to_end: both); #wrong: {} against the host model",
+            f.row_bytes,
+            if f.low_latency {
+                "two dispatches and combines (one-kernel calls, then the halves)"
+            } else {
+                "one dispatch and combine"
+            }
         );
+        if f.low_latency {
+            println!(
+                "# low_latency: MoeLowLatency (max_tokens = tokens); dispatch_hook: dispatch_send + dispatch_recv \
+                 back to back, combine_hook: combine_send + combine_recv (nothing queued between the halves)"
+            );
+        }
     }
     if f.wrong > 0 {
         return Err(ferrolink::Error::InvalidArgument(format!("moe: wrong results (#wrong {} > 0)", f.wrong)));
