@@ -16,7 +16,7 @@
 //!
 //! The results come back into the source's return window, row `e * max_tokens + slot`
 //! ([`RowLayout::ret_row`]), which the source remembered per entry (its `ret_index`), and the combine
-//! sums them per token as in normal mode ([`super::weighted_sum`]).
+//! sums them per token as in normal mode (the weighted sum of [`super::combine`]).
 //!
 //! # The kernels
 //! * [`dispatch`] with [`phase::SEND`]: a warp per token copies the row into the send window,
