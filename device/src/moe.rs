@@ -45,8 +45,11 @@
 //!   thread 0 stores the flag with a release at GPU scope (cumulative: it publishes the
 //!   threads' stores); a later CTA's thread 0 reads each flag relaxed, issues an acquire
 //!   fence at GPU scope, and its CTA meets before any thread reads those counts.
-//! * Between ranks: every put raises its signal after its data has landed (GIN's strong
-//!   signals: see [`crate::gin`]), and [`Gin::wait_signal`] acquires at system scope before
+//! * Between ranks: rows are put with no signal of their own; once a CTA's puts are out, it
+//!   raises each rank's data (or return) signal once, by the rows it put there ([`PeerTally`]:
+//!   its ordering argument), so each signal becomes visible after the rows it counts have
+//!   landed (GIN's strong signals: see [`crate::gin`]). [`Gin::wait_signal`] acquires at
+//!   system scope before
 //!   the coop meets, so a CTA that saw `nranks` count rows reads all of them, and CTA 0
 //!   that saw every expected row has them (the next kernel on the stream reads them after
 //!   this one ended).
@@ -152,9 +155,10 @@ pub const fn scratch_bytes(num_experts: usize) -> usize {
 }
 
 /// Dynamic shared memory the dispatch needs per CTA: three `u32` arrays of `num_experts`,
-/// two of `chunk`, and an aligned `u64`.
+/// two of `chunk`, an aligned `u64`, and a [`PeerTally`] (`num_experts` words cover any
+/// number of ranks).
 pub const fn dispatch_shared_bytes(num_experts: usize, chunk: usize) -> usize {
-    4 * (target_word(num_experts, chunk) + 2)
+    4 * (target_word(num_experts, chunk) + 2 + num_experts)
 }
 
 /// The `u32` index of the dispatch's shared `u64` (8-byte aligned).
@@ -162,9 +166,71 @@ const fn target_word(num_experts: usize, chunk: usize) -> usize {
     (3 * num_experts + 2 * chunk + 1) & !1
 }
 
-/// Dynamic shared memory the combine needs per CTA: two `u32` per (rank, local expert).
+/// Dynamic shared memory the combine needs per CTA: two `u32` per (rank, local expert) and
+/// a [`PeerTally`].
 pub const fn combine_shared_bytes(num_experts: usize) -> usize {
-    8 * num_experts
+    12 * num_experts
+}
+
+/// Rows one CTA put to each rank (a `u32` per rank in shared memory), raised as one signal
+/// per rank once the CTA's puts are out: one release at system scope per (CTA, rank) rather
+/// than one per row.
+///
+/// Ordering: the rows go as puts with no remote action; then the CTA meets (its barrier
+/// orders every warp's copies before what follows), and thread `p` adds the rows it counted
+/// for rank `p` to `p`'s signal. Direct peers: that add is a release at system scope,
+/// cumulative over the stores that happen before it, the other warps' copies included (the
+/// argument of a coop's own put-with-signal, with the CTA as the coop). Proxy peers: the
+/// signal's descriptor claims its ring slot after every put of the CTA to `p` claimed its
+/// own (before the meeting), in the same (context, peer) ring, which the proxy and each
+/// transport run in order; so the signal lands after those rows.
+#[derive(Clone, Copy)]
+pub(crate) struct PeerTally {
+    rows: *mut u32,
+    nranks: usize,
+}
+
+impl PeerTally {
+    /// A zeroed tally in `rows` (every thread of the CTA calls; the CTA meets in it).
+    ///
+    /// # Safety
+    /// `rows` is this CTA's shared memory with `nranks` words, used for nothing else while
+    /// the tally lives.
+    #[inline(always)]
+    pub(crate) unsafe fn new(cta: CoopCta, rows: *mut u32, nranks: usize) -> Self {
+        let mut p = cta.thread_rank();
+        while p < nranks {
+            // SAFETY: `p < nranks` words (the contract).
+            unsafe { rows.add(p).write(0) };
+            p += cta.size();
+        }
+        cta.sync();
+        PeerTally { rows, nranks }
+    }
+
+    /// One more row put to world rank `peer` (one thread per put).
+    #[inline(always)]
+    pub(crate) fn add(&self, peer: usize) {
+        // SAFETY: `peer < nranks` (a rank of the communicator), in the tally's words.
+        unsafe { atomic::fetch_add(self.rows.add(peer), 1u32, RmwOrder::Relaxed, Scope::Cta) };
+    }
+
+    /// Raises signal `id` on every rank by the rows put to it (every thread of the CTA calls,
+    /// after its puts).
+    #[inline(always)]
+    pub(crate) fn signal(&self, gin: &Gin, cta: CoopCta, id: u32) {
+        cta.sync();
+        let mut p = cta.thread_rank();
+        while p < self.nranks {
+            // SAFETY: `p < nranks`; the CTA met after the last `add`.
+            let rows = unsafe { self.rows.add(p).read() };
+            if rows > 0 {
+                gin.signal_from_thread(p as u32, RemoteAction::SignalAdd(id, u64::from(rows)));
+            }
+            p += cta.size();
+        }
+        cta.sync();
+    }
 }
 
 /// Where the count matrices lie in `counts` (`u32 [2][nranks][num_experts]`, then this
@@ -201,6 +267,10 @@ impl CountMatrix<'_> {
 /// to bf16 ([`NO_RETURN`] adds nothing), for the 16-byte units `first, first + stride, ..`
 /// of `out` (a thread's share).
 ///
+/// A unit's `top_k` rows are read [`SUM_BATCH`] at a time, every load of a batch issued
+/// before the first is used: the reads are scattered rows, so the time is the memory's
+/// latency unless several are in flight per thread.
+///
 /// # Safety
 /// `ret` holds a row of `2 * args.hidden` bytes at every index in `args.ret_index[..tokens *
 /// top_k]` but [`NO_RETURN`], with its data landed; `args.topk_weights` and `args.out` hold
@@ -218,17 +288,31 @@ pub(crate) unsafe fn weighted_sum<A: SumArgs>(ret: &DevWindow, args: &A, first: 
         while u < units {
             let (t, v) = (u / vecs, u % vecs);
             let mut acc = [0f32; 8];
-            for kk in 0..k {
-                let at = ret_index.add(t * k + kk).read();
-                if at == NO_RETURN {
-                    continue;
+            let mut k0 = 0;
+            while k0 < k {
+                let batch = (k - k0).min(SUM_BATCH);
+                let mut at = [NO_RETURN; SUM_BATCH];
+                let mut w = [0f32; SUM_BATCH];
+                for i in 0..batch {
+                    at[i] = ret_index.add(t * k + k0 + i).read();
+                    w[i] = weights.add(t * k + k0 + i).read();
                 }
-                let w = weights.add(t * k + kk).read();
-                let x = arch::load_v4(ret.local_ptr::<U32x4>(at as usize * row + v * 16));
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let bits = (x.0[i / 2] >> (16 * (i % 2))) & 0xffff;
-                    *a += w * half::bf16::from_bits(bits as u16).to_f32();
+                let mut x = [U32x4::default(); SUM_BATCH];
+                for i in 0..batch {
+                    if at[i] != NO_RETURN {
+                        x[i] = arch::load_v4(ret.local_ptr::<U32x4>(at[i] as usize * row + v * 16));
+                    }
                 }
+                for i in 0..batch {
+                    if at[i] == NO_RETURN {
+                        continue;
+                    }
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        let bits = (x[i].0[j / 2] >> (16 * (j % 2))) & 0xffff;
+                        *a += w[i] * half::bf16::from_bits(bits as u16).to_f32();
+                    }
+                }
+                k0 += batch;
             }
             let mut words = [0u32; 4];
             for (i, a) in acc.iter().enumerate() {
@@ -239,6 +323,9 @@ pub(crate) unsafe fn weighted_sum<A: SumArgs>(ret: &DevWindow, args: &A, first: 
         }
     }
 }
+
+/// Rows of one output unit [`weighted_sum`] has in flight at once.
+const SUM_BATCH: usize = 8;
 
 /// What [`weighted_sum`] reads from a kernel's arguments.
 pub(crate) trait SumArgs {
@@ -326,6 +413,7 @@ pub unsafe fn dispatch(
     // SAFETY: (the whole body) every index below is inside the arrays the contract sizes:
     // shared arrays by `ne` and `chunk`, global ones by `entries`, `MAX_CTAS` and `ne`.
     unsafe {
+        let tally = PeerTally::new(cta, sh.wrapping_add(target_word(ne, chunk) + 2), n);
         // 1. This CTA's counts per expert, and its entries' experts.
         let mut e = tid;
         while e < ne {
@@ -462,12 +550,16 @@ pub unsafe fn dispatch(
                     *send,
                     t * row,
                     row,
-                    RemoteAction::SignalInc(signal::DATA),
+                    RemoteAction::None,
                     LocalAction::None,
                 );
+                if lane0 {
+                    tally.add(x / per_rank);
+                }
             }
             j += warps;
         }
+        tally.signal(&gin, cta, signal::DATA);
         // 4. CTA 0 receives.
         if block == 0 {
             let target = sh.wrapping_add(target_word(ne, chunk)) as *mut u64;
@@ -543,6 +635,7 @@ pub unsafe fn combine(
     let m = CountMatrix { counts, nranks: n, experts: ne, parity: (args.epoch % 2) as usize };
     // SAFETY: (the whole body) indices inside the arrays the contract sizes.
     unsafe {
+        let tally = PeerTally::new(cta, sh.wrapping_add(2 * ne), n);
         let mut i = tid;
         while i < n * per_rank {
             let (src, l) = (i / per_rank, i % per_rank);
@@ -560,12 +653,16 @@ pub unsafe fn combine(
             i += threads;
         }
         cta.sync();
-        // Every received row back to its source, a warp per row.
+        // Every received row back to its source, a warp per row: the rows of all local
+        // experts in one sequence (`before`: rows of the experts below `l`), dealt to the
+        // grid's warps in turn.
         let warps = threads / arch::WARP_SIZE;
         let (first, stride) = (block * warps + arch::warp_id_in_block(), grid * warps);
+        let mut before = 0usize;
         for l in 0..per_rank {
             let got = (args.recv_counts as *const i32).add(l).read() as usize;
-            let mut r = first;
+            let mut r = (first + stride - before % stride) % stride;
+            before += got;
             while r < got {
                 let mut src = 0;
                 while src + 1 < n && bases.add((src + 1) * per_rank + l).read() as usize <= r {
@@ -582,12 +679,16 @@ pub unsafe fn combine(
                     *recv,
                     (l * cap + r) * row,
                     row,
-                    RemoteAction::SignalInc(signal::RETURN),
+                    RemoteAction::None,
                     LocalAction::None,
                 );
+                if arch::lane_id() == 0 {
+                    tally.add(src);
+                }
                 r += stride;
             }
         }
+        tally.signal(&gin, cta, signal::RETURN);
         // Every result this rank expects, then the weighted sums.
         let expected = (args.state as *const MoeState).read_volatile().ret_total;
         if gin.wait_signal(cta, signal::RETURN, expected).is_err() {

@@ -37,7 +37,7 @@ kernel! {
 
 kernel! {
     /// Low-latency MoE dispatch (see [`low_latency::dispatch`]): its send half, its receive
-    /// half, or both (`args.phase`). Needs [`low_latency::SHARED_BYTES`] of dynamic shared
+    /// half, or both (`args.phase`). Needs [`low_latency::shared_bytes`] of dynamic shared
     /// memory per CTA and a whole number of warps per CTA.
     ///
     /// # Safety
@@ -58,7 +58,7 @@ kernel! {
 
 kernel! {
     /// Low-latency MoE combine (see [`low_latency::combine`]): its send half, its receive
-    /// half, or both (`args.phase`). Needs [`low_latency::SHARED_BYTES`] of dynamic shared
+    /// half, or both (`args.phase`). Needs [`low_latency::shared_bytes`] of dynamic shared
     /// memory per CTA and a whole number of warps per CTA.
     ///
     /// # Safety

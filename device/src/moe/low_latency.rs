@@ -19,15 +19,17 @@
 //! sums them per token as in normal mode (the weighted sum of [`super::combine`]).
 //!
 //! # The kernels
-//! * [`dispatch`] with [`phase::SEND`]: a warp per token copies the row into the send window,
-//!   then per entry takes a slot and puts the row (signal [`signal::DATA`]`[p]`). The last
-//!   CTA to finish (a counter of finished CTAs) puts this rank's counts per local expert to
-//!   every rank (signal [`signal::COUNTS`]`[p]`) and zeroes the other parity's counters for the
-//!   next call.
+//! * [`dispatch`] with [`phase::SEND`]: each CTA takes a run of tokens, copies their rows
+//!   into the send window, meets, then its warps take the run's entries in turn: per entry a
+//!   slot and a put of the row; then one signal [`signal::DATA`]`[p]` per rank by the rows the
+//!   CTA put there ([`super::PeerTally`]). The last CTA to finish (a counter of finished CTAs)
+//!   puts this rank's counts per local expert to every rank (signal [`signal::COUNTS`]`[p]`) and
+//!   zeroes the other parity's counters for the next call.
 //! * [`dispatch`] with [`phase::RECV`]: CTA 0 waits for every rank's counts of this call,
 //!   writes `recv_counts [local expert][source]`, and waits for that many rows.
-//! * [`combine`] with [`phase::SEND`]: every received row back to its source (signal
-//!   [`signal::RETURN`]); with [`phase::RECV`]: every CTA waits for all of this rank's results
+//! * [`combine`] with [`phase::SEND`]: every received row back to its source, the rows of all
+//!   (source, local expert) regions dealt to the grid's warps in turn, then one signal
+//!   [`signal::RETURN`] per rank per CTA; with [`phase::RECV`]: every CTA waits for all of this rank's results
 //!   and computes its share of the weighted sums.
 //!
 //! [`phase::BOTH`] runs both halves in one kernel (no hook).
@@ -39,8 +41,9 @@
 //!   at GPU scope and its CTA meets: it sees every slot taken (the counters' final values).
 //! * Counters of the other parity are zeroed by that last CTA; the next call (the other
 //!   parity) runs after this kernel on the stream.
-//! * Rows and counts between ranks: each put raises its signal once its data has landed
-//!   (GIN's strong signals); [`Gin::wait_signal`] acquires at system scope. The receiver
+//! * Rows and counts between ranks: each signal is raised once the data it counts has landed
+//!   (GIN's strong signals; for the rows' per-CTA signals, [`super::PeerTally`]);
+//!   [`Gin::wait_signal`] acquires at system scope. The receiver
 //!   counts the rows it expects from the counts and waits for the running total of rows of
 //!   this parity (kept by CTA 0's thread 0 in the state), so the order of counts and rows on
 //!   the wire does not matter. The counts signal of parity `p` reaches `n * ((epoch + 1) / 2)`.
@@ -52,7 +55,7 @@
 //!   return buffer is enough. Every kernel ends with [`Gin::flush`], so the send window and the
 //!   own counts may be rewritten by the next call.
 
-use super::{NO_RETURN, SumArgs, weighted_sum};
+use super::{NO_RETURN, PeerTally, SumArgs, weighted_sum};
 use crate::arch::{self, FenceOrder, RmwOrder, Scope, U32x4, atomic};
 use crate::comm::{DevComm, error_code};
 use crate::coop::{Coop, CoopCta, CoopWarp};
@@ -154,8 +157,11 @@ pub const fn scratch_bytes(num_experts: usize) -> usize {
     core::mem::size_of::<LowLatencyState>() + 8 * num_experts
 }
 
-/// Dynamic shared memory the kernels need per CTA.
-pub const SHARED_BYTES: usize = 16;
+/// Dynamic shared memory the kernels need per CTA, for `num_experts` experts: a `u64` and a
+/// [`super::PeerTally`] (`num_experts` words cover any number of ranks).
+pub const fn shared_bytes(num_experts: usize) -> usize {
+    8 + 4 * num_experts
+}
 
 /// Where rows lie in the receive and return windows, for one shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,7 +244,7 @@ fn check_args(comm: &DevComm, args: &MoeLowLatencyArgs) {
 /// # Safety
 /// Every rank runs it with the same `args` (but `tokens`, `phase` and the addresses) and
 /// windows (by id); the send half with every CTA resident at once when the receive half runs
-/// in the same kernel; [`SHARED_BYTES`] of dynamic shared memory and a whole number of warps
+/// in the same kernel; [`shared_bytes`] of dynamic shared memory and a whole number of warps
 /// per CTA; the windows hold what is said above; the addresses in `args` hold what
 /// [`MoeLowLatencyArgs`] says, the state is this rank's and used by one of these kernels at a
 /// time; the signals [`signal`] of GIN context 0 are these kernels'; `args.epoch` counts the
@@ -272,58 +278,70 @@ pub unsafe fn dispatch(
     // window offsets by the layout above.
     unsafe {
         if args.phase & phase::SEND != 0 {
-            let warps = threads / arch::WARP_SIZE;
+            let (warp, warps) = (arch::warp_id_in_block(), threads / arch::WARP_SIZE);
             let lane = arch::lane_id() as usize;
             let idx = args.topk_idx as *const i32;
             let ret_index = args.ret_index as *mut u32;
             let x = args.x as *const U32x4;
-            let mut t = block * warps + arch::warp_id_in_block();
-            while t < args.tokens as usize {
-                let mut v = lane;
-                while v < row / 16 {
-                    arch::store_v4(send.local_ptr::<U32x4>(t * row + v * 16), arch::load_v4(x.add(t * row / 16 + v)));
-                    v += arch::WARP_SIZE;
-                }
-                for kk in 0..k {
-                    let j = t * k + kk;
-                    let e = idx.add(j).read();
-                    if e < 0 {
-                        if lane == 0 {
-                            ret_index.add(j).write(NO_RETURN);
-                        }
-                        continue;
-                    }
-                    if e >= ne as i32 {
-                        comm.fail(error_code::MOE_ARGS, j as u64, u64::from(e as u32));
-                    }
-                    let e = e as usize;
-                    let mut slot = 0u32;
-                    if lane == 0 {
-                        slot = atomic::fetch_add(slots.add(p * ne + e), 1u32, RmwOrder::Relaxed, Scope::Gpu);
-                    }
-                    let slot = arch::shfl_sync(arch::FULL_MASK, slot, 0) as usize;
-                    if slot >= max {
-                        comm.fail(error_code::MOE_CAPACITY, e as u64, max as u64);
-                    }
-                    if lane == 0 {
-                        ret_index.add(j).write(rows.ret_row(e, slot) as u32);
-                    }
-                    let l = e % per_rank;
-                    gin.put(
-                        CoopWarp,
-                        comm.world(),
-                        (e / per_rank) as u32,
-                        *recv,
-                        rows.recv_row(p, l, me, slot),
-                        *send,
-                        t * row,
-                        row,
-                        RemoteAction::SignalInc(signal::DATA[p]),
-                        LocalAction::None,
-                    );
-                }
-                t += grid * warps;
+            let tally = PeerTally::new(cta, arch::dynamic_shared_mem::<u32>().wrapping_add(2), n);
+            // This CTA's run of tokens: their rows into the send window, by every thread.
+            let tokens = args.tokens as usize;
+            let run = tokens.div_ceil(grid);
+            let (first, last) = ((block * run).min(tokens), ((block + 1) * run).min(tokens));
+            let vecs = row / 16;
+            let mut u = tid;
+            while u < (last - first) * vecs {
+                let at = first * vecs + u;
+                arch::store_v4(send.local_ptr::<U32x4>(at * 16), arch::load_v4(x.add(at)));
+                u += threads;
             }
+            cta.sync();
+            // Its entries, a warp each in turn.
+            let mut j = first * k + warp;
+            while j < last * k {
+                let t = j / k;
+                let e = idx.add(j).read();
+                if e < 0 {
+                    if lane == 0 {
+                        ret_index.add(j).write(NO_RETURN);
+                    }
+                    j += warps;
+                    continue;
+                }
+                if e >= ne as i32 {
+                    comm.fail(error_code::MOE_ARGS, j as u64, u64::from(e as u32));
+                }
+                let e = e as usize;
+                let mut slot = 0u32;
+                if lane == 0 {
+                    slot = atomic::fetch_add(slots.add(p * ne + e), 1u32, RmwOrder::Relaxed, Scope::Gpu);
+                }
+                let slot = arch::shfl_sync(arch::FULL_MASK, slot, 0) as usize;
+                if slot >= max {
+                    comm.fail(error_code::MOE_CAPACITY, e as u64, max as u64);
+                }
+                if lane == 0 {
+                    ret_index.add(j).write(rows.ret_row(e, slot) as u32);
+                }
+                let l = e % per_rank;
+                gin.put(
+                    CoopWarp,
+                    comm.world(),
+                    (e / per_rank) as u32,
+                    *recv,
+                    rows.recv_row(p, l, me, slot),
+                    *send,
+                    t * row,
+                    row,
+                    RemoteAction::None,
+                    LocalAction::None,
+                );
+                if lane == 0 {
+                    tally.add(e / per_rank);
+                }
+                j += warps;
+            }
+            tally.signal(&gin, cta, signal::DATA[p]);
             // The last CTA to finish sends the counts.
             cta.sync();
             let mut last = false;
@@ -440,13 +458,19 @@ pub unsafe fn combine(
     // SAFETY: (the whole body) indices inside the windows and buffers the contract sizes.
     unsafe {
         if args.phase & phase::SEND != 0 {
+            let tally = PeerTally::new(cta, arch::dynamic_shared_mem::<u32>().wrapping_add(2), n);
             let warps = threads / arch::WARP_SIZE;
             let (first, stride) = (block * warps + arch::warp_id_in_block(), grid * warps);
+            // The rows of every (source, local expert) region in one sequence (`before`: the
+            // rows of the regions before), dealt to the grid's warps in turn: a region holds
+            // few rows in this mode, and per region the same few warps would do all the work.
+            let mut before = 0usize;
             for s in 0..n {
                 let from = counts.local_ptr::<u32>(c.received(p, s));
                 for l in 0..per_rank {
                     let got = from.add(l).read_volatile() as usize;
-                    let mut i = first;
+                    let mut i = (first + stride - before % stride) % stride;
+                    before += got;
                     while i < got {
                         gin.put(
                             CoopWarp,
@@ -457,13 +481,17 @@ pub unsafe fn combine(
                             *recv,
                             rows.recv_row(p, l, s, i),
                             row,
-                            RemoteAction::SignalInc(signal::RETURN),
+                            RemoteAction::None,
                             LocalAction::None,
                         );
+                        if arch::lane_id() == 0 {
+                            tally.add(s);
+                        }
                         i += stride;
                     }
                 }
             }
+            tally.signal(&gin, cta, signal::RETURN);
         }
         if args.phase & phase::RECV != 0 {
             let expected = (args.state as *const LowLatencyState).read_volatile().ret_total;

@@ -347,9 +347,9 @@ impl MoeLowLatency {
         args.state = state.param() as u64;
         writes.push(state);
         let (threads, cap) = kernel_shape(&comm);
-        let warps = threads as usize / 32;
-        // The receive alone is CTA 0's work; a send gets a warp per token.
-        let grid = if ph == phase::RECV { 1 } else { tokens.div_ceil(warps).clamp(1, cap) };
+        // The receive alone is CTA 0's work; a send gets a CTA per token while there are
+        // CTAs (its warps share the token's entries).
+        let grid = if ph == phase::RECV { 1 } else { tokens.clamp(1, cap) };
         let launch = MoeLaunch {
             handle: &self.handle,
             windows: [&self.send, &self.recv, &self.counts],
@@ -357,7 +357,8 @@ impl MoeLowLatency {
             reads: &reads,
             writes: &writes,
         };
-        let cfg = LaunchConfig::linear(grid as u32, threads).with_shared_mem(ll::SHARED_BYTES as u32);
+        let cfg =
+            LaunchConfig::linear(grid as u32, threads).with_shared_mem(ll::shared_bytes(self.cfg.num_experts) as u32);
         // SAFETY: `moe_ll_dispatch`'s contract: every rank launches it with the configuration
         // checked when this was made and this rank's tokens (checked against max_tokens),
         // the windows of this object (made together on every rank), `x`, `topk_idx`,
@@ -433,7 +434,8 @@ impl MoeLowLatency {
             reads: &reads,
             writes: &writes,
         };
-        let cfg = LaunchConfig::linear(cap as u32, threads).with_shared_mem(ll::SHARED_BYTES as u32);
+        let cfg =
+            LaunchConfig::linear(cap as u32, threads).with_shared_mem(ll::shared_bytes(self.cfg.num_experts) as u32);
         // SAFETY: `moe_ll_combine`'s contract: after this object's dispatch receive on this
         // stream (checked by `stage`), with its windows, the weights and the output sized
         // for its tokens (checked) and tracked, the experts' results in the receive buffer.

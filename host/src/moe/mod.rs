@@ -502,9 +502,9 @@ fn check_config(comm: &Communicator, cfg: &MoeConfig, capacity: usize, mode: &st
     if capacity == 0 || u32::try_from(capacity).is_err() || entries.is_none_or(|e| u32::try_from(e).is_err()) {
         return bad("capacity must be at least 1, and capacity and max_tokens * top_k must fit 32 bits".into());
     }
-    // Every CTA holds three arrays of num_experts words in shared memory (and its entries).
+    // Every CTA holds four arrays of num_experts words in shared memory (and its entries).
     if dev_moe::dispatch_shared_bytes(cfg.num_experts, 1) > SHARED_LIMIT / 2 {
-        return bad(format!("at most {} experts", SHARED_LIMIT / 2 / 12 - 1));
+        return bad(format!("at most {} experts", SHARED_LIMIT / 2 / 16 - 1));
     }
     // The same shape everywhere: the windows and the kernels' cut depend on it.
     let mine: Vec<u8> = [cfg.num_experts, cfg.hidden, cfg.top_k, cfg.max_tokens, capacity]
