@@ -291,27 +291,34 @@ pub(crate) unsafe fn weighted_sum<A: SumArgs>(ret: &DevWindow, args: &A, first: 
             let mut k0 = 0;
             while k0 < k {
                 let batch = (k - k0).min(SUM_BATCH);
-                let mut at = [NO_RETURN; SUM_BATCH];
-                let mut w = [0f32; SUM_BATCH];
-                for i in 0..batch {
-                    at[i] = ret_index.add(t * k + k0 + i).read();
-                    w[i] = weights.add(t * k + k0 + i).read();
-                }
-                let mut x = [U32x4::default(); SUM_BATCH];
-                for i in 0..batch {
-                    if at[i] != NO_RETURN {
-                        x[i] = arch::load_v4(ret.local_ptr::<U32x4>(at[i] as usize * row + v * 16));
+                // Eight named rows rather than arrays: arrays indexed in loops that LLVM does
+                // not fully unroll live in local memory, and the loads would wait on it.
+                let entry = |i: usize| -> (u32, f32) {
+                    if i < batch {
+                        (ret_index.add(t * k + k0 + i).read(), weights.add(t * k + k0 + i).read())
+                    } else {
+                        (NO_RETURN, 0.0)
                     }
-                }
-                for i in 0..batch {
-                    if at[i] == NO_RETURN {
-                        continue;
+                };
+                let fetch = |at: u32| -> U32x4 {
+                    if at == NO_RETURN {
+                        U32x4::default()
+                    } else {
+                        arch::load_v4(ret.local_ptr::<U32x4>(at as usize * row + v * 16))
                     }
-                    for (j, a) in acc.iter_mut().enumerate() {
-                        let bits = (x[i].0[j / 2] >> (16 * (j % 2))) & 0xffff;
-                        *a += w[i] * half::bf16::from_bits(bits as u16).to_f32();
-                    }
-                }
+                };
+                let (e0, e1, e2, e3, e4, e5, e6, e7) =
+                    (entry(0), entry(1), entry(2), entry(3), entry(4), entry(5), entry(6), entry(7));
+                let (x0, x1, x2, x3) = (fetch(e0.0), fetch(e1.0), fetch(e2.0), fetch(e3.0));
+                let (x4, x5, x6, x7) = (fetch(e4.0), fetch(e5.0), fetch(e6.0), fetch(e7.0));
+                accumulate(&mut acc, e0, x0);
+                accumulate(&mut acc, e1, x1);
+                accumulate(&mut acc, e2, x2);
+                accumulate(&mut acc, e3, x3);
+                accumulate(&mut acc, e4, x4);
+                accumulate(&mut acc, e5, x5);
+                accumulate(&mut acc, e6, x6);
+                accumulate(&mut acc, e7, x7);
                 k0 += batch;
             }
             let mut words = [0u32; 4];
@@ -326,6 +333,18 @@ pub(crate) unsafe fn weighted_sum<A: SumArgs>(ret: &DevWindow, args: &A, first: 
 
 /// Rows of one output unit [`weighted_sum`] has in flight at once.
 const SUM_BATCH: usize = 8;
+
+/// `acc[j] += w * x[j]` for the eight bf16 of `x`, unless `at` is [`NO_RETURN`].
+#[inline(always)]
+fn accumulate(acc: &mut [f32; 8], (at, w): (u32, f32), x: U32x4) {
+    if at == NO_RETURN {
+        return;
+    }
+    for (j, a) in acc.iter_mut().enumerate() {
+        let bits = (x.0[j / 2] >> (16 * (j % 2))) & 0xffff;
+        *a += w * half::bf16::from_bits(bits as u16).to_f32();
+    }
+}
 
 /// What [`weighted_sum`] reads from a kernel's arguments.
 pub(crate) trait SumArgs {
