@@ -26,19 +26,27 @@
 //!    all `nranks` rows.
 //! 3. Entry `(t, k)` to expert `e` goes to row `base(e) + slot` of `e`'s place on its rank,
 //!    where `base(e)` is the count of entries to `e` of the ranks before this one: one put of
-//!    the token's row by a warp, raising [`signal::DATA`] there. This rank remembers where the
-//!    result will come back ([`NO_RETURN`] for a dropped entry or no expert).
+//!    the token's row by a warp (then one [`signal::DATA`] per CTA and rank). This rank
+//!    remembers where the result will be (its [`ResultPlace`]): in the expert rank's receive
+//!    window, row for row where the token went, when that rank is a direct (LSA) peer; else
+//!    in this rank's return window, where the combine will put it; [`NO_RETURN`] for a
+//!    dropped entry or no expert.
 //! 4. CTA 0 computes, from the matrix, the rows this rank receives per local expert (its
 //!    `recv_counts`) and waits for them all.
 //!
 //! # The combine kernel ([`combine`])
-//! Row `i` of local expert `e` came from the rank `src` whose range of `e`'s rows holds it;
-//! the result goes back into `src`'s return window at `prefix(src, e) + i - base(src, e)`,
-//! where `prefix(src, e)` is the count of `src`'s entries to experts below `e`: a place
-//! `src` knows too (it is the return index the dispatch kept). One put per row (signal
-//! [`signal::RETURN`]). Then every CTA waits for all the results this rank expects and
-//! computes `out[t] = sum_k topk_weights[t, k] * result(t, k)` in `f32` (in `k` order),
-//! rounded once to bf16.
+//! Results are **read where they lie** inside an LSA domain and **put back** across domains.
+//! CTA 0 raises [`signal::READY`] on every direct peer: this rank's expert results (in its
+//! receive window, written by the kernels before on its stream) may be read. Row `i` of local
+//! expert `e` from a rank `src` that is not a direct peer goes back into `src`'s return
+//! window at `prefix(src, e) + i - base(src, e)`, where `prefix(src, e)` is the count of
+//! `src`'s entries to experts below `e`: a place `src` knows too (the place the dispatch
+//! kept). One put per row, one [`signal::RETURN`] per CTA and rank. Then every CTA waits for
+//! the results put to it and for every direct peer's `READY`, and computes `out[t] = sum_k
+//! topk_weights[t, k] * result(t, k)` in `f32` (in `k` order), rounded once to bf16, loading
+//! each result from its place (a direct peer's receive window through the LSA mapping, or
+//! the own return window). Inside a domain each result crosses once (a load) instead of a
+//! put and a load.
 //!
 //! # Ordering
 //! * Counts within the grid: a CTA's threads write its counts, meet (CTA barrier), then
@@ -53,8 +61,13 @@
 //!   the coop meets, so a CTA that saw `nranks` count rows reads all of them, and CTA 0
 //!   that saw every expected row has them (the next kernel on the stream reads them after
 //!   this one ended).
+//! * `READY`: each rank's combine adds 1 on every direct peer with a release at system
+//!   scope, after the kernels before it on its stream wrote its expert results (stream order
+//!   makes those writes happen before the release, which is cumulative); a peer reads them
+//!   after its acquiring wait saw `epoch` adds from every direct peer.
 //! * Signals are never reset: counts reach `epoch * nranks` at call `epoch` (each rank puts
-//!   its row once per call), and the data and return signals are compared with running
+//!   its row once per call), `READY` reaches `epoch` times the direct peers, and the data and
+//!   return signals are compared with running
 //!   totals kept in the state, each written by one thread (CTA 0's thread 0 in the
 //!   dispatch) and read by later kernels.
 //! * Reuse across calls: the count matrix of call `epoch` is matrix `epoch % 2`. A rank puts
@@ -65,7 +78,9 @@
 //!   Rows are put only after all counts of the call are in: a rank puts rows of call `c + 1`
 //!   only once every rank has started `c + 1`, so no row lands in a receive buffer that its
 //!   rank still reads for call `c`; results of `c + 1` come back only after every dispatch of
-//!   `c + 1` has ended, so none lands in a return row still being summed for `c`. Both
+//!   `c + 1` has ended, so none lands in a return row still being summed for `c`. The same
+//!   holds for results read in place: a receive window takes rows of call `c + 1` only after
+//!   every rank has started `c + 1`, that is after every combine `c` (every read) ended. Both
 //!   kernels end with [`Gin::flush`], so the proxy has read every source (token rows, expert
 //!   rows, counts) before the stream may rewrite it.
 
@@ -86,12 +101,29 @@ pub mod signal {
     pub const DATA: u32 = 1;
     /// Expert results received (combine).
     pub const RETURN: u32 = 2;
+    /// A direct peer's expert results may be read in place (combine).
+    pub const READY: u32 = 3;
     /// Signals in all.
-    pub const COUNT: u32 = 3;
+    pub const COUNT: u32 = 4;
 }
 
-/// A return index meaning "nothing comes back": no expert (`-1`), or dropped at capacity.
+/// A result row meaning "nothing comes back": no expert (`-1`), or dropped at capacity.
 pub const NO_RETURN: u32 = u32::MAX;
+
+/// [`ResultPlace::rank`] of a result put back into this rank's return window.
+pub const PUSHED: u32 = u32::MAX;
+
+/// Where an entry's result will be (two `u32`, written by the dispatch, read by the combine).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct ResultPlace {
+    /// The row: in `rank`'s receive window, or, for [`PUSHED`], in this rank's return
+    /// window; [`NO_RETURN`]: no result.
+    pub row: u32,
+    /// The world rank (a direct peer, maybe this one) whose receive window holds the result
+    /// in place, or [`PUSHED`].
+    pub rank: u32,
+}
 
 /// The most CTAs a dispatch grid may have (the state's scratch holds a count row per CTA).
 pub const MAX_CTAS: usize = 256;
@@ -120,8 +152,8 @@ pub struct MoeArgs {
     pub topk_idx: u64,
     /// Device address of `f32 [tokens * top_k]` (combine).
     pub topk_weights: u64,
-    /// Device address of `u32 [tokens * top_k]`: where each entry's result comes back
-    /// (written by the dispatch, read by the combine; [`NO_RETURN`]: nothing).
+    /// Device address of [`ResultPlace`]` [tokens * top_k]`: where each entry's result will
+    /// be (written by the dispatch, read by the combine).
     pub ret_index: u64,
     /// Device address of `i32 [experts per rank]`: rows received per local expert.
     pub recv_counts: u64,
@@ -138,7 +170,8 @@ pub struct MoeArgs {
 pub struct MoeState {
     /// Rows received by every dispatch so far (the data signal's target).
     pub data_total: u64,
-    /// Results expected by every combine so far (the return signal's target).
+    /// Results put back to this rank by every combine so far (the return signal's target:
+    /// those from ranks that are not direct peers).
     pub ret_total: u64,
     /// Entries of this rank dropped at capacity by the last dispatch.
     pub dropped: u64,
@@ -262,24 +295,24 @@ impl CountMatrix<'_> {
     }
 }
 
-/// The combine's last step: `out[t] = sum_k topk_weights[t, k] * ret_row(ret_index[t, k])`
-/// over this rank's `args.tokens` tokens, accumulated in `f32` in `k` order and rounded once
-/// to bf16 ([`NO_RETURN`] adds nothing), for the 16-byte units `first, first + stride, ..`
-/// of `out` (a thread's share).
+/// The combine's last step: `out[t] = sum_k topk_weights[t, k] * result(t, k)` over this
+/// rank's `args.tokens` tokens, accumulated in `f32` in `k` order and rounded once to bf16
+/// ([`NO_RETURN`] adds nothing), for the 16-byte units `first, first + stride, ..` of `out`
+/// (a thread's share). Each result is loaded from its [`ResultPlace`] (see [`ResultRows`]).
 ///
 /// A unit's `top_k` rows are read [`SUM_BATCH`] at a time, every load of a batch issued
 /// before the first is used: the reads are scattered rows, so the time is the memory's
 /// latency unless several are in flight per thread.
 ///
 /// # Safety
-/// `ret` holds a row of `2 * args.hidden` bytes at every index in `args.ret_index[..tokens *
-/// top_k]` but [`NO_RETURN`], with its data landed; `args.topk_weights` and `args.out` hold
-/// `tokens * top_k` weights and `tokens * hidden` bf16.
+/// Every place in `args.ret_index[..tokens * top_k]` but [`NO_RETURN`] holds a row of `2 *
+/// args.hidden` bytes with its data landed and published to this thread (see `rows`);
+/// `args.topk_weights` and `args.out` hold `tokens * top_k` weights and `tokens * hidden`
+/// bf16.
 #[inline(always)]
-pub(crate) unsafe fn weighted_sum<A: SumArgs>(ret: &DevWindow, args: &A, first: usize, stride: usize) {
+pub(crate) unsafe fn weighted_sum<A: SumArgs>(rows: &ResultRows, args: &A, first: usize, stride: usize) {
     let (tokens, k, hidden) = args.sum_shape();
-    let (ret_index, weights, out) = args.sum_buffers();
-    let row = hidden * 2;
+    let (places, weights, out) = args.sum_buffers();
     let vecs = hidden / 8;
     let units = tokens * vecs;
     let mut u = first;
@@ -293,24 +326,20 @@ pub(crate) unsafe fn weighted_sum<A: SumArgs>(ret: &DevWindow, args: &A, first: 
                 let batch = (k - k0).min(SUM_BATCH);
                 // Eight named rows rather than arrays: arrays indexed in loops that LLVM does
                 // not fully unroll live in local memory, and the loads would wait on it.
-                let entry = |i: usize| -> (u32, f32) {
+                let entry = |i: usize| -> (ResultPlace, f32) {
                     if i < batch {
-                        (ret_index.add(t * k + k0 + i).read(), weights.add(t * k + k0 + i).read())
+                        (places.add(t * k + k0 + i).read(), weights.add(t * k + k0 + i).read())
                     } else {
-                        (NO_RETURN, 0.0)
+                        (ResultPlace { row: NO_RETURN, rank: PUSHED }, 0.0)
                     }
                 };
-                let fetch = |at: u32| -> U32x4 {
-                    if at == NO_RETURN {
-                        U32x4::default()
-                    } else {
-                        arch::load_v4(ret.local_ptr::<U32x4>(at as usize * row + v * 16))
-                    }
+                let fetch = |(place, _): (ResultPlace, f32)| -> U32x4 {
+                    if place.row == NO_RETURN { U32x4::default() } else { arch::load_v4(rows.unit(place, v)) }
                 };
                 let (e0, e1, e2, e3, e4, e5, e6, e7) =
                     (entry(0), entry(1), entry(2), entry(3), entry(4), entry(5), entry(6), entry(7));
-                let (x0, x1, x2, x3) = (fetch(e0.0), fetch(e1.0), fetch(e2.0), fetch(e3.0));
-                let (x4, x5, x6, x7) = (fetch(e4.0), fetch(e5.0), fetch(e6.0), fetch(e7.0));
+                let (x0, x1, x2, x3) = (fetch(e0), fetch(e1), fetch(e2), fetch(e3));
+                let (x4, x5, x6, x7) = (fetch(e4), fetch(e5), fetch(e6), fetch(e7));
                 accumulate(&mut acc, e0, x0);
                 accumulate(&mut acc, e1, x1);
                 accumulate(&mut acc, e2, x2);
@@ -334,10 +363,10 @@ pub(crate) unsafe fn weighted_sum<A: SumArgs>(ret: &DevWindow, args: &A, first: 
 /// Rows of one output unit [`weighted_sum`] has in flight at once.
 const SUM_BATCH: usize = 8;
 
-/// `acc[j] += w * x[j]` for the eight bf16 of `x`, unless `at` is [`NO_RETURN`].
+/// `acc[j] += w * x[j]` for the eight bf16 of `x`, unless the place is [`NO_RETURN`].
 #[inline(always)]
-fn accumulate(acc: &mut [f32; 8], (at, w): (u32, f32), x: U32x4) {
-    if at == NO_RETURN {
+fn accumulate(acc: &mut [f32; 8], (place, w): (ResultPlace, f32), x: U32x4) {
+    if place.row == NO_RETURN {
         return;
     }
     for (j, a) in acc.iter_mut().enumerate() {
@@ -346,20 +375,61 @@ fn accumulate(acc: &mut [f32; 8], (at, w): (u32, f32), x: U32x4) {
     }
 }
 
+/// Where [`weighted_sum`] finds results: direct peers' receive windows (through the LSA
+/// mapping) and this rank's return window.
+pub(crate) struct ResultRows<'a> {
+    /// Receive windows (every direct peer's, by its LSA index).
+    pub recv: &'a DevWindow,
+    /// This rank's return window.
+    pub ret: &'a DevWindow,
+    /// The LSA domain's size (world rank `r` is LSA index `r % lsa_size`, as in GIN).
+    pub lsa_size: u32,
+    /// Bytes per row.
+    pub row_bytes: usize,
+}
+
+impl ResultRows<'_> {
+    /// Address of 16-byte unit `v` of the result at `place` (not [`NO_RETURN`]).
+    #[inline(always)]
+    fn unit(&self, place: ResultPlace, v: usize) -> *const U32x4 {
+        let at = place.row as usize * self.row_bytes + v * 16;
+        if place.rank == PUSHED { self.ret.local_ptr(at) } else { self.recv.lsa_ptr(at, place.rank % self.lsa_size) }
+    }
+}
+
+/// The number of direct (LSA) peers of this rank, itself included: the [`signal::READY`]
+/// adds a combine waits for per call.
+#[inline(always)]
+pub(crate) fn direct_peers(gin: &Gin, nranks: usize) -> u64 {
+    (0..nranks as u32).filter(|&p| gin.is_direct(p)).count() as u64
+}
+
+/// Raises `ready` on every direct peer (thread `p` of the CTA signals world rank `p`).
+#[inline(always)]
+pub(crate) fn signal_ready(gin: &Gin, cta: CoopCta, nranks: usize, ready: u32) {
+    let mut p = cta.thread_rank();
+    while p < nranks {
+        if gin.is_direct(p as u32) {
+            gin.signal_from_thread(p as u32, RemoteAction::SignalInc(ready));
+        }
+        p += cta.size();
+    }
+}
+
 /// What [`weighted_sum`] reads from a kernel's arguments.
 pub(crate) trait SumArgs {
     /// `(tokens, top_k, hidden)`.
     fn sum_shape(&self) -> (usize, usize, usize);
     /// `(ret_index, topk_weights, out)`.
-    fn sum_buffers(&self) -> (*const u32, *const f32, *mut U32x4);
+    fn sum_buffers(&self) -> (*const ResultPlace, *const f32, *mut U32x4);
 }
 
 impl SumArgs for MoeArgs {
     fn sum_shape(&self) -> (usize, usize, usize) {
         (self.tokens as usize, self.top_k as usize, self.hidden as usize)
     }
-    fn sum_buffers(&self) -> (*const u32, *const f32, *mut U32x4) {
-        (self.ret_index as *const u32, self.topk_weights as *const f32, self.out as *mut U32x4)
+    fn sum_buffers(&self) -> (*const ResultPlace, *const f32, *mut U32x4) {
+        (self.ret_index as *const ResultPlace, self.topk_weights as *const f32, self.out as *mut U32x4)
     }
 }
 
@@ -544,7 +614,7 @@ pub unsafe fn dispatch(
         cta.sync();
         let (warp, warps) = (arch::warp_id_in_block(), threads / arch::WARP_SIZE);
         let lane0 = arch::lane_id() == 0;
-        let ret = args.ret_index as *mut u32;
+        let ret = args.ret_index as *mut ResultPlace;
         let mut j = start + warp;
         while j < end {
             let x = ex.add(j - start).read();
@@ -552,12 +622,18 @@ pub unsafe fn dispatch(
             let pos = if x == u32::MAX { usize::MAX } else { base.add(x as usize).read() as usize + slot };
             if pos >= cap {
                 if lane0 {
-                    ret.add(j).write(NO_RETURN);
+                    ret.add(j).write(ResultPlace { row: NO_RETURN, rank: PUSHED });
                 }
             } else {
                 let x = x as usize;
                 if lane0 {
-                    ret.add(j).write(prefix.add(x).read() + slot as u32);
+                    let dst = (x / per_rank) as u32;
+                    let place = if gin.is_direct(dst) {
+                        ResultPlace { row: ((x % per_rank) * cap + pos) as u32, rank: dst }
+                    } else {
+                        ResultPlace { row: prefix.add(x).read() + slot as u32, rank: PUSHED }
+                    };
+                    ret.add(j).write(place);
                 }
                 let t = j / args.top_k as usize;
                 gin.put(
@@ -594,17 +670,20 @@ pub unsafe fn dispatch(
                     (args.recv_counts as *mut i32).add(l).write(got as i32);
                     expected += got as u64;
                 }
-                let (mut kept, mut dropped) = (0u64, 0u64);
+                let (mut pushed, mut dropped) = (0u64, 0u64);
                 for e in 0..ne {
                     let mine = m.at(me, e) as usize;
                     let fit = cap.saturating_sub(base.add(e).read() as usize).min(mine);
-                    kept += fit as u64;
+                    // Results from direct peers are read in place: none is put back.
+                    if !gin.is_direct((e / per_rank) as u32) {
+                        pushed += fit as u64;
+                    }
                     dropped += (mine - fit) as u64;
                 }
                 let s = state.read_volatile();
                 let next = MoeState {
                     data_total: s.data_total + expected,
-                    ret_total: s.ret_total + kept,
+                    ret_total: s.ret_total + pushed,
                     dropped,
                     received: expected,
                     ..s
@@ -623,8 +702,9 @@ pub unsafe fn dispatch(
 }
 
 /// One CTA (`block` of `grid`) of the combine: see the module docs. `recv` holds the
-/// experts' results where the dispatch put their rows; `ret` receives this rank's results
-/// (`[tokens * top_k]` rows); `counts` is the dispatch's count matrix. False on an abort.
+/// experts' results where the dispatch put their rows (direct peers read them there); `ret`
+/// receives this rank's results from other domains (`[tokens * top_k]` rows); `counts` is
+/// the dispatch's count matrix. False on an abort.
 ///
 /// # Safety
 /// As [`dispatch`] (the same windows and `args`, after it, with [`combine_shared_bytes`] of
@@ -654,6 +734,9 @@ pub unsafe fn combine(
     let m = CountMatrix { counts, nranks: n, experts: ne, parity: (args.epoch % 2) as usize };
     // SAFETY: (the whole body) indices inside the arrays the contract sizes.
     unsafe {
+        if block == 0 {
+            signal_ready(&gin, cta, n, signal::READY);
+        }
         let tally = PeerTally::new(cta, sh.wrapping_add(2 * ne), n);
         let mut i = tid;
         while i < n * per_rank {
@@ -672,9 +755,9 @@ pub unsafe fn combine(
             i += threads;
         }
         cta.sync();
-        // Every received row back to its source, a warp per row: the rows of all local
-        // experts in one sequence (`before`: rows of the experts below `l`), dealt to the
-        // grid's warps in turn.
+        // Every received row from a rank outside the domain back to it, a warp per row: the
+        // rows of all local experts in one sequence (`before`: rows of the experts below
+        // `l`), dealt to the grid's warps in turn. Direct peers read theirs in place.
         let warps = threads / arch::WARP_SIZE;
         let (first, stride) = (block * warps + arch::warp_id_in_block(), grid * warps);
         let mut before = 0usize;
@@ -686,6 +769,10 @@ pub unsafe fn combine(
                 let mut src = 0;
                 while src + 1 < n && bases.add((src + 1) * per_rank + l).read() as usize <= r {
                     src += 1;
+                }
+                if gin.is_direct(src as u32) {
+                    r += stride;
+                    continue;
                 }
                 let from = bases.add(src * per_rank + l).read() as usize;
                 let at = prefixes.add(src * per_rank + l).read() as usize + (r - from);
@@ -708,12 +795,16 @@ pub unsafe fn combine(
             }
         }
         tally.signal(&gin, cta, signal::RETURN);
-        // Every result this rank expects, then the weighted sums.
+        // Every result put back to this rank, every direct peer's results readable, then
+        // the weighted sums.
         let expected = (args.state as *const MoeState).read_volatile().ret_total;
-        if gin.wait_signal(cta, signal::RETURN, expected).is_err() {
+        if gin.wait_signal(cta, signal::RETURN, expected).is_err()
+            || gin.wait_signal(cta, signal::READY, args.epoch * direct_peers(&gin, n)).is_err()
+        {
             return false;
         }
-        weighted_sum(ret, args, block * threads + tid, grid * threads);
+        let rows = ResultRows { recv, ret, lsa_size: comm.lsa_size, row_bytes: row };
+        weighted_sum(&rows, args, block * threads + tid, grid * threads);
     }
     gin.flush(cta);
     true

@@ -14,9 +14,11 @@
 //! entries per expert when its tokens name distinct experts; more is a fault
 //! ([`error_code::MOE_CAPACITY`]), never an overwrite.
 //!
-//! The results come back into the source's return window, row `e * max_tokens + slot`
-//! ([`RowLayout::ret_row`]), which the source remembered per entry (its `ret_index`), and the combine
-//! sums them per token as in normal mode (the weighted sum of [`super::combine`]).
+//! A source reads the results of a direct (LSA) peer's experts in place, in that peer's
+//! receive window where it put the row; those of other ranks come back into its return
+//! window, row `e * max_tokens + slot` ([`RowLayout::ret_row`]). It remembers either place
+//! per entry (a [`super::ResultPlace`]), and the combine sums them per token as in normal
+//! mode (the weighted sum of [`super::combine`]).
 //!
 //! # The kernels
 //! * [`dispatch`] with [`phase::SEND`]: each CTA takes a run of tokens, copies their rows
@@ -27,10 +29,12 @@
 //!   zeroes the other parity's counters for the next call.
 //! * [`dispatch`] with [`phase::RECV`]: CTA 0 waits for every rank's counts of this call,
 //!   writes `recv_counts [local expert][source]`, and waits for that many rows.
-//! * [`combine`] with [`phase::SEND`]: every received row back to its source, the rows of all
-//!   (source, local expert) regions dealt to the grid's warps in turn, then one signal
-//!   [`signal::RETURN`] per rank per CTA; with [`phase::RECV`]: every CTA waits for all of this rank's results
-//!   and computes its share of the weighted sums.
+//! * [`combine`] with [`phase::SEND`]: CTA 0 raises [`signal::READY`] on every direct peer
+//!   (its results may be read in place); every received row from a rank outside the domain
+//!   goes back to it, the rows of all such (source, local expert) regions dealt to the grid's
+//!   warps in turn, then one signal [`signal::RETURN`] per rank per CTA. With
+//!   [`phase::RECV`]: every CTA waits for the results put back to this rank and for every
+//!   direct peer's `READY`, and computes its share of the weighted sums.
 //!
 //! [`phase::BOTH`] runs both halves in one kernel (no hook).
 //!
@@ -47,15 +51,19 @@
 //!   counts the rows it expects from the counts and waits for the running total of rows of
 //!   this parity (kept by CTA 0's thread 0 in the state), so the order of counts and rows on
 //!   the wire does not matter. The counts signal of parity `p` reaches `n * ((epoch + 1) / 2)`.
+//! * `READY` as in normal mode ([`super`]): a release at system scope after the stream's
+//!   earlier kernels wrote the results; it reaches `epoch` times the direct peers.
 //! * Reuse: a rank sends rows of call `c + 2` (parity `p` again) only after its receive of
 //!   `c + 1`, which waited for every rank's counts of `c + 1`; a rank sends those only after
 //!   its combine of `c` ended (stream and call order), and a combine ends after its sources
-//!   (the rows of parity `p`) were read ([`Gin::flush`]). Results of `c + 1` come back to a
+//!   (the rows of parity `p`) were read ([`Gin::flush`], and, for results read in place, the
+//!   peers' sums of call `c`, which ended before they sent counts of `c + 1`). Results of
+//!   `c + 1` come back to a
 //!   source only after it sent rows of `c + 1`, that is after its combine of `c` ended, so one
 //!   return buffer is enough. Every kernel ends with [`Gin::flush`], so the send window and the
 //!   own counts may be rewritten by the next call.
 
-use super::{NO_RETURN, PeerTally, SumArgs, weighted_sum};
+use super::{NO_RETURN, PUSHED, PeerTally, ResultPlace, ResultRows, SumArgs, direct_peers, signal_ready, weighted_sum};
 use crate::arch::{self, FenceOrder, RmwOrder, Scope, U32x4, atomic};
 use crate::comm::{DevComm, error_code};
 use crate::coop::{Coop, CoopCta, CoopWarp};
@@ -82,8 +90,10 @@ pub mod signal {
     pub const DATA: [u32; 2] = [2, 3];
     /// Results received.
     pub const RETURN: u32 = 4;
+    /// A direct peer's expert results may be read in place.
+    pub const READY: u32 = 5;
     /// Signals in all.
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 6;
 }
 
 /// What the low-latency kernels run with (the same on every rank but `tokens` and the
@@ -111,8 +121,8 @@ pub struct MoeLowLatencyArgs {
     pub topk_idx: u64,
     /// Device address of `f32 [tokens * top_k]` (combine).
     pub topk_weights: u64,
-    /// Device address of `u32 [tokens * top_k]`: each entry's return row, or [`NO_RETURN`]
-    /// (written by the dispatch, read by the combine).
+    /// Device address of [`ResultPlace`]` [tokens * top_k]`: where each entry's result will
+    /// be (written by the dispatch, read by the combine).
     pub ret_index: u64,
     /// Device address of `i32 [experts per rank][nranks]`: rows received per (local expert,
     /// source) (dispatch).
@@ -128,8 +138,8 @@ impl SumArgs for MoeLowLatencyArgs {
     fn sum_shape(&self) -> (usize, usize, usize) {
         (self.tokens as usize, self.top_k as usize, self.hidden as usize)
     }
-    fn sum_buffers(&self) -> (*const u32, *const f32, *mut U32x4) {
-        (self.ret_index as *const u32, self.topk_weights as *const f32, self.out as *mut U32x4)
+    fn sum_buffers(&self) -> (*const ResultPlace, *const f32, *mut U32x4) {
+        (self.ret_index as *const ResultPlace, self.topk_weights as *const f32, self.out as *mut U32x4)
     }
 }
 
@@ -141,8 +151,8 @@ impl SumArgs for MoeLowLatencyArgs {
 pub struct LowLatencyState {
     /// Rows received by every receive of each parity so far (the data signals' targets).
     pub data_total: [u64; 2],
-    /// Results expected by every combine so far (the return signal's target), counted by the
-    /// dispatches' sends.
+    /// Results put back to this rank by every combine so far (the return signal's target:
+    /// those of ranks that are not direct peers), counted by the dispatches' sends.
     pub ret_total: u64,
     /// Rows this rank received in the last dispatch.
     pub received: u64,
@@ -281,7 +291,7 @@ pub unsafe fn dispatch(
             let (warp, warps) = (arch::warp_id_in_block(), threads / arch::WARP_SIZE);
             let lane = arch::lane_id() as usize;
             let idx = args.topk_idx as *const i32;
-            let ret_index = args.ret_index as *mut u32;
+            let ret_index = args.ret_index as *mut ResultPlace;
             let x = args.x as *const U32x4;
             let tally = PeerTally::new(cta, arch::dynamic_shared_mem::<u32>().wrapping_add(2), n);
             // This CTA's run of tokens: their rows into the send window, by every thread.
@@ -303,7 +313,7 @@ pub unsafe fn dispatch(
                 let e = idx.add(j).read();
                 if e < 0 {
                     if lane == 0 {
-                        ret_index.add(j).write(NO_RETURN);
+                        ret_index.add(j).write(ResultPlace { row: NO_RETURN, rank: PUSHED });
                     }
                     j += warps;
                     continue;
@@ -320,10 +330,15 @@ pub unsafe fn dispatch(
                 if slot >= max {
                     comm.fail(error_code::MOE_CAPACITY, e as u64, max as u64);
                 }
+                let (l, dst) = (e % per_rank, (e / per_rank) as u32);
                 if lane == 0 {
-                    ret_index.add(j).write(rows.ret_row(e, slot) as u32);
+                    let place = if gin.is_direct(dst) {
+                        ResultPlace { row: (rows.recv_row(p, l, me, slot) / row) as u32, rank: dst }
+                    } else {
+                        ResultPlace { row: rows.ret_row(e, slot) as u32, rank: PUSHED }
+                    };
+                    ret_index.add(j).write(place);
                 }
-                let l = e % per_rank;
                 gin.put(
                     CoopWarp,
                     comm.world(),
@@ -367,9 +382,12 @@ pub unsafe fn dispatch(
                 if tid == 0 {
                     // Field by field: in one kernel with the receive half, CTA 0 writes the
                     // data totals meanwhile.
+                    // Results from direct peers are read in place: none is put back.
                     let mut sent = 0u64;
                     for e in 0..ne {
-                        sent += u64::from(mine.add(e).read());
+                        if !gin.is_direct((e / per_rank) as u32) {
+                            sent += u64::from(mine.add(e).read());
+                        }
                     }
                     let ret_total = core::ptr::addr_of_mut!((*state).ret_total);
                     ret_total.write_volatile(ret_total.read_volatile() + sent);
@@ -458,14 +476,21 @@ pub unsafe fn combine(
     // SAFETY: (the whole body) indices inside the windows and buffers the contract sizes.
     unsafe {
         if args.phase & phase::SEND != 0 {
+            if block == 0 {
+                signal_ready(&gin, cta, n, signal::READY);
+            }
             let tally = PeerTally::new(cta, arch::dynamic_shared_mem::<u32>().wrapping_add(2), n);
             let warps = threads / arch::WARP_SIZE;
             let (first, stride) = (block * warps + arch::warp_id_in_block(), grid * warps);
-            // The rows of every (source, local expert) region in one sequence (`before`: the
-            // rows of the regions before), dealt to the grid's warps in turn: a region holds
-            // few rows in this mode, and per region the same few warps would do all the work.
+            // The rows of every (source, local expert) region of the sources outside the
+            // domain in one sequence (`before`: the rows of the regions before), dealt to the
+            // grid's warps in turn: a region holds few rows in this mode, and per region the
+            // same few warps would do all the work. Direct peers read theirs in place.
             let mut before = 0usize;
             for s in 0..n {
+                if gin.is_direct(s as u32) {
+                    continue;
+                }
                 let from = counts.local_ptr::<u32>(c.received(p, s));
                 for l in 0..per_rank {
                     let got = from.add(l).read_volatile() as usize;
@@ -495,10 +520,13 @@ pub unsafe fn combine(
         }
         if args.phase & phase::RECV != 0 {
             let expected = (args.state as *const LowLatencyState).read_volatile().ret_total;
-            if gin.wait_signal(cta, signal::RETURN, expected).is_err() {
+            if gin.wait_signal(cta, signal::RETURN, expected).is_err()
+                || gin.wait_signal(cta, signal::READY, args.epoch * direct_peers(&gin, n)).is_err()
+            {
                 return false;
             }
-            weighted_sum(ret, args, block * threads + tid, grid * threads);
+            let rows = ResultRows { recv, ret, lsa_size: comm.lsa_size, row_bytes: row };
+            weighted_sum(&rows, args, block * threads + tid, grid * threads);
         }
     }
     gin.flush(cta);

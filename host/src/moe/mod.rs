@@ -156,7 +156,8 @@ impl Communicator {
             recv,
             ret,
             counts,
-            ret_index: dev.alloc(cfg.max_tokens * cfg.top_k)?,
+            // A ResultPlace (two u32) per entry.
+            ret_index: dev.alloc(2 * cfg.max_tokens * cfg.top_k)?,
             recv_counts: dev.alloc(per_rank)?,
             state: dev.alloc(dev_moe::scratch_bytes(cfg.num_experts).div_ceil(8))?,
             epoch: 0,
