@@ -54,7 +54,7 @@
 //!   threads' stores); a later CTA's thread 0 reads each flag relaxed, issues an acquire
 //!   fence at GPU scope, and its CTA meets before any thread reads those counts.
 //! * Between ranks: rows are put with no signal of their own; once a CTA's puts are out, it
-//!   raises each rank's data (or return) signal once, by the rows it put there ([`PeerTally`]:
+//!   raises each rank's data (or return) signal once, by the rows it put there (`PeerTally`:
 //!   its ordering argument), so each signal becomes visible after the rows it counts have
 //!   landed (GIN's strong signals: see [`crate::gin`]). [`Gin::wait_signal`] acquires at
 //!   system scope before
@@ -188,7 +188,7 @@ pub const fn scratch_bytes(num_experts: usize) -> usize {
 }
 
 /// Dynamic shared memory the dispatch needs per CTA: three `u32` arrays of `num_experts`,
-/// two of `chunk`, an aligned `u64`, and a [`PeerTally`] (`num_experts` words cover any
+/// two of `chunk`, an aligned `u64`, and a `PeerTally` (`num_experts` words cover any
 /// number of ranks).
 pub const fn dispatch_shared_bytes(num_experts: usize, chunk: usize) -> usize {
     4 * (target_word(num_experts, chunk) + 2 + num_experts)
@@ -200,7 +200,7 @@ const fn target_word(num_experts: usize, chunk: usize) -> usize {
 }
 
 /// Dynamic shared memory the combine needs per CTA: two `u32` per (rank, local expert) and
-/// a [`PeerTally`].
+/// a `PeerTally`.
 pub const fn combine_shared_bytes(num_experts: usize) -> usize {
     12 * num_experts
 }

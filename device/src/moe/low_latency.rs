@@ -24,7 +24,7 @@
 //! * [`dispatch`] with [`phase::SEND`]: each CTA takes a run of tokens, copies their rows
 //!   into the send window, meets, then its warps take the run's entries in turn: per entry a
 //!   slot and a put of the row; then one signal [`signal::DATA`]`[p]` per rank by the rows the
-//!   CTA put there ([`super::PeerTally`]). The last CTA to finish (a counter of finished CTAs)
+//!   CTA put there (`PeerTally`). The last CTA to finish (a counter of finished CTAs)
 //!   puts this rank's counts per local expert to every rank (signal [`signal::COUNTS`]`[p]`) and
 //!   zeroes the other parity's counters for the next call.
 //! * [`dispatch`] with [`phase::RECV`]: CTA 0 waits for every rank's counts of this call,
@@ -46,7 +46,7 @@
 //! * Counters of the other parity are zeroed by that last CTA; the next call (the other
 //!   parity) runs after this kernel on the stream.
 //! * Rows and counts between ranks: each signal is raised once the data it counts has landed
-//!   (GIN's strong signals; for the rows' per-CTA signals, [`super::PeerTally`]);
+//!   (GIN's strong signals; for the rows' per-CTA signals, `PeerTally`);
 //!   [`Gin::wait_signal`] acquires at system scope. The receiver
 //!   counts the rows it expects from the counts and waits for the running total of rows of
 //!   this parity (kept by CTA 0's thread 0 in the state), so the order of counts and rows on
@@ -168,7 +168,7 @@ pub const fn scratch_bytes(num_experts: usize) -> usize {
 }
 
 /// Dynamic shared memory the kernels need per CTA, for `num_experts` experts: a `u64` and a
-/// [`super::PeerTally`] (`num_experts` words cover any number of ranks).
+/// `PeerTally` (`num_experts` words cover any number of ranks).
 pub const fn shared_bytes(num_experts: usize) -> usize {
     8 + 4 * num_experts
 }
