@@ -1,9 +1,10 @@
 //! MoE dispatch and combine (issue 13), against a host model: random, skewed and
 //! own-rank routing, empty experts, entries without an expert (-1), ranks without tokens,
 //! overflow at a small capacity (drops counted), several rounds in a row, across LSA domains
-//! through the GIN proxy, one process per rank, and the errors of bad calls, on every backend.
+//! through the GIN proxy, one process per rank, fp8 tokens with scales, and the errors of bad
+//! calls, on every backend.
 
-use ferrolink::moe::{Moe, MoeConfig, MoeLowLatency, bf16};
+use ferrolink::moe::{Moe, MoeConfig, MoeLowLatency, Tokens, bf16, fp8_row_bytes};
 use ferrolink::{CommConfig, Communicator, Device, LsaMode};
 use ferrolink_tests::check;
 use ferrolink_tests::jobs::{child, fits, job_passes, scenario, spawn_job, text};
@@ -38,13 +39,29 @@ struct Round {
     x: Vec<Vec<bf16>>,
     idx: Vec<Vec<i32>>,
     weights: Vec<Vec<f32>>,
+    /// fp8 tokens instead: per rank the rows' bytes (e4m3) and their scales (one per 128
+    /// channels); `x` then holds their values (exact in bf16), the model of the experts' input.
+    fp8: Option<Fp8Rows>,
+}
+
+/// Every rank's fp8 tokens: the rows' bytes and their scales.
+struct Fp8Rows {
+    bytes: Vec<Vec<u8>>,
+    scales: Vec<Vec<f32>>,
+}
+
+/// The value of an fp8 e4m3 byte (no infinities; `0x7f` and `0xff` are NaN, never made here).
+fn e4m3(b: u8) -> f32 {
+    let (exp, man) = (i32::from((b >> 3) & 0xf), f32::from(b & 7));
+    let mag = if exp == 0 { man / 8.0 * 2f32.powi(-6) } else { (1.0 + man / 8.0) * 2f32.powi(exp - 7) };
+    if b & 0x80 != 0 { -mag } else { mag }
 }
 
 impl Round {
     fn new(cfg: MoeConfig, nranks: usize, seed: u64, routing: Routing) -> Round {
         let (ne, k, h) = (cfg.num_experts, cfg.top_k, cfg.hidden);
         let per = ne / nranks;
-        let mut r = Round { cfg, nranks, tokens: vec![], x: vec![], idx: vec![], weights: vec![] };
+        let mut r = Round { cfg, nranks, tokens: vec![], x: vec![], idx: vec![], weights: vec![], fp8: None };
         for rank in 0..nranks {
             let s = mix(seed ^ (rank as u64) << 32);
             // Rank 1 has no tokens in odd rounds; others a varying number.
@@ -77,6 +94,74 @@ impl Round {
             r.weights.push(weights);
         }
         r
+    }
+
+    /// The same routing with fp8 tokens: random bytes (no NaN) and power-of-two scales, so
+    /// that each value times its scale is exact in bf16.
+    fn with_fp8(mut self, seed: u64) -> Round {
+        let h = self.cfg.hidden;
+        let (mut bytes, mut scales) = (Vec::new(), Vec::new());
+        for rank in 0..self.nranks {
+            let t = self.tokens[rank];
+            let b: Vec<u8> = (0..t * h)
+                .map(|i| {
+                    let b = mix(seed ^ 0xf8 ^ (rank as u64) << 40 ^ i as u64) as u8;
+                    if b & 0x7f == 0x7f { b ^ 1 } else { b }
+                })
+                .collect();
+            let sc: Vec<f32> =
+                (0..t * h / 128).map(|i| 2f32.powi((mix(seed ^ 0x5c ^ i as u64) % 5) as i32 - 2)).collect();
+            self.x[rank] = (0..t * h).map(|i| bf16::from_f32(e4m3(b[i]) * sc[i / 128])).collect();
+            bytes.push(b);
+            scales.push(sc);
+        }
+        self.fp8 = Some(Fp8Rows { bytes, scales });
+        self
+    }
+
+    /// The bytes a dispatch puts for token `t` of rank `src`: its bf16 row, or its fp8 row
+    /// and scales.
+    fn wire_row(&self, src: usize, t: usize) -> Vec<u8> {
+        let h = self.cfg.hidden;
+        match &self.fp8 {
+            None => self.x[src][t * h..][..h].iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+            Some(Fp8Rows { bytes, scales }) => {
+                let mut row = bytes[src][t * h..][..h].to_vec();
+                row.extend(scales[src][t * h / 128..][..h / 128].iter().flat_map(|s| s.to_le_bytes()));
+                row
+            }
+        }
+    }
+
+    /// The leading bytes of receive slot `slot` (`2 * hidden` bytes each) that a row fills.
+    fn slot_bytes(&self, received: &[bf16], slot: usize) -> Vec<u8> {
+        let h = self.cfg.hidden;
+        let used = if self.fp8.is_some() { fp8_row_bytes(h) } else { 2 * h };
+        let mut b: Vec<u8> = received[slot * h..][..h].iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+        b.truncate(used);
+        b
+    }
+
+    /// Dispatches this round's tokens of rank `me` through `dispatch` (bf16 or fp8).
+    fn dispatch_with(
+        &self,
+        dev: &Device,
+        me: usize,
+        dispatch: impl FnOnce(Tokens<'_>) -> ferrolink::Result<()>,
+    ) -> ferrolink::Result<()> {
+        match &self.fp8 {
+            None => dispatch(Tokens::Bf16(&dev.alloc_from(&self.x[me])?)),
+            Some(Fp8Rows { bytes, scales }) => {
+                let (x, s) = (dev.alloc_from(&bytes[me])?, dev.alloc_from(&scales[me])?);
+                dispatch(Tokens::fp8(&x, &s))
+            }
+        }
+    }
+
+    /// Whether the combine takes the received rows as the experts' results (identity
+    /// experts, zero copy): half the bf16 rounds; never fp8 rows (they are not results).
+    fn identity(&self) -> bool {
+        self.fp8.is_none() && self.tokens.iter().sum::<usize>() % 2 == 0
     }
 
     fn capacity(&self) -> usize {
@@ -112,10 +197,9 @@ fn run_round(c: &Communicator, moe: &mut Moe, round: &Round) -> ferrolink::Resul
     let per = moe.experts_per_rank();
     let cap = moe.capacity();
     check(cap == round.capacity(), || format!("capacity {cap}, expected {}", round.capacity()))?;
-    let x = dev.alloc_from(&round.x[me])?;
     let idx = dev.alloc_from(&round.idx[me])?;
     let w = dev.alloc_from(&round.weights[me])?;
-    moe.dispatch(&x, &idx)?;
+    round.dispatch_with(dev, me, |x| moe.dispatch(x, &idx))?;
     // The dispatch's error, if any (a buffer's host read waits for the kernel, but does not
     // report the communicator's errors).
     c.synchronize()?;
@@ -136,16 +220,20 @@ fn run_round(c: &Communicator, moe: &mut Moe, round: &Round) -> ferrolink::Resul
             format!("rank {me} expert {e}: {} rows counted, {kept} expected", counts[l])
         })?;
         for (i, &(src, t, _)) in q.iter().take(kept).enumerate() {
-            let row = &got[(l * cap + i) * h..][..h];
-            let want = &round.x[src][t * h..][..h];
+            let row = round.slot_bytes(&got, l * cap + i);
+            let want = round.wire_row(src, t);
             check(row == want, || {
+                let at = row.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(row.len().min(want.len()));
                 format!(
-                    "rank {me} expert {e} row {i}: {:?}…, expected token {t} of rank {src} {:?}…",
-                    &row[..4],
-                    &want[..4]
+                    "rank {me} expert {e} row {i}: byte {at} of {} differs: {:?}…, expected token {t} of rank {src} \
+                     {:?}…",
+                    want.len(),
+                    &row[at..(at + 8).min(row.len())],
+                    &want[at..(at + 8).min(want.len())]
                 )
             })?;
-            for (o, v) in expert_out[(l * cap + i) * h..][..h].iter_mut().zip(row) {
+            // The expert's input is the token's value (for fp8 rows, times its scale).
+            for (o, v) in expert_out[(l * cap + i) * h..][..h].iter_mut().zip(&round.x[src][t * h..][..h]) {
                 *o = Round::expert(e, *v);
             }
         }
@@ -169,7 +257,7 @@ fn run_round(c: &Communicator, moe: &mut Moe, round: &Round) -> ferrolink::Resul
     // Half the rounds combine the received rows as they are (zero copy: the experts are the
     // identity), half pass the experts' results as a buffer.
     let mut out = dev.alloc::<bf16>(round.tokens[me] * h)?;
-    let identity = round.tokens.iter().sum::<usize>() % 2 == 0;
+    let identity = round.identity();
     if identity {
         moe.combine(None, &w, &mut out)?;
     } else {
@@ -214,14 +302,13 @@ fn run_low_latency_round(c: &Communicator, ll: &mut MoeLowLatency, round: &Round
     let (me, n) = (c.rank(), c.nranks());
     let (h, k, max) = (round.cfg.hidden, round.cfg.top_k, round.cfg.max_tokens);
     let per = ll.experts_per_rank();
-    let x = dev.alloc_from(&round.x[me])?;
     let idx = dev.alloc_from(&round.idx[me])?;
     let w = dev.alloc_from(&round.weights[me])?;
     if hook {
-        ll.dispatch_send(&x, &idx)?;
+        round.dispatch_with(dev, me, |x| ll.dispatch_send(x, &idx))?;
         ll.dispatch_recv()?;
     } else {
-        ll.dispatch(&x, &idx)?;
+        round.dispatch_with(dev, me, |x| ll.dispatch(x, &idx))?;
     }
     c.synchronize()?;
     let counts = ll.recv_counts().to_vec()?;
@@ -230,16 +317,11 @@ fn run_low_latency_round(c: &Communicator, ll: &mut MoeLowLatency, round: &Round
     let got = received.to_vec()?;
     let mut expert_out = vec![bf16::ZERO; per * n * max * h];
     let mut total = 0;
-    let bits = |r: &[bf16]| r.iter().map(|v| v.to_bits()).collect::<Vec<u16>>();
     for l in 0..per {
         let e = me * per + l;
         for src in 0..n {
-            let mut want: Vec<Vec<u16>> = round
-                .queue(e)
-                .iter()
-                .filter(|q| q.0 == src)
-                .map(|&(_, t, _)| bits(&round.x[src][t * h..][..h]))
-                .collect();
+            let mine: Vec<usize> = round.queue(e).iter().filter(|q| q.0 == src).map(|q| q.1).collect();
+            let mut want: Vec<Vec<u8>> = mine.iter().map(|&t| round.wire_row(src, t)).collect();
             let region = (l * n + src) * max;
             let half = per * n * max * 2 * h;
             check(ll.region(l, src)? % half == region * 2 * h, || format!("rank {me}: region ({l}, {src})"))?;
@@ -250,10 +332,13 @@ fn run_low_latency_round(c: &Communicator, ll: &mut MoeLowLatency, round: &Round
                     want.len()
                 )
             })?;
-            let mut rows: Vec<Vec<u16>> = (0..want.len()).map(|i| bits(&got[(region + i) * h..][..h])).collect();
-            for (i, row) in got[region * h..][..want.len() * h].chunks(h).enumerate() {
-                for (o, v) in expert_out[(region + i) * h..][..h].iter_mut().zip(row) {
-                    *o = Round::expert(e, *v);
+            let mut rows: Vec<Vec<u8>> = (0..want.len()).map(|i| round.slot_bytes(&got, region + i)).collect();
+            // Each row is some token's of `src` (in any order): its result is that token's.
+            for (i, row) in rows.iter().enumerate() {
+                if let Some(&t) = mine.iter().find(|&&t| round.wire_row(src, t) == *row) {
+                    for (o, v) in expert_out[(region + i) * h..][..h].iter_mut().zip(&round.x[src][t * h..][..h]) {
+                        *o = Round::expert(e, *v);
+                    }
                 }
             }
             want.sort();
@@ -266,7 +351,7 @@ fn run_low_latency_round(c: &Communicator, ll: &mut MoeLowLatency, round: &Round
         format!("rank {me}: {:?} rows received, {total} expected", ll.received_rows())
     })?;
     let mut out = dev.alloc::<bf16>(round.tokens[me] * h)?;
-    let identity = round.tokens.iter().sum::<usize>() % 2 == 0;
+    let identity = round.identity();
     let expert_out = if identity { None } else { Some(dev.alloc_from(&expert_out)?) };
     if hook {
         ll.combine_send(expert_out.as_ref())?;
@@ -357,10 +442,37 @@ fn overflow(c: &Communicator) -> ferrolink::Result<()> {
     Ok(())
 }
 
+/// fp8 tokens with their scales, in both modes: the received slots start with the token's
+/// bytes and scales, and the combine sums the experts' bf16 results over them.
+fn fp8_tokens(c: &Communicator) -> ferrolink::Result<()> {
+    let n = c.nranks();
+    let mut shapes = vec![MoeConfig { num_experts: 2 * n, hidden: 512, top_k: 2, max_tokens: 5, capacity: None }];
+    if c.device().backend() == ferrolink::Backend::Cuda {
+        shapes.push(MoeConfig { num_experts: 8 * n, hidden: 7168, top_k: 8, max_tokens: 128, capacity: None });
+    }
+    for cfg in shapes {
+        let mut moe = c.moe(cfg)?;
+        let mut ll = c.moe_low_latency(cfg)?;
+        for (seed, routing) in [Routing::Random, Routing::EvenWithHoles, Routing::Skewed].into_iter().enumerate() {
+            let round = Round::new(cfg, n, 900 + seed as u64, routing).with_fp8(seed as u64);
+            let what = |e: ferrolink::Error, mode: &str| {
+                let e = format!("rank {}: fp8 {mode} {routing:?} round {seed} of {cfg:?} on {n} ranks: {e}", c.rank());
+                eprintln!("{e}");
+                ferrolink::Error::InvalidArgument(e)
+            };
+            run_round(c, &mut moe, &round).map_err(|e| what(e, "normal"))?;
+            run_low_latency_round(c, &mut ll, &round, seed % 2 == 0).map_err(|e| what(e, "low latency"))?;
+        }
+        c.synchronize()?;
+    }
+    Ok(())
+}
+
 fn every_case(c: &Communicator) -> ferrolink::Result<()> {
     every_routing(c)?;
     overflow(c)?;
-    every_low_latency_round(c)
+    every_low_latency_round(c)?;
+    fp8_tokens(c)
 }
 
 #[test]
@@ -407,14 +519,19 @@ fn bad_moe_calls_are_clear_errors() {
             let short = moe.dispatch(&x, &dev.alloc::<i32>(3)?).expect_err("3 entries for 2 tokens").to_string();
             let many =
                 moe.dispatch(&dev.alloc::<bf16>(5 * 8)?, &dev.alloc::<i32>(10)?).expect_err("5 tokens").to_string();
+            let (x8, no_scales) = (dev.alloc::<u8>(16)?, dev.alloc::<f32>(0)?);
+            let fp8_hidden = moe.dispatch(Tokens::fp8(&x8, &no_scales), &idx).expect_err("fp8, hidden 8").to_string();
+            let mut wide = c.moe(MoeConfig { hidden: 512, ..good })?;
+            let (x8, scales) = (dev.alloc::<u8>(2 * 512)?, dev.alloc::<f32>(3)?);
+            let fp8_scales = wide.dispatch(Tokens::fp8(&x8, &scales), &idx).expect_err("3 scales").to_string();
             moe.dispatch(&x, &idx)?;
             let twice = moe.dispatch(&x, &idx).expect_err("two dispatches").to_string();
             let wrong_out = moe.combine(None, &w, &mut dev.alloc::<bf16>(8)?).expect_err("a short output").to_string();
             moe.combine(None, &w, &mut out)?;
             c.synchronize()?;
-            Ok([odd, hidden, early, short, many, twice, wrong_out])
+            Ok([odd, hidden, early, short, many, twice, wrong_out, fp8_hidden, fp8_scales])
         })?;
-        let [odd, hidden, early, short, many, twice, wrong_out] = &errs[0];
+        let [odd, hidden, early, short, many, twice, wrong_out, fp8_hidden, fp8_scales] = &errs[0];
         check(odd.contains("multiple of the 2 ranks"), || format!("3 experts: {odd}"))?;
         check(hidden.contains("multiple of 8"), || format!("hidden 12: {hidden}"))?;
         check(early.contains("no dispatch to combine"), || format!("early combine: {early}"))?;
@@ -422,6 +539,10 @@ fn bad_moe_calls_are_clear_errors() {
         check(many.contains("more than max_tokens 4"), || format!("5 tokens: {many}"))?;
         check(twice.contains("has not been combined"), || format!("two dispatches: {twice}"))?;
         check(wrong_out.contains("out 16 (it holds 8)"), || format!("short output: {wrong_out}"))?;
+        check(fp8_hidden.contains("multiple of 512"), || format!("fp8, hidden 8: {fp8_hidden}"))?;
+        check(fp8_scales.contains("scales hold 3 values, 2 tokens x 4 scales"), || {
+            format!("fp8 scales: {fp8_scales}")
+        })?;
         // Ranks with different shapes: an error naming the other rank's.
         let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
         let errs = ferrolink::run_ranks(&comms, |c| {
@@ -536,7 +657,7 @@ fn bad_low_latency_calls_are_clear_errors() {
         check(early_combine.contains("combine: only after the dispatch's receive"), || {
             format!("early: {early_combine}")
         })?;
-        check(many.contains("at most max_tokens 2"), || format!("3 tokens: {many}"))?;
+        check(many.contains("more than max_tokens 2"), || format!("3 tokens: {many}"))?;
         check(skipped.contains("combine_send: only after the dispatch's receive"), || format!("skipped: {skipped}"))?;
         check(short.contains("out 16 (it holds 8)"), || format!("short output: {short}"))?;
         Ok(())

@@ -1,8 +1,8 @@
 //! MoE dispatch and combine (expert parallelism), written on the public GIN API: each token
-//! row goes to the rank that owns its expert with a put-with-signal, and each expert's
-//! result comes back the same way. GIN takes each peer's path (stores through the LSA
-//! mapping inside the domain, the proxy across domains), so one kernel serves a node and
-//! many.
+//! row goes to the rank that owns its expert with a put, and each token's rank sums its
+//! experts' results, read in place inside an LSA domain and put back across domains. GIN
+//! takes each peer's path (stores through the LSA mapping inside the domain, the proxy across
+//! domains), so one kernel serves a node and many.
 //!
 //! # Layout
 //! `num_experts` experts, `num_experts / nranks` per rank: expert `e` lives on rank
@@ -15,7 +15,8 @@
 //! (counted, never written: see [`MoeState::dropped`]); it adds nothing in the combine.
 //!
 //! # The dispatch kernel ([`dispatch`])
-//! 1. CTA `b` takes entries `[b * chunk, (b + 1) * chunk)`, counts them per expert, and
+//! 1. CTA `b` copies its run of token rows into the send window ([`TokenRows`]: bf16, or
+//!    fp8 with scales), takes entries `[b * chunk, (b + 1) * chunk)`, counts them per expert, and
 //!    publishes the counts with a flag (the call's epoch) in the state's scratch. It then
 //!    sums the counts of the CTAs before it (waiting for their flags: CTAs wait only for
 //!    lower indices, which never wait for them, so this ends however CTAs are scheduled),
@@ -49,9 +50,9 @@
 //! put and a load.
 //!
 //! # Ordering
-//! * Counts within the grid: a CTA's threads write its counts, meet (CTA barrier), then
-//!   thread 0 stores the flag with a release at GPU scope (cumulative: it publishes the
-//!   threads' stores); a later CTA's thread 0 reads each flag relaxed, issues an acquire
+//! * Counts within the grid: a CTA's threads write its token rows and its counts, meet (CTA
+//!   barrier), then thread 0 stores the flag with a release at GPU scope (cumulative: it
+//!   publishes the threads' stores); a later CTA's thread 0 reads each flag relaxed, issues an acquire
 //!   fence at GPU scope, and its CTA meets before any thread reads those counts.
 //! * Between ranks: rows are put with no signal of their own; once a CTA's puts are out, it
 //!   raises each rank's data (or return) signal once, by the rows it put there (`PeerTally`:
@@ -140,12 +141,15 @@ pub struct MoeArgs {
     pub num_experts: u32,
     /// Rows per local expert in the receive window.
     pub capacity: u32,
-    /// Elements (bf16) per token row: a multiple of 8.
+    /// Elements per token: a multiple of 8. Every row slot of the windows holds `2 * hidden`
+    /// bytes (a bf16 row: the experts' results; an fp8 row with its scales fits too).
     pub hidden: u32,
     /// Entries per CTA in the dispatch (at least 1).
     pub chunk: u32,
-    /// Padding.
-    pub _reserved: [u32; 2],
+    /// 16-byte units of `x` per token row (the dispatch; see [`TokenRows`]).
+    pub x_units: u32,
+    /// 16-byte units of `scales` per token row (0 for bf16 rows).
+    pub scale_units: u32,
     /// The dispatch call's number, from 1 (the count signal reaches `epoch * nranks`).
     pub epoch: u64,
     /// Device address of `i32 [tokens * top_k]`: each entry's expert, or -1.
@@ -162,6 +166,10 @@ pub struct MoeArgs {
     pub state: u64,
     /// Device address of `bf16 [tokens * hidden]`: the combine's output.
     pub out: u64,
+    /// Device address of the tokens, `x_units` 16-byte units per token (the dispatch).
+    pub x: u64,
+    /// Device address of the tokens' scales, `scale_units` 16-byte units per token, or 0.
+    pub scales: u64,
 }
 
 /// Running totals of one rank's MoE calls, in device memory (written by one thread each).
@@ -231,12 +239,8 @@ impl PeerTally {
     /// the tally lives.
     #[inline(always)]
     pub(crate) unsafe fn new(cta: CoopCta, rows: *mut u32, nranks: usize) -> Self {
-        let mut p = cta.thread_rank();
-        while p < nranks {
-            // SAFETY: `p < nranks` words (the contract).
-            unsafe { rows.add(p).write(0) };
-            p += cta.size();
-        }
+        // SAFETY: `p < nranks` words (the contract).
+        for_each_rank_by_thread(cta, nranks, |p| unsafe { rows.add(p).write(0) });
         cta.sync();
         PeerTally { rows, nranks }
     }
@@ -253,15 +257,13 @@ impl PeerTally {
     #[inline(always)]
     pub(crate) fn signal(&self, gin: &Gin, cta: CoopCta, id: u32) {
         cta.sync();
-        let mut p = cta.thread_rank();
-        while p < self.nranks {
+        for_each_rank_by_thread(cta, self.nranks, |p| {
             // SAFETY: `p < nranks`; the CTA met after the last `add`.
             let rows = unsafe { self.rows.add(p).read() };
             if rows > 0 {
                 gin.signal_from_thread(p as u32, RemoteAction::SignalAdd(id, u64::from(rows)));
             }
-            p += cta.size();
-        }
+        });
         cta.sync();
     }
 }
@@ -407,13 +409,106 @@ pub(crate) fn direct_peers(gin: &Gin, nranks: usize) -> u64 {
 /// Raises `ready` on every direct peer (thread `p` of the CTA signals world rank `p`).
 #[inline(always)]
 pub(crate) fn signal_ready(gin: &Gin, cta: CoopCta, nranks: usize, ready: u32) {
-    let mut p = cta.thread_rank();
-    while p < nranks {
+    for_each_rank_by_thread(cta, nranks, |p| {
         if gin.is_direct(p as u32) {
             gin.signal_from_thread(p as u32, RemoteAction::SignalInc(ready));
         }
+    });
+}
+
+/// Runs `f(p)` for every world rank `p < nranks`, on thread `p` of the CTA (modulo its
+/// size): the CTA acts for each rank once.
+#[inline(always)]
+pub(crate) fn for_each_rank_by_thread(cta: CoopCta, nranks: usize, mut f: impl FnMut(usize)) {
+    let mut p = cta.thread_rank();
+    while p < nranks {
+        f(p);
         p += cta.size();
     }
+}
+
+/// Where, in a region of rows, a warp starts when the rows of a sequence of regions are dealt
+/// to warps in turn (warp `first` of `stride` takes rows `first, first + stride, ..` of the
+/// sequence) and `before` rows of the sequence come before the region: its first row there.
+/// Dealing the whole sequence rather than each region from warp 0 keeps the warps even when
+/// regions hold few rows.
+#[inline(always)]
+pub(crate) const fn dealt_start(first: usize, stride: usize, before: usize) -> usize {
+    (first + stride - before % stride) % stride
+}
+
+/// A rank's token rows as a dispatch sends them: token `t`'s row is `x_units` 16-byte units
+/// of `x` (from unit `t * x_units`), then `scale_units` units of `scales` (from unit `t *
+/// scale_units`). A bf16 token is `hidden / 8` units of `x` and no scales; an fp8 token
+/// (`hidden` bytes) is `hidden / 16` units and its `f32` scales, one per 128 channels, `hidden
+/// / 512` units. The dispatch copies each row into the token's slot of the send window
+/// (`2 * hidden` bytes: room for either) and puts [`TokenRows::bytes`] of it.
+#[derive(Clone, Copy)]
+pub(crate) struct TokenRows {
+    x: *const U32x4,
+    scales: *const U32x4,
+    x_units: usize,
+    scale_units: usize,
+}
+
+impl TokenRows {
+    /// The rows at `x` and `scales` (device addresses) with the given units per token.
+    #[inline(always)]
+    pub(crate) fn new(x: u64, x_units: u32, scales: u64, scale_units: u32) -> TokenRows {
+        TokenRows {
+            x: x as *const U32x4,
+            scales: scales as *const U32x4,
+            x_units: x_units as usize,
+            scale_units: scale_units as usize,
+        }
+    }
+
+    /// Bytes per row.
+    #[inline(always)]
+    pub(crate) fn bytes(&self) -> usize {
+        (self.x_units + self.scale_units) * 16
+    }
+
+    /// Copies the rows of tokens `first..last` into `send` (token `t` at byte `t * slot`),
+    /// shared by the `nthreads` threads calling, of which this is `rank`: consecutive threads
+    /// take consecutive units (coalesced).
+    ///
+    /// # Safety
+    /// `x` and `scales` hold the rows of tokens `..last`, `send` `last` slots of `slot` bytes
+    /// (at least [`TokenRows::bytes`]); nothing writes either meanwhile.
+    #[inline(always)]
+    pub(crate) unsafe fn stage(
+        &self,
+        send: &DevWindow,
+        slot: usize,
+        first: usize,
+        last: usize,
+        rank: usize,
+        nthreads: usize,
+    ) {
+        let units = self.x_units + self.scale_units;
+        let mut u = rank;
+        while u < (last - first) * units {
+            let (t, w) = (first + u / units, u % units);
+            // SAFETY: inside the rows and slots of the contract.
+            unsafe {
+                let from = if w < self.x_units {
+                    self.x.add(t * self.x_units + w)
+                } else {
+                    self.scales.add(t * self.scale_units + w - self.x_units)
+                };
+                arch::store_v4(send.local_ptr::<U32x4>(t * slot + w * 16), arch::load_v4(from));
+            }
+            u += nthreads;
+        }
+    }
+}
+
+/// Whether rows of `x_units + scale_units` 16-byte units fit a slot of `2 * hidden` bytes
+/// (and are not empty).
+#[inline(always)]
+pub(crate) fn rows_fit(x_units: u32, scale_units: u32, hidden: u32) -> bool {
+    x_units > 0 && (u64::from(x_units) + u64::from(scale_units)) * 16 <= 2 * u64::from(hidden)
 }
 
 /// What [`weighted_sum`] reads from a kernel's arguments.
@@ -446,6 +541,7 @@ fn check_args(comm: &DevComm, args: &MoeArgs, dispatch_grid: Option<usize>) {
         || args.num_experts == 0
         || !args.num_experts.is_multiple_of(n)
         || !args.hidden.is_multiple_of(8)
+        || !rows_fit(args.x_units, args.scale_units, args.hidden)
         || args.capacity == 0
         || chunks_short;
     if bad {
@@ -457,9 +553,10 @@ fn check_args(comm: &DevComm, args: &MoeArgs, dispatch_grid: Option<usize>) {
     }
 }
 
-/// One CTA (`block` of `grid`) of the dispatch: see the module docs. `send` holds this
-/// rank's token rows (`hidden` bf16 each) from offset 0; `recv` receives rows (`[experts per
-/// rank][capacity]`); `counts` holds the count matrices (`u32 [2][nranks][num_experts]`, then
+/// One CTA (`block` of `grid`) of the dispatch: see the module docs. The kernel copies this
+/// rank's token rows ([`TokenRows`] of `args.x` and `args.scales`) into `send` (a slot of `2 *
+/// hidden` bytes per token); `recv` receives rows (`[experts per rank][capacity]` slots);
+/// `counts` holds the count matrices (`u32 [2][nranks][num_experts]`, then
 /// a row). False on an abort (the host reports it).
 ///
 /// # Safety
@@ -486,6 +583,7 @@ pub unsafe fn dispatch(
     let per_rank = ne / n;
     let cap = args.capacity as usize;
     let row = args.hidden as usize * 2;
+    let tokens = TokenRows::new(args.x, args.x_units, args.scales, args.scale_units);
     let entries = args.tokens as usize * args.top_k as usize;
     let chunk = args.chunk as usize;
     let (start, end) = ((block * chunk).min(entries), ((block + 1) * chunk).min(entries));
@@ -503,6 +601,13 @@ pub unsafe fn dispatch(
     // shared arrays by `ne` and `chunk`, global ones by `entries`, `MAX_CTAS` and `ne`.
     unsafe {
         let tally = PeerTally::new(cta, sh.wrapping_add(target_word(ne, chunk) + 2), n);
+        // 0. This CTA's run of token rows into the send window: every CTA's copies happen
+        // before its count flag (below), hence before the last CTA's counts, hence before any
+        // CTA's puts (after its wait for the counts).
+        let t_run = (args.tokens as usize).div_ceil(grid);
+        let t_first = (block * t_run).min(args.tokens as usize);
+        let t_last = ((block + 1) * t_run).min(args.tokens as usize);
+        tokens.stage(send, row, t_first, t_last, tid, threads);
         // 1. This CTA's counts per expert, and its entries' experts.
         let mut e = tid;
         while e < ne {
@@ -626,8 +731,8 @@ pub unsafe fn dispatch(
                 }
             } else {
                 let x = x as usize;
+                let dst = (x / per_rank) as u32;
                 if lane0 {
-                    let dst = (x / per_rank) as u32;
                     let place = if gin.is_direct(dst) {
                         ResultPlace { row: ((x % per_rank) * cap + pos) as u32, rank: dst }
                     } else {
@@ -639,17 +744,17 @@ pub unsafe fn dispatch(
                 gin.put(
                     CoopWarp,
                     comm.world(),
-                    (x / per_rank) as u32,
+                    dst,
                     *recv,
                     ((x % per_rank) * cap + pos) * row,
                     *send,
                     t * row,
-                    row,
+                    tokens.bytes(),
                     RemoteAction::None,
                     LocalAction::None,
                 );
                 if lane0 {
-                    tally.add(x / per_rank);
+                    tally.add(dst as usize);
                 }
             }
             j += warps;
@@ -756,42 +861,42 @@ pub unsafe fn combine(
         }
         cta.sync();
         // Every received row from a rank outside the domain back to it, a warp per row: the
-        // rows of all local experts in one sequence (`before`: rows of the experts below
-        // `l`), dealt to the grid's warps in turn. Direct peers read theirs in place.
+        // rows of every (local expert, source) region of such ranks in one sequence
+        // (`before`: the rows of the regions before), dealt to the grid's warps in turn.
+        // Direct peers read theirs in place: their regions are skipped whole.
         let warps = threads / arch::WARP_SIZE;
         let (first, stride) = (block * warps + arch::warp_id_in_block(), grid * warps);
         let mut before = 0usize;
         for l in 0..per_rank {
             let got = (args.recv_counts as *const i32).add(l).read() as usize;
-            let mut r = (first + stride - before % stride) % stride;
-            before += got;
-            while r < got {
-                let mut src = 0;
-                while src + 1 < n && bases.add((src + 1) * per_rank + l).read() as usize <= r {
-                    src += 1;
-                }
+            for src in 0..n {
                 if gin.is_direct(src as u32) {
-                    r += stride;
                     continue;
                 }
-                let from = bases.add(src * per_rank + l).read() as usize;
-                let at = prefixes.add(src * per_rank + l).read() as usize + (r - from);
-                gin.put(
-                    CoopWarp,
-                    comm.world(),
-                    src as u32,
-                    *ret,
-                    at * row,
-                    *recv,
-                    (l * cap + r) * row,
-                    row,
-                    RemoteAction::None,
-                    LocalAction::None,
-                );
-                if arch::lane_id() == 0 {
-                    tally.add(src);
+                // Rows `from..to` of the expert came from `src` (the capacity may cut them).
+                let from = (bases.add(src * per_rank + l).read() as usize).min(got);
+                let to = (from + m.at(src, me * per_rank + l) as usize).min(got);
+                let at = prefixes.add(src * per_rank + l).read() as usize;
+                let mut i = dealt_start(first, stride, before);
+                before += to - from;
+                while from + i < to {
+                    gin.put(
+                        CoopWarp,
+                        comm.world(),
+                        src as u32,
+                        *ret,
+                        (at + i) * row,
+                        *recv,
+                        (l * cap + from + i) * row,
+                        row,
+                        RemoteAction::None,
+                        LocalAction::None,
+                    );
+                    if arch::lane_id() == 0 {
+                        tally.add(src);
+                    }
+                    i += stride;
                 }
-                r += stride;
             }
         }
         tally.signal(&gin, cta, signal::RETURN);

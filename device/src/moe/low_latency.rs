@@ -63,7 +63,10 @@
 //!   return buffer is enough. Every kernel ends with [`Gin::flush`], so the send window and the
 //!   own counts may be rewritten by the next call.
 
-use super::{NO_RETURN, PUSHED, PeerTally, ResultPlace, ResultRows, SumArgs, direct_peers, signal_ready, weighted_sum};
+use super::{
+    NO_RETURN, PUSHED, PeerTally, ResultPlace, ResultRows, SumArgs, TokenRows, dealt_start, direct_peers, rows_fit,
+    signal_ready, weighted_sum,
+};
 use crate::arch::{self, FenceOrder, RmwOrder, Scope, U32x4, atomic};
 use crate::comm::{DevComm, error_code};
 use crate::coop::{Coop, CoopCta, CoopWarp};
@@ -109,14 +112,21 @@ pub struct MoeLowLatencyArgs {
     pub num_experts: u32,
     /// The most tokens of a rank per call, and the rows per (local expert, source).
     pub max_tokens: u32,
-    /// Elements (bf16) per row: a multiple of 8.
+    /// Elements per token: a multiple of 8. Every row slot of the windows holds `2 * hidden`
+    /// bytes (a bf16 row; an fp8 row with its scales fits too).
     pub hidden: u32,
     /// [`phase`] bits.
     pub phase: u32,
+    /// 16-byte units of `x` per token row (the dispatch; see the normal mode's `TokenRows`).
+    pub x_units: u32,
+    /// 16-byte units of `scales` per token row (0 for bf16 rows).
+    pub scale_units: u32,
     /// The dispatch call's number, from 1 (its parity picks the buffers).
     pub epoch: u64,
-    /// Device address of `bf16 [tokens][hidden]`: the tokens (dispatch).
+    /// Device address of the tokens, `x_units` 16-byte units per token (dispatch).
     pub x: u64,
+    /// Device address of the tokens' scales, `scale_units` 16-byte units per token, or 0.
+    pub scales: u64,
     /// Device address of `i32 [tokens * top_k]`: each entry's expert, or -1 (dispatch).
     pub topk_idx: u64,
     /// Device address of `f32 [tokens * top_k]` (combine).
@@ -233,6 +243,7 @@ fn check_args(comm: &DevComm, args: &MoeLowLatencyArgs) {
         || !args.num_experts.is_multiple_of(n)
         || args.hidden == 0
         || !args.hidden.is_multiple_of(8)
+        || !rows_fit(args.x_units, args.scale_units, args.hidden)
         || args.max_tokens == 0
         || args.tokens > args.max_tokens
         || args.phase == 0
@@ -292,19 +303,13 @@ pub unsafe fn dispatch(
             let lane = arch::lane_id() as usize;
             let idx = args.topk_idx as *const i32;
             let ret_index = args.ret_index as *mut ResultPlace;
-            let x = args.x as *const U32x4;
+            let token_rows = TokenRows::new(args.x, args.x_units, args.scales, args.scale_units);
             let tally = PeerTally::new(cta, arch::dynamic_shared_mem::<u32>().wrapping_add(2), n);
             // This CTA's run of tokens: their rows into the send window, by every thread.
             let tokens = args.tokens as usize;
             let run = tokens.div_ceil(grid);
             let (first, last) = ((block * run).min(tokens), ((block + 1) * run).min(tokens));
-            let vecs = row / 16;
-            let mut u = tid;
-            while u < (last - first) * vecs {
-                let at = first * vecs + u;
-                arch::store_v4(send.local_ptr::<U32x4>(at * 16), arch::load_v4(x.add(at)));
-                u += threads;
-            }
+            token_rows.stage(send, row, first, last, tid, threads);
             cta.sync();
             // Its entries, a warp each in turn.
             let mut j = first * k + warp;
@@ -342,17 +347,17 @@ pub unsafe fn dispatch(
                 gin.put(
                     CoopWarp,
                     comm.world(),
-                    (e / per_rank) as u32,
+                    dst,
                     *recv,
                     rows.recv_row(p, l, me, slot),
                     *send,
                     t * row,
-                    row,
+                    token_rows.bytes(),
                     RemoteAction::None,
                     LocalAction::None,
                 );
                 if lane == 0 {
-                    tally.add(e / per_rank);
+                    tally.add(dst as usize);
                 }
                 j += warps;
             }
@@ -494,7 +499,7 @@ pub unsafe fn combine(
                 let from = counts.local_ptr::<u32>(c.received(p, s));
                 for l in 0..per_rank {
                     let got = from.add(l).read_volatile() as usize;
-                    let mut i = (first + stride - before % stride) % stride;
+                    let mut i = dealt_start(first, stride, before);
                     before += got;
                     while i < got {
                         gin.put(

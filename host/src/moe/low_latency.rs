@@ -1,6 +1,7 @@
 //! MoE dispatch and combine in low-latency mode ([`MoeLowLatency`]).
 
-use super::{MoeConfig, MoeLaunch, bf16, check_config, kernel_shape, new_window};
+use super::tokens::RowShape;
+use super::{MoeConfig, MoeLaunch, Tokens, bf16, check_config, kernel_shape, new_window};
 use crate::comm::Communicator;
 use crate::devcomm::{DevCommHandle, DevCommRequirements};
 use crate::mem::window::Window;
@@ -195,16 +196,16 @@ impl MoeLowLatency {
     }
 
     /// [`MoeLowLatency::dispatch_send`] and [`MoeLowLatency::dispatch_recv`] in one kernel.
-    pub fn dispatch(&mut self, x: &DeviceBuffer<bf16>, topk_idx: &DeviceBuffer<i32>) -> Result<()> {
-        self.send_dispatch(x, topk_idx, phase::BOTH)
+    pub fn dispatch<'t>(&mut self, x: impl Into<Tokens<'t>>, topk_idx: &DeviceBuffer<i32>) -> Result<()> {
+        self.send_dispatch(x.into(), topk_idx, phase::BOTH)
     }
 
-    /// Sends this rank's tokens (`x`: `T` rows of `hidden` bf16, `T <= max_tokens`;
-    /// `topk_idx`: `T * top_k` experts, `-1`: none) to their experts' ranks, and its counts;
-    /// returns when queued. The rows land while the stream runs other work;
-    /// [`MoeLowLatency::dispatch_recv`] waits for them.
-    pub fn dispatch_send(&mut self, x: &DeviceBuffer<bf16>, topk_idx: &DeviceBuffer<i32>) -> Result<()> {
-        self.send_dispatch(x, topk_idx, phase::SEND)
+    /// Sends this rank's tokens (`x`: `T` rows of `hidden` bf16, `T <= max_tokens`, or fp8
+    /// rows with their scales, [`Tokens::fp8`]; `topk_idx`: `T * top_k` experts, `-1`: none)
+    /// to their experts' ranks, and its counts; returns when queued. The rows land while the
+    /// stream runs other work; [`MoeLowLatency::dispatch_recv`] waits for them.
+    pub fn dispatch_send<'t>(&mut self, x: impl Into<Tokens<'t>>, topk_idx: &DeviceBuffer<i32>) -> Result<()> {
+        self.send_dispatch(x.into(), topk_idx, phase::SEND)
     }
 
     /// The receive hook: waits (on the stream) for every rank's rows of this dispatch and
@@ -213,7 +214,8 @@ impl MoeLowLatency {
         let Stage::DispatchSent(tokens) = self.stage else {
             return Err(self.out_of_order("dispatch_recv", "after dispatch_send"));
         };
-        self.launch_dispatch(None, None, tokens, phase::RECV)?;
+        let rows = RowShape { tokens, x_units: 0, scale_units: 0 };
+        self.launch_dispatch(None, None, rows, phase::RECV)?;
         self.stage = Stage::Received(tokens);
         Ok(())
     }
@@ -274,19 +276,19 @@ impl MoeLowLatency {
         ))
     }
 
-    fn send_dispatch(&mut self, x: &DeviceBuffer<bf16>, topk_idx: &DeviceBuffer<i32>, ph: u32) -> Result<()> {
+    fn send_dispatch(&mut self, x: Tokens<'_>, topk_idx: &DeviceBuffer<i32>, ph: u32) -> Result<()> {
         let (hidden, k) = (self.cfg.hidden, self.cfg.top_k);
         if self.stage != Stage::Idle {
             return Err(self.out_of_order("dispatch", "after the last combine"));
         }
-        if !x.len().is_multiple_of(hidden) || x.len() / hidden > self.cfg.max_tokens {
+        let rows = x.shape(hidden, "moe_low_latency dispatch")?;
+        let tokens = rows.tokens;
+        if tokens > self.cfg.max_tokens {
             return Err(Error::InvalidArgument(format!(
-                "moe_low_latency dispatch: x holds {} elements: whole rows of {hidden}, at most max_tokens {} of them",
-                x.len(),
+                "moe_low_latency dispatch: {tokens} tokens, more than max_tokens {}",
                 self.cfg.max_tokens
             )));
         }
-        let tokens = x.len() / hidden;
         if topk_idx.len() != tokens * k {
             return Err(Error::InvalidArgument(format!(
                 "moe_low_latency dispatch: topk_idx holds {} entries, {tokens} tokens x top_k {k} = {} needed",
@@ -295,7 +297,7 @@ impl MoeLowLatency {
             )));
         }
         self.epoch += 1;
-        if let Err(e) = self.launch_dispatch(Some(x), Some(topk_idx), tokens, ph) {
+        if let Err(e) = self.launch_dispatch(Some(x), Some(topk_idx), rows, ph) {
             self.epoch -= 1;
             return Err(e);
         }
@@ -311,6 +313,8 @@ impl MoeLowLatency {
             max_tokens: self.cfg.max_tokens as u32,
             hidden: self.cfg.hidden as u32,
             phase: ph,
+            // bf16 rows (a dispatch that sends sets its own).
+            x_units: (self.cfg.hidden / 8) as u32,
             epoch: self.epoch,
             ..MoeLowLatencyArgs::default()
         }
@@ -318,22 +322,27 @@ impl MoeLowLatency {
 
     fn launch_dispatch(
         &mut self,
-        x: Option<&DeviceBuffer<bf16>>,
+        x: Option<Tokens<'_>>,
         topk_idx: Option<&DeviceBuffer<i32>>,
-        tokens: usize,
+        rows: RowShape,
         ph: u32,
     ) -> Result<()> {
         let comm = self.comm.clone();
         let module = comm.device().builtin_module()?;
+        let tokens = rows.tokens;
         let mut args = self.args(tokens, ph);
+        if x.is_some() {
+            (args.x_units, args.scale_units) = (rows.x_units, rows.scale_units);
+        }
         let mut reads = Vec::new();
         let mut writes = Vec::new();
         if let (Some(x), Some(idx)) = (x, topk_idx)
             && tokens > 0
         {
-            let x = x.bytes_at(0)?;
-            args.x = x.param() as u64;
-            reads.push(x);
+            let sources = x.sources()?;
+            args.x = sources[0].param() as u64;
+            args.scales = sources.get(1).map_or(0, |s| s.param() as u64);
+            reads.extend(sources);
             let idx = idx.bytes_at(0)?;
             args.topk_idx = idx.param() as u64;
             reads.push(idx);

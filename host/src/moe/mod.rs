@@ -7,7 +7,8 @@
 //! stores through the LSA mapping inside a domain, the GIN proxy across domains, so the same
 //! calls serve one node and many). Per step, on the rank's stream:
 //!
-//! 1. [`Moe::dispatch`] takes this rank's tokens `x [T, hidden]` (bf16) and their routing
+//! 1. [`Moe::dispatch`] takes this rank's tokens `x [T, hidden]` (bf16, or fp8 with a scale
+//!    per 128 channels: [`Tokens`]) and their routing
 //!    `topk_idx [T, top_k]` (`i32`; `-1`: no expert) and fills every rank's receive buffer
 //!    `[experts_per_rank][capacity][hidden]` ([`Moe::received`]): expert `e`'s rows packed
 //!    in the order (source rank, token, k), with [`Moe::recv_counts`] rows per local expert.
@@ -70,7 +71,9 @@ use ferrolink_device::{DevComm, DevWindow};
 pub use half::bf16;
 
 mod low_latency;
+mod tokens;
 pub use low_latency::MoeLowLatency;
+pub use tokens::{FP8_SCALE_BLOCK, Tokens, fp8_row_bytes};
 
 /// The shape of a [`Moe`]: the same on every rank (checked when it is made).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,18 +250,15 @@ impl Moe {
     }
 
     /// Sends this rank's tokens to their experts' ranks (collective): `x` holds `T` rows of
-    /// `hidden` bf16 (`T <= max_tokens`), `topk_idx` `T * top_k` experts (`-1`: none). Returns
-    /// when the work is queued on the rank's stream; [`Moe::received`] and
-    /// [`Moe::recv_counts`] are then filled in stream order.
-    pub fn dispatch(&mut self, x: &DeviceBuffer<bf16>, topk_idx: &DeviceBuffer<i32>) -> Result<()> {
+    /// `hidden` bf16 (`T <= max_tokens`), or fp8 rows with their scales ([`Tokens::fp8`]),
+    /// `topk_idx` `T * top_k` experts (`-1`: none). Returns when the work is queued on the
+    /// rank's stream; [`Moe::received`] and [`Moe::recv_counts`] are then filled in stream
+    /// order (the kernel reads `x` itself: no copy before it).
+    pub fn dispatch<'t>(&mut self, x: impl Into<Tokens<'t>>, topk_idx: &DeviceBuffer<i32>) -> Result<()> {
         let (hidden, k) = (self.cfg.hidden, self.cfg.top_k);
-        if !x.len().is_multiple_of(hidden) {
-            return Err(Error::InvalidArgument(format!(
-                "moe dispatch: x holds {} elements, not whole rows of {hidden}",
-                x.len()
-            )));
-        }
-        let tokens = x.len() / hidden;
+        let x = x.into();
+        let rows = x.shape(hidden, "moe dispatch")?;
+        let tokens = rows.tokens;
         if tokens > self.cfg.max_tokens {
             return Err(Error::InvalidArgument(format!(
                 "moe dispatch: {tokens} tokens, more than max_tokens {}",
@@ -292,11 +292,6 @@ impl Moe {
                  than {SHARED_LIMIT}: dispatch fewer tokens per call"
             )));
         }
-        if tokens > 0 {
-            let bytes = tokens * 2 * hidden;
-            let cfg = staging_copy_config(dev, bytes);
-            launch_copy(stream, &ferrolink_copy, self.send.slot_ptr(0, bytes)?, x.bytes_at(0)?, bytes, cfg)?;
-        }
         self.epoch += 1;
         let args = MoeArgs {
             tokens: tokens as u32,
@@ -305,12 +300,20 @@ impl Moe {
             capacity: self.capacity as u32,
             hidden: hidden as u32,
             chunk: chunk as u32,
+            x_units: rows.x_units,
+            scale_units: rows.scale_units,
             epoch: self.epoch,
             ..MoeArgs::default()
         };
         let mut reads = Vec::new();
         let mut writes = Vec::new();
         let mut args = args;
+        if tokens > 0 {
+            let sources = x.sources()?;
+            args.x = sources[0].param() as u64;
+            args.scales = sources.get(1).map_or(0, |s| s.param() as u64);
+            reads.extend(sources);
+        }
         if entries > 0 {
             let idx = topk_idx.bytes_at(0)?;
             args.topk_idx = idx.param() as u64;
@@ -336,7 +339,7 @@ impl Moe {
         // SAFETY: `moe_dispatch`'s contract: every rank launches it with the same
         // configuration (checked when the Moe was made) and grid shape rules, the windows of
         // this Moe (made together on every rank, so with the same ids) sized for it, the
-        // token rows copied into `send` just before in stream order, and `topk_idx`,
+        // token rows (`x`, checked for `tokens` rows of this shape, tracked), `topk_idx`,
         // `ret_index`, `recv_counts` and the state sized for `tokens` (checked) and tracked
         // by this launch; the device communicator and its signals are this Moe's only; the
         // epoch counts its dispatches and calls alternate (checked).
@@ -407,6 +410,8 @@ impl Moe {
             capacity: self.capacity as u32,
             hidden: hidden as u32,
             chunk: 1,
+            // The combine moves bf16 results.
+            x_units: (hidden / 8) as u32,
             epoch: self.epoch,
             ..MoeArgs::default()
         };
