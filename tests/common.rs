@@ -114,10 +114,25 @@ pub mod jobs {
 
     /// Runs `scenario` as a job of `n` processes and asserts every rank succeeded.
     pub fn job_passes(test: &str, scenario: &str, n: usize) {
-        for (r, out) in spawn_job(test, scenario, n, &(0..n).collect::<Vec<_>>(), &[]) {
-            assert!(out.status.success(), "{scenario} on {n} processes: rank {r} failed:\n{}", text(&out));
-            assert!(text(&out).contains("child scenario passed"), "rank {r} did not run the scenario:\n{}", text(&out));
-        }
+        job_passes_with(test, scenario, n, &[]);
+    }
+
+    /// [`job_passes`] with `extra` variables set in every rank. On a failure the message holds
+    /// the output of every rank that failed (the first to fail is often not rank 0: the
+    /// others then time out waiting for it).
+    pub fn job_passes_with(test: &str, scenario: &str, n: usize, extra: &[(&str, &str)]) {
+        let outs = spawn_job(test, scenario, n, &(0..n).collect::<Vec<_>>(), extra);
+        let failed: Vec<String> = outs
+            .iter()
+            .filter(|(_, out)| !out.status.success() || !text(out).contains("child scenario passed"))
+            .map(|(r, out)| format!("--- rank {r} ({}):\n{}", out.status, text(out)))
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "{scenario} on {n} processes {extra:?}: {} of {n} ranks failed:\n{}",
+            failed.len(),
+            failed.join("\n")
+        );
     }
 
     /// In a child: runs `f` on this process's rank and reports; returns whether this process is

@@ -471,7 +471,9 @@ impl TokenRows {
 
     /// Copies the rows of tokens `first..last` into `send` (token `t` at byte `t * slot`),
     /// shared by the `nthreads` threads calling, of which this is `rank`: consecutive threads
-    /// take consecutive units (coalesced).
+    /// take consecutive units (coalesced), each thread [`STAGE_BATCH`] at a time with every
+    /// load of a batch issued before its first store (one unit per round trip would leave
+    /// the copy waiting on memory latency).
     ///
     /// # Safety
     /// `x` and `scales` hold the rows of tokens `..last`, `send` `last` slots of `slot` bytes
@@ -487,22 +489,41 @@ impl TokenRows {
         nthreads: usize,
     ) {
         let units = self.x_units + self.scale_units;
-        let mut u = rank;
-        while u < (last - first) * units {
+        let total = (last - first) * units;
+        // Unit `u` of the run: where it is read and where it goes.
+        let at = |u: usize| -> (*const U32x4, *mut U32x4) {
             let (t, w) = (first + u / units, u % units);
-            // SAFETY: inside the rows and slots of the contract.
-            unsafe {
-                let from = if w < self.x_units {
-                    self.x.add(t * self.x_units + w)
-                } else {
-                    self.scales.add(t * self.scale_units + w - self.x_units)
-                };
-                arch::store_v4(send.local_ptr::<U32x4>(t * slot + w * 16), arch::load_v4(from));
+            let from = if w < self.x_units {
+                self.x.wrapping_add(t * self.x_units + w)
+            } else {
+                self.scales.wrapping_add(t * self.scale_units + w - self.x_units)
+            };
+            (from, send.local_ptr::<U32x4>(t * slot + w * 16))
+        };
+        let mut u = rank;
+        // SAFETY: every unit below `total` lies in the rows and slots of the contract.
+        unsafe {
+            while u + (STAGE_BATCH - 1) * nthreads < total {
+                let ((s0, d0), (s1, d1)) = (at(u), at(u + nthreads));
+                let ((s2, d2), (s3, d3)) = (at(u + 2 * nthreads), at(u + 3 * nthreads));
+                let (v0, v1, v2, v3) = (arch::load_v4(s0), arch::load_v4(s1), arch::load_v4(s2), arch::load_v4(s3));
+                arch::store_v4(d0, v0);
+                arch::store_v4(d1, v1);
+                arch::store_v4(d2, v2);
+                arch::store_v4(d3, v3);
+                u += STAGE_BATCH * nthreads;
             }
-            u += nthreads;
+            while u < total {
+                let (from, to) = at(u);
+                arch::store_v4(to, arch::load_v4(from));
+                u += nthreads;
+            }
         }
     }
 }
+
+/// Units of a token row [`TokenRows::stage`] has in flight per thread.
+const STAGE_BATCH: usize = 4;
 
 /// Whether rows of `x_units + scale_units` 16-byte units fit a slot of `2 * hidden` bytes
 /// (and are not empty).
