@@ -15,7 +15,7 @@
 //! (counted, never written: see [`MoeState::dropped`]); it adds nothing in the combine.
 //!
 //! # The dispatch kernel ([`dispatch`])
-//! 1. CTA `b` copies its run of token rows into the send window ([`TokenRows`]: bf16, or
+//! 1. CTA `b` copies its run of token rows into the send window (`TokenRows`: bf16, or
 //!    fp8 with scales), takes entries `[b * chunk, (b + 1) * chunk)`, counts them per expert, and
 //!    publishes the counts with a flag (the call's epoch) in the state's scratch. It then
 //!    sums the counts of the CTAs before it (waiting for their flags: CTAs wait only for
@@ -146,7 +146,7 @@ pub struct MoeArgs {
     pub hidden: u32,
     /// Entries per CTA in the dispatch (at least 1).
     pub chunk: u32,
-    /// 16-byte units of `x` per token row (the dispatch; see [`TokenRows`]).
+    /// 16-byte units of `x` per token row (the dispatch; see `TokenRows`).
     pub x_units: u32,
     /// 16-byte units of `scales` per token row (0 for bf16 rows).
     pub scale_units: u32,
@@ -575,7 +575,7 @@ fn check_args(comm: &DevComm, args: &MoeArgs, dispatch_grid: Option<usize>) {
 }
 
 /// One CTA (`block` of `grid`) of the dispatch: see the module docs. The kernel copies this
-/// rank's token rows ([`TokenRows`] of `args.x` and `args.scales`) into `send` (a slot of `2 *
+/// rank's token rows (`TokenRows` of `args.x` and `args.scales`) into `send` (a slot of `2 *
 /// hidden` bytes per token); `recv` receives rows (`[experts per rank][capacity]` slots);
 /// `counts` holds the count matrices (`u32 [2][nranks][num_experts]`, then
 /// a row). False on an abort (the host reports it).
