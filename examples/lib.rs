@@ -448,3 +448,208 @@ pub mod work_queue {
         Ok((launch(dev, items, 0)?, launch(dev, items, 1)?))
     }
 }
+
+pub mod moe_fused {
+    //! MoE with the experts' MLP fused into the combine. Every rank dispatches its tokens
+    //! with their sources ([`Moe::dispatch_with_sources`](ferrolink::moe::Moe::dispatch_with_sources));
+    //! then the expert kernel (`moe_expert_mlp_fused`, written on the public device API)
+    //! computes `y = W2_e relu(W1_e x)` for each row an expert received and adds `weight * y`
+    //! into the token's `f32` accumulator on the token's rank through the LSA mapping; then
+    //! [`Moe::finish_fused`](ferrolink::moe::Moe::finish_fused) waits for every add and
+    //! rounds the sums to bf16. Each rank checks its output against a host model, exactly:
+    //! the values are chosen so that every `f32` sum is exact in any order.
+    use super::*;
+    use ferrolink::moe::{MoeConfig, bf16};
+    use ferrolink_device::kernels::moe::moe_expert_mlp_fused;
+
+    /// The shape of a run (the same on every rank).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Shape {
+        /// The most tokens per rank (ranks have up to two fewer; rank 1 none in odd rounds).
+        pub max_tokens: usize,
+        /// Elements per token (a multiple of 8).
+        pub hidden: usize,
+        /// The experts' hidden layer.
+        pub ffn: usize,
+        /// Experts per rank.
+        pub experts_per_rank: usize,
+        /// Experts per token.
+        pub top_k: usize,
+        /// Rows per expert (`None`: room for every token).
+        pub capacity: Option<usize>,
+        /// Dispatches in a row.
+        pub rounds: usize,
+        /// Most tokens pick expert 0 first (a hot expert).
+        pub skewed: bool,
+    }
+
+    impl Shape {
+        /// A shape the emulator runs in a moment.
+        pub fn small() -> Shape {
+            Shape {
+                max_tokens: 6,
+                hidden: 32,
+                ffn: 8,
+                experts_per_rank: 2,
+                top_k: 2,
+                capacity: None,
+                rounds: 3,
+                skewed: false,
+            }
+        }
+
+        /// A shape for a GPU.
+        pub fn gpu() -> Shape {
+            Shape { max_tokens: 256, hidden: 1024, ffn: 64, experts_per_rank: 4, top_k: 4, rounds: 4, ..Shape::small() }
+        }
+    }
+
+    /// A splitmix64 step: every rank builds every rank's inputs from the same seeds.
+    fn mix(mut z: u64) -> u64 {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// One round's inputs of one rank.
+    struct Inputs {
+        tokens: usize,
+        /// `tokens * hidden`: multiples of 1/2 in [-2, 2] (exact in bf16).
+        x: Vec<f32>,
+        /// `tokens * top_k` distinct experts.
+        idx: Vec<i32>,
+        /// `tokens * top_k`: multiples of 1/16 in (0, 1].
+        weights: Vec<f32>,
+    }
+
+    fn inputs(s: &Shape, nranks: usize, rank: usize, round: usize) -> Inputs {
+        let seed = mix((round as u64) << 32 ^ rank as u64);
+        let tokens = if rank == 1 && round % 2 == 1 { 0 } else { s.max_tokens - (seed % 3) as usize };
+        let experts = s.experts_per_rank * nranks;
+        let x = (0..tokens * s.hidden).map(|i| (mix(seed ^ i as u64) % 9) as f32 / 2.0 - 2.0).collect();
+        let mut idx = Vec::with_capacity(tokens * s.top_k);
+        for t in 0..tokens {
+            let mut z = mix(seed ^ 0xe0 ^ (t as u64) << 20);
+            let mut chosen: Vec<i32> = Vec::new();
+            while chosen.len() < s.top_k.min(experts) {
+                z = mix(z);
+                let e = if s.skewed && chosen.is_empty() && !z.is_multiple_of(8) { 0 } else { (z % experts as u64) as i32 };
+                if !chosen.contains(&e) {
+                    chosen.push(e);
+                }
+            }
+            chosen.resize(s.top_k, -1);
+            idx.extend(chosen);
+        }
+        let weights = (0..tokens * s.top_k).map(|i| ((mix(seed ^ 0x3e ^ i as u64) % 16) + 1) as f32 / 16.0).collect();
+        Inputs { tokens, x, idx, weights }
+    }
+
+    /// Expert `e`'s weights: `W1[j][c]` and `W2[c][j]`, each -1, 0 or 1 (mostly 0).
+    fn w1(e: usize, j: usize, c: usize) -> f32 {
+        [1.0, -1.0, 0.0, 0.0][(mix((e as u64) << 40 ^ (j as u64) << 20 ^ c as u64) % 4) as usize]
+    }
+    fn w2(e: usize, c: usize, j: usize) -> f32 {
+        [1.0, -1.0, 0.0, 0.0][(mix(0xa5 ^ (e as u64) << 40 ^ (c as u64) << 20 ^ j as u64) % 4) as usize]
+    }
+
+    /// The host model of expert `e` on one token row.
+    fn expert(s: &Shape, e: usize, x: &[f32]) -> Vec<f32> {
+        let h: Vec<f32> =
+            (0..s.ffn).map(|j| (0..s.hidden).map(|c| w1(e, j, c) * x[c]).sum::<f32>().max(0.0)).collect();
+        (0..s.hidden).map(|c| (0..s.ffn).map(|j| w2(e, c, j) * h[j]).sum()).collect()
+    }
+
+    /// One rank's program: `rounds` fused dispatch-expert-combine steps, each checked.
+    /// Needs every rank in one LSA domain.
+    pub fn rank(comm: &Communicator, s: Shape) -> Result<String> {
+        let (n, me) = (comm.nranks(), comm.rank());
+        let dev = comm.device();
+        let experts = s.experts_per_rank * n;
+        let cfg = MoeConfig {
+            num_experts: experts,
+            hidden: s.hidden,
+            top_k: s.top_k,
+            max_tokens: s.max_tokens,
+            capacity: s.capacity,
+        };
+        // Host work first: this rank's experts' weights (W2 transposed: a warp reads a row).
+        let (h, f) = (s.hidden, s.ffn);
+        let mut w1s = Vec::with_capacity(s.experts_per_rank * f * h);
+        let mut w2s = Vec::with_capacity(s.experts_per_rank * f * h);
+        for l in 0..s.experts_per_rank {
+            let e = me * s.experts_per_rank + l;
+            for j in 0..f {
+                w1s.extend((0..h).map(|c| w1(e, j, c)));
+                w2s.extend((0..h).map(|c| w2(e, c, j)));
+            }
+        }
+        let (w1_dev, w2_dev) = (dev.alloc_from(&w1s)?, dev.alloc_from(&w2s)?);
+        let module = dev.builtin_module()?;
+        let mut moe = comm.moe(cfg)?;
+        moe.enable_fused()?;
+        let cap = moe.capacity();
+        let threads = block_threads(dev);
+        let launch = LaunchConfig::linear(grid_ctas(dev, 4 * dev.sm_count().max(1)), threads)
+            .with_shared_mem(threads / 32 * f as u32 * 4);
+        let mut checked = 0;
+        for round in 0..s.rounds {
+            let all: Vec<Inputs> = (0..n).map(|r| inputs(&s, n, r, round)).collect();
+            let mine = &all[me];
+            let x: Vec<bf16> = mine.x.iter().map(|v| bf16::from_f32(*v)).collect();
+            let (x, idx, w) = (dev.alloc_from(&x)?, dev.alloc_from(&mine.idx)?, dev.alloc_from(&mine.weights)?);
+            let mut out = dev.alloc::<bf16>(mine.tokens * h)?;
+            moe.dispatch_with_sources(&x, &idx, &w)?;
+            let target = moe.fused_target()?;
+            // SAFETY: the kernel's contract: this call's target and the Moe's device
+            // communicator; `w1`/`w2` hold `experts_per_rank * ffn * hidden` f32 (tracked);
+            // whole warps with `4 * ffn` bytes of shared memory each.
+            unsafe {
+                comm.stream().launch(
+                    module,
+                    &moe_expert_mlp_fused,
+                    launch,
+                    (moe.dev_comm(), &target, &w1_dev, &w2_dev, f as u32),
+                )?
+            };
+            moe.finish_fused(&mut out)?;
+            comm.synchronize()?;
+            let got = out.to_vec()?;
+            // The model: each entry's place in its expert's queue, in (rank, token, k) order:
+            // past the capacity it is dropped.
+            let mut queued = vec![0usize; experts];
+            let mut want = vec![0f32; mine.tokens * h];
+            for (r, inp) in all.iter().enumerate() {
+                for (j, &e) in inp.idx.iter().enumerate() {
+                    if e < 0 {
+                        continue;
+                    }
+                    let place = queued[e as usize];
+                    queued[e as usize] += 1;
+                    if r != me || place >= cap {
+                        continue;
+                    }
+                    let t = j / s.top_k;
+                    let y = expert(&s, e as usize, &inp.x[t * h..][..h]);
+                    for (acc, v) in want[t * h..][..h].iter_mut().zip(y) {
+                        *acc += inp.weights[j] * v;
+                    }
+                }
+            }
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                check(*g == bf16::from_f32(*w), || {
+                    format!("rank {me} round {round}: token {} channel {}: {g}, expected {}", i / h, i % h, bf16::from_f32(*w))
+                })?;
+            }
+            checked += mine.tokens;
+        }
+        // No rank may free its windows while a peer's kernel could still add into them.
+        comm.barrier()?;
+        Ok(format!(
+            "moe_fused: rank {me} of {n}: {} rounds, {checked} tokens through {experts} fused MLP experts (hidden {h}, \
+             ffn {f}, top-{}), verified",
+            s.rounds, s.top_k
+        ))
+    }
+}

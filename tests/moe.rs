@@ -1,8 +1,8 @@
 //! MoE dispatch and combine (issue 13), against a host model: random, skewed and
 //! own-rank routing, empty experts, entries without an expert (-1), ranks without tokens,
 //! overflow at a small capacity (drops counted), several rounds in a row, across LSA domains
-//! through the GIN proxy, one process per rank, fp8 tokens with scales, and the errors of bad
-//! calls, on every backend.
+//! through the GIN proxy, one process per rank, fp8 tokens with scales, the fused combine
+//! (experts adding into the tokens' ranks), and the errors of bad calls, on every backend.
 
 use ferrolink::moe::{Moe, MoeConfig, MoeLowLatency, Tokens, bf16, fp8_row_bytes};
 use ferrolink::{CommConfig, Communicator, Device, LsaMode};
@@ -468,11 +468,42 @@ fn fp8_tokens(c: &Communicator) -> ferrolink::Result<()> {
     Ok(())
 }
 
+/// The fused combine (the experts' MLP adds its results into the tokens' ranks: the
+/// `moe_fused` example, which checks every output exactly): random and skewed routing, ranks
+/// without tokens, overflow at a capacity of 3, several rounds; on CUDA also a GPU-sized
+/// shape. Across LSA domains it is a clear error.
+fn fused_combine(c: &Communicator) -> ferrolink::Result<()> {
+    use ferrolink_examples::moe_fused::{Shape, rank};
+    if c.lsa_size() != c.nranks() {
+        let cfg = MoeConfig { num_experts: 2 * c.nranks(), hidden: 8, top_k: 1, max_tokens: 2, capacity: None };
+        let err = c.moe(cfg)?.enable_fused().expect_err("fused across domains").to_string();
+        return check(err.contains("every rank in one LSA domain"), || format!("fused across domains: {err}"));
+    }
+    let small = Shape::small();
+    let mut shapes = vec![
+        small,
+        Shape { skewed: true, capacity: Some(3), hidden: 64, top_k: 3, ..small },
+        Shape { skewed: true, experts_per_rank: 1, top_k: 1, max_tokens: 9, ..small },
+    ];
+    if c.device().backend() == ferrolink::Backend::Cuda {
+        shapes.push(Shape::gpu());
+    }
+    for shape in shapes {
+        rank(c, shape).map_err(|e| {
+            let e = format!("rank {}: fused combine of {shape:?} on {} ranks: {e}", c.rank(), c.nranks());
+            eprintln!("{e}");
+            ferrolink::Error::InvalidArgument(e)
+        })?;
+    }
+    Ok(())
+}
+
 fn every_case(c: &Communicator) -> ferrolink::Result<()> {
     every_routing(c)?;
     overflow(c)?;
     every_low_latency_round(c)?;
-    fp8_tokens(c)
+    fp8_tokens(c)?;
+    fused_combine(c)
 }
 
 #[test]
@@ -528,10 +559,30 @@ fn bad_moe_calls_are_clear_errors() {
             let twice = moe.dispatch(&x, &idx).expect_err("two dispatches").to_string();
             let wrong_out = moe.combine(None, &w, &mut dev.alloc::<bf16>(8)?).expect_err("a short output").to_string();
             moe.combine(None, &w, &mut out)?;
+            // The fused combine: set up first, only after a dispatch with sources, the
+            // weights and the output sized for the tokens; the combine may still follow.
+            let mut fz = c.moe(good)?;
+            let unset = fz.fused_target().err().map(|e| e.to_string()).unwrap_or_default();
+            fz.enable_fused()?;
+            fz.dispatch(&x, &idx)?;
+            let plain = fz.finish_fused(&mut out).expect_err("fused after a plain dispatch").to_string();
+            fz.combine(None, &w, &mut out)?;
+            let short_w =
+                fz.dispatch_with_sources(&x, &idx, &dev.alloc::<f32>(3)?).expect_err("3 weights").to_string();
+            fz.dispatch_with_sources(&x, &idx, &w)?;
+            let fused_out = fz.finish_fused(&mut dev.alloc::<bf16>(8)?).expect_err("a short output").to_string();
+            fz.combine(None, &w, &mut out)?;
             c.synchronize()?;
-            Ok([odd, hidden, early, short, many, twice, wrong_out, fp8_hidden, fp8_scales])
+            Ok([odd, hidden, early, short, many, twice, wrong_out, fp8_hidden, fp8_scales, unset, plain, short_w, fused_out])
         })?;
-        let [odd, hidden, early, short, many, twice, wrong_out, fp8_hidden, fp8_scales] = &errs[0];
+        let [odd, hidden, early, short, many, twice, wrong_out, fp8_hidden, fp8_scales, unset, plain, short_w, fused_out] =
+            &errs[0];
+        check(unset.contains("call enable_fused first"), || format!("fused before set-up: {unset}"))?;
+        check(plain.contains("only after dispatch_with_sources"), || format!("fused after dispatch: {plain}"))?;
+        check(short_w.contains("topk_weights holds 3 weights, 2 tokens x top_k 2 = 4 needed"), || {
+            format!("short weights: {short_w}")
+        })?;
+        check(fused_out.contains("out must hold 16 (it holds 8)"), || format!("fused output: {fused_out}"))?;
         check(odd.contains("multiple of the 2 ranks"), || format!("3 experts: {odd}"))?;
         check(hidden.contains("multiple of 8"), || format!("hidden 12: {hidden}"))?;
         check(early.contains("no dispatch to combine"), || format!("early combine: {early}"))?;

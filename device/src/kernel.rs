@@ -169,6 +169,10 @@ unsafe impl KernelParam for crate::moe::MoeArgs {
 unsafe impl KernelParam for crate::moe::low_latency::MoeLowLatencyArgs {
     const HOLDS_ADDRESS: bool = true;
 }
+// SAFETY: a `#[repr(C)]` Pod struct of windows and u32 and u64 words, device addresses inside.
+unsafe impl KernelParam for crate::moe::fused::FusedCombineArgs {
+    const HOLDS_ADDRESS: bool = true;
+}
 // SAFETY: a `#[repr(C)]` Pod struct of three u32 words, no addresses.
 unsafe impl KernelParam for crate::comm::Team {
     const HOLDS_ADDRESS: bool = false;

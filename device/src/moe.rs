@@ -92,6 +92,7 @@ use crate::gin::{Gin, LocalAction, RemoteAction};
 use crate::window::DevWindow;
 use bytemuck::{Pod, Zeroable};
 
+pub mod fused;
 pub mod low_latency;
 
 /// The GIN signals the MoE kernels use (on GIN context 0 of their own device communicator).
@@ -104,8 +105,11 @@ pub mod signal {
     pub const RETURN: u32 = 2;
     /// A direct peer's expert results may be read in place (combine).
     pub const READY: u32 = 3;
+    /// Rows an expert kernel added into this rank's accumulators (the fused combine: see
+    /// [`super::fused`]).
+    pub const FUSED: u32 = 4;
     /// Signals in all.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 5;
 }
 
 /// A result row meaning "nothing comes back": no expert (`-1`), or dropped at capacity.
@@ -154,7 +158,9 @@ pub struct MoeArgs {
     pub epoch: u64,
     /// Device address of `i32 [tokens * top_k]`: each entry's expert, or -1.
     pub topk_idx: u64,
-    /// Device address of `f32 [tokens * top_k]` (combine).
+    /// Device address of `f32 [tokens * top_k]` (the combine). In the dispatch: 0, or the
+    /// weights, and then every row put also gets its [`fused::RowSource`] (see
+    /// [`fused::sources_offset`]).
     pub topk_weights: u64,
     /// Device address of [`ResultPlace`]` [tokens * top_k]`: where each entry's result will
     /// be (written by the dispatch, read by the combine).
@@ -185,8 +191,13 @@ pub struct MoeState {
     pub dropped: u64,
     /// Rows this rank received in the last dispatch.
     pub received: u64,
+    /// Entries of this rank the last dispatch kept (sent to an expert, not dropped).
+    pub kept: u64,
+    /// What the [`signal::FUSED`] signal reaches once every kept entry of the last dispatch
+    /// was added by its expert (the fused combine's wait: see [`fused`]).
+    pub fused_target: u64,
     /// Unused.
-    pub _reserved: [u64; 4],
+    pub _reserved: [u64; 2],
 }
 
 /// Bytes of the state and the dispatch's scratch after it, for `num_experts` experts: the
@@ -576,7 +587,9 @@ fn check_args(comm: &DevComm, args: &MoeArgs, dispatch_grid: Option<usize>) {
 
 /// One CTA (`block` of `grid`) of the dispatch: see the module docs. The kernel copies this
 /// rank's token rows (`TokenRows` of `args.x` and `args.scales`) into `send` (a slot of `2 *
-/// hidden` bytes per token); `recv` receives rows (`[experts per rank][capacity]` slots);
+/// hidden` bytes per token); `recv` receives rows (`[experts per rank][capacity]` slots, then,
+/// when `args.topk_weights` is not 0, a [`fused::RowSource`] per slot from
+/// [`fused::sources_offset`]);
 /// `counts` holds the count matrices (`u32 [2][nranks][num_experts]`, then
 /// a row). False on an abort (the host reports it).
 ///
@@ -618,6 +631,11 @@ pub unsafe fn dispatch(
     let (ex, slots) = (sh.wrapping_add(3 * ne), sh.wrapping_add(3 * ne + chunk));
     let idx = args.topk_idx as *const i32;
     let m = CountMatrix { counts, nranks: n, experts: ne, parity: (args.epoch % 2) as usize };
+    // The fused combine's signal before any row of this call is out (see `fused`): CTA 0's
+    // thread 0 reads it before its count flag, so before any rank can receive a row of this
+    // call and add its result.
+    let fused_base = if block == 0 && tid == 0 { gin.read_signal(signal::FUSED) } else { 0 };
+    let weights = args.topk_weights as *const f32;
     // SAFETY: (the whole body) every index below is inside the arrays the contract sizes:
     // shared arrays by `ne` and `chunk`, global ones by `entries`, `MAX_CTAS` and `ne`.
     unsafe {
@@ -762,18 +780,28 @@ pub unsafe fn dispatch(
                     ret.add(j).write(place);
                 }
                 let t = j / args.top_k as usize;
+                let place = (x % per_rank) * cap + pos;
                 gin.put(
                     CoopWarp,
                     comm.world(),
                     dst,
                     *recv,
-                    ((x % per_rank) * cap + pos) * row,
+                    place * row,
                     *send,
                     t * row,
                     tokens.bytes(),
                     RemoteAction::None,
                     LocalAction::None,
                 );
+                if !weights.is_null() {
+                    let source = fused::RowSource {
+                        rank: me as u32,
+                        token: t as u32,
+                        k: (j % args.top_k as usize) as u32,
+                        weight: weights.add(j).read(),
+                    };
+                    fused::put_source(&gin, comm, recv, fused::sources_offset(per_rank, cap, row) + place * 16, dst, source);
+                }
                 if lane0 {
                     tally.add(dst as usize);
                 }
@@ -796,7 +824,7 @@ pub unsafe fn dispatch(
                     (args.recv_counts as *mut i32).add(l).write(got as i32);
                     expected += got as u64;
                 }
-                let (mut pushed, mut dropped) = (0u64, 0u64);
+                let (mut pushed, mut dropped, mut kept) = (0u64, 0u64, 0u64);
                 for e in 0..ne {
                     let mine = m.at(me, e) as usize;
                     let fit = cap.saturating_sub(base.add(e).read() as usize).min(mine);
@@ -805,6 +833,7 @@ pub unsafe fn dispatch(
                         pushed += fit as u64;
                     }
                     dropped += (mine - fit) as u64;
+                    kept += fit as u64;
                 }
                 let s = state.read_volatile();
                 let next = MoeState {
@@ -812,6 +841,8 @@ pub unsafe fn dispatch(
                     ret_total: s.ret_total + pushed,
                     dropped,
                     received: expected,
+                    kept,
+                    fused_target: fused_base + kept,
                     ..s
                 };
                 state.write_volatile(next);

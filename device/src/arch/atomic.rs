@@ -245,6 +245,22 @@ pub unsafe fn red_add<T: Word>(p: *mut T, value: T, order: StoreOrder, scope: Sc
     unsafe { T::red_add(p, value, order, scope) }
 }
 
+/// Adds `value[i]` to `p[i]` for `i < 4`, relaxed, with no result:
+/// `red.relaxed.{scope}.global.add.v4.f32` (sm_90). Each element's add is atomic on its own
+/// (the four are not one atomic step); the sum's rounding is `f32` round-to-nearest, so
+/// adds in a different order may round differently. A relaxed reduction: order it with a
+/// release after it (a signal) and an acquire before the reads.
+///
+/// # Safety
+/// `p` points to four `f32` of global memory (a device allocation, maybe a peer's through
+/// the LSA mapping), 16-byte aligned, valid for writes, and every concurrent access to them
+/// is atomic.
+#[inline(always)]
+pub unsafe fn red_add_f32x4(p: *mut f32, value: [f32; 4], scope: Scope) {
+    // SAFETY: the caller upholds this function's contract.
+    unsafe { imp::red_add_f32x4(p, value, scope) }
+}
+
 /// Memory fence: `fence.{acq_rel|sc}.{scope}`.
 #[inline(always)]
 pub fn fence(order: FenceOrder, scope: Scope) {

@@ -147,6 +147,25 @@ macro_rules! host_word {
 host_word!(u32, AtomicU32, load_u32, store_u32, add_u32, exch_u32, cas_u32, max_u32, red_u32);
 host_word!(u64, AtomicU64, load_u64, store_u64, add_u64, exch_u64, cas_u64, max_u64, red_u64);
 
+pub(super) unsafe fn red_add_f32x4(p: *mut f32, v: [f32; 4], _s: Scope) {
+    if !emulator::effect_allowed() {
+        return;
+    }
+    for (i, add) in v.into_iter().enumerate() {
+        // SAFETY: the caller guarantees four aligned `f32` only accessed atomically
+        // (contract of arch::atomic::red_add_f32x4); an `f32` has the layout of a `u32`.
+        let a = unsafe { AtomicU32::from_ptr(p.add(i) as *mut u32) };
+        let mut old = a.load(Ordering::Relaxed);
+        loop {
+            let new = (f32::from_bits(old) + add).to_bits();
+            match a.compare_exchange_weak(old, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(seen) => old = seen,
+            }
+        }
+    }
+}
+
 pub(super) fn fence(o: FenceOrder, _s: Scope) {
     // A fence orders this thread's effects; of a failed launch there are no more. A thread
     // already unwinding still fences (harmless: its stores are skipped anyway).

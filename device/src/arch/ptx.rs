@@ -218,6 +218,31 @@ macro_rules! word_impl {
 word_impl!(u32, reg32, "u32", "b32", load_u32, store_u32, add_u32, exch_u32, cas_u32, max_u32, red_u32);
 word_impl!(u64, reg64, "u64", "b64", load_u64, store_u64, add_u64, exch_u64, cas_u64, max_u64, red_u64);
 
+macro_rules! red_f32x4 {
+    ($p:ident, $v:ident, $scope:literal) => {
+        // SAFETY: the caller guarantees `p` is 16-byte aligned global memory
+        // (arch::atomic::red_add_f32x4); `cvta.to.global` turns its generic address into the
+        // global one the vector form needs.
+        unsafe {
+            asm!(
+                concat!("{{ .reg .b64 %ga; cvta.to.global.u64 %ga, {p}; red.relaxed", $scope,
+                    ".global.add.v4.f32 [%ga], {{{a}, {b}, {c}, {d}}}; }}"),
+                p = in(reg64) $p, a = in(reg32) $v[0], b = in(reg32) $v[1], c = in(reg32) $v[2], d = in(reg32) $v[3],
+                options(nostack)
+            )
+        }
+    };
+}
+
+#[inline(always)]
+pub(super) unsafe fn red_add_f32x4(p: *mut f32, v: [f32; 4], s: Scope) {
+    match s {
+        Scope::Cta => red_f32x4!(p, v, ".cta"),
+        Scope::Gpu => red_f32x4!(p, v, ".gpu"),
+        Scope::Sys => red_f32x4!(p, v, ".sys"),
+    }
+}
+
 #[inline(always)]
 pub(super) fn fence(o: FenceOrder, s: Scope) {
     match o {

@@ -1,10 +1,11 @@
 //! The MoE kernels (see [`crate::moe`]).
 
-use crate::arch;
+use crate::arch::{self, U32x4};
 use crate::comm::DevComm;
 use crate::kernel;
+use crate::moe::fused::{self, FusedCombineArgs};
 use crate::moe::low_latency::{self, MoeLowLatencyArgs};
-use crate::moe::{self, MoeArgs};
+use crate::moe::{self, MoeArgs, dealt_start};
 use crate::window::DevWindow;
 
 kernel! {
@@ -68,5 +69,96 @@ kernel! {
         let _ = unsafe {
             low_latency::combine(&comm, &recv, &ret, &counts, &args, arch::block_idx_x(), arch::grid_dim_x())
         };
+    }
+}
+
+kernel! {
+    /// The fused combine's last step on a token's rank (see [`fused::finish`]): waits for
+    /// every kept entry's add, then rounds the accumulators into `args.out` and zeroes them.
+    ///
+    /// # Safety
+    /// As [`fused::finish`].
+    pub unsafe fn moe_fused_finish(comm: DevComm, acc: DevWindow, args: MoeArgs) {
+        // SAFETY: the kernel's contract. An abort ends it early: the host reports it.
+        let _ = unsafe { fused::finish(&comm, &acc, &args, arch::block_idx_x(), arch::grid_dim_x()) };
+    }
+}
+
+kernel! {
+    /// The fused MoE example's expert kernel (examples/11_moe_fused.rs): local expert `l`
+    /// computes `y = W2_l relu(W1_l x)` for each of its rows, with `W1_l` of `ffn x hidden`
+    /// (`w1`: `f32 [experts_per_rank][ffn][hidden]`) and `W2_l` of `hidden x ffn`, given
+    /// transposed (`w2`: `f32 [experts_per_rank][ffn][hidden]`, `w2[l][j][c] = W2_l[c][j]`,
+    /// so that a warp reads a row of it at once), in `f32`.
+    ///
+    /// A warp per received row (every local expert's rows dealt to the grid's warps in turn)
+    /// computes `h = relu(W1_l x)` (a warp-wide dot
+    /// product per hidden unit, kept in shared memory), then `y = W2_l h`, four channels per
+    /// lane at a time, and adds `weight * y` straight into the token's accumulator on its
+    /// rank ([`FusedCombineArgs::add`]); then reports the row ([`FusedCombineArgs::row_added`]).
+    /// Needs `4 * ffn` bytes of dynamic shared memory per warp and a whole number of warps
+    /// per CTA.
+    ///
+    /// # Safety
+    /// `target` is what `Moe::fused_target` gave for this call (after a dispatch given the
+    /// weights, on this rank's stream), `comm` that `Moe`'s device communicator;
+    /// `w1` and `w2` hold what is said above for `target.experts_per_rank` experts.
+    pub unsafe fn moe_expert_mlp_fused(comm: DevComm, target: FusedCombineArgs, w1: *const f32, w2: *const f32, ffn: u32) {
+        let (warps, warp, lane) = (arch::block_dim_x() / arch::WARP_SIZE, arch::warp_id_in_block(), arch::lane_id());
+        let (first, stride) = (arch::block_idx_x() * warps + warp, arch::grid_dim_x() * warps);
+        let (h, f) = (target.hidden as usize, ffn as usize);
+        let hidden_units = arch::dynamic_shared_mem::<f32>().wrapping_add(warp * f);
+        let mut before = 0;
+        for l in 0..target.experts_per_rank as usize {
+            // SAFETY: the kernel's contract: every index below lies in the buffers it sizes
+            // (`l < experts_per_rank`, `i < rows(l)`, `j < ffn`, channels below `hidden`).
+            unsafe {
+                let rows = target.rows(l);
+                let (w1, w2) = (w1.add(l * f * h), w2.add(l * f * h));
+                let mut i = dealt_start(first, stride, before);
+                before += rows;
+                while i < rows {
+                    let x = target.row(l, i);
+                    for j in 0..f {
+                        let mut s = 0f32;
+                        let mut v = lane as usize;
+                        while v < h / 8 {
+                            let xs = arch::load_v4(x.add(v));
+                            let wa = arch::load_v4(w1.add(j * h + 8 * v) as *const U32x4);
+                            let wb = arch::load_v4(w1.add(j * h + 8 * v + 4) as *const U32x4);
+                            for q in 0..8 {
+                                let xq = half::bf16::from_bits((xs.0[q / 2] >> (16 * (q % 2))) as u16).to_f32();
+                                let wq = f32::from_bits(if q < 4 { wa.0[q] } else { wb.0[q - 4] });
+                                s += wq * xq;
+                            }
+                            v += arch::WARP_SIZE;
+                        }
+                        for d in [16, 8, 4, 2, 1] {
+                            s += f32::from_bits(arch::shfl_xor_sync(u32::MAX, s.to_bits(), d));
+                        }
+                        if lane == 0 {
+                            hidden_units.add(j).write(s.max(0.0));
+                        }
+                    }
+                    arch::sync_warp(u32::MAX);
+                    let source = target.source(l, i);
+                    let mut c = 4 * lane as usize;
+                    while c < h {
+                        let mut y = [0f32; 4];
+                        for j in 0..f {
+                            let hj = hidden_units.add(j).read();
+                            let w = arch::load_v4(w2.add(j * h + c) as *const U32x4);
+                            for (q, yq) in y.iter_mut().enumerate() {
+                                *yq += hj * f32::from_bits(w.0[q]);
+                            }
+                        }
+                        target.add(&source, c, y);
+                        c += 4 * arch::WARP_SIZE;
+                    }
+                    target.row_added(&comm, &source);
+                    i += stride;
+                }
+            }
+        }
     }
 }

@@ -70,8 +70,10 @@ use ferrolink_device::moe::{self as dev_moe, MoeArgs, MoeState};
 use ferrolink_device::{DevComm, DevWindow};
 pub use half::bf16;
 
+mod fused;
 mod low_latency;
 mod tokens;
+pub use fused::FusedTarget;
 pub use low_latency::MoeLowLatency;
 pub use tokens::{FP8_SCALE_BLOCK, Tokens, fp8_row_bytes};
 
@@ -102,7 +104,8 @@ pub struct Moe {
     handle: DevCommHandle,
     /// This rank's token rows (the dispatch's sources).
     send: Window,
-    /// The rows received, `[experts_per_rank][capacity][hidden]`; the experts' results.
+    /// The rows received, `[experts_per_rank][capacity][hidden]`; the experts' results; then
+    /// a `RowSource` per row (written by a dispatch given the weights).
     recv: Window,
     /// The results coming back, one row per entry of this rank.
     ret: Window,
@@ -116,13 +119,17 @@ pub struct Moe {
     epoch: u64,
     /// Tokens of the dispatch waiting for its combine.
     pending: Option<usize>,
+    /// Whether that dispatch wrote the rows' sources (it was given the weights).
+    pending_sources: bool,
+    /// The fused combine's accumulators (`f32 [max_tokens][hidden]`), once enabled.
+    acc: Option<Window>,
 }
 
 impl Communicator {
     /// Makes this rank's MoE resources (collective: every rank calls it with the same
     /// configuration, checked). Memory per rank, in token rows of `2 * hidden` bytes:
-    /// `max_tokens` (sources), `capacity * num_experts / nranks` (received),
-    /// `max_tokens * top_k` (results coming back).
+    /// `max_tokens` (sources), `capacity * num_experts / nranks` (received, and 16 bytes
+    /// more per row for its source), `max_tokens * top_k` (results coming back).
     pub fn moe(&self, cfg: MoeConfig) -> Result<Moe> {
         let n = self.nranks();
         let capacity = cfg.capacity.unwrap_or(cfg.max_tokens * n);
@@ -131,7 +138,7 @@ impl Communicator {
         let per_rank = cfg.num_experts / n;
         let sizes = [
             cfg.max_tokens * row,
-            per_rank * capacity * row,
+            per_rank * capacity * (row + std::mem::size_of::<dev_moe::fused::RowSource>()),
             cfg.max_tokens * cfg.top_k * row,
             (2 * n + 1) * cfg.num_experts * 4,
         ];
@@ -165,6 +172,8 @@ impl Communicator {
             state: dev.alloc(dev_moe::scratch_bytes(cfg.num_experts).div_ceil(8))?,
             epoch: 0,
             pending: None,
+            pending_sources: false,
+            acc: None,
         })
     }
 }
@@ -255,8 +264,30 @@ impl Moe {
     /// rank's stream; [`Moe::received`] and [`Moe::recv_counts`] are then filled in stream
     /// order (the kernel reads `x` itself: no copy before it).
     pub fn dispatch<'t>(&mut self, x: impl Into<Tokens<'t>>, topk_idx: &DeviceBuffer<i32>) -> Result<()> {
+        self.dispatch_routed(x.into(), topk_idx, None)
+    }
+
+    /// [`Moe::dispatch`], and every row put also gets its source: the token's rank, index,
+    /// `k` and weight (`topk_weights`, `f32`, `T * top_k`), in the receive window after the
+    /// rows (`ferrolink_device::moe::fused::RowSource`). For experts that send their results
+    /// back themselves: the fused combine ([`Moe::fused_target`], [`Moe::finish_fused`]).
+    /// The [`Moe::combine`] may follow it as after a dispatch.
+    pub fn dispatch_with_sources<'t>(
+        &mut self,
+        x: impl Into<Tokens<'t>>,
+        topk_idx: &DeviceBuffer<i32>,
+        topk_weights: &DeviceBuffer<f32>,
+    ) -> Result<()> {
+        self.dispatch_routed(x.into(), topk_idx, Some(topk_weights))
+    }
+
+    fn dispatch_routed(
+        &mut self,
+        x: Tokens<'_>,
+        topk_idx: &DeviceBuffer<i32>,
+        topk_weights: Option<&DeviceBuffer<f32>>,
+    ) -> Result<()> {
         let (hidden, k) = (self.cfg.hidden, self.cfg.top_k);
-        let x = x.into();
         let rows = x.shape(hidden, "moe dispatch")?;
         let tokens = rows.tokens;
         if tokens > self.cfg.max_tokens {
@@ -269,6 +300,15 @@ impl Moe {
             return Err(Error::InvalidArgument(format!(
                 "moe dispatch: topk_idx holds {} entries, {tokens} tokens x top_k {k} = {} needed",
                 topk_idx.len(),
+                tokens * k
+            )));
+        }
+        if let Some(w) = topk_weights
+            && w.len() != tokens * k
+        {
+            return Err(Error::InvalidArgument(format!(
+                "moe dispatch: topk_weights holds {} weights, {tokens} tokens x top_k {k} = {} needed",
+                w.len(),
                 tokens * k
             )));
         }
@@ -321,6 +361,11 @@ impl Moe {
             let ret = self.ret_index.bytes_at_mut(0)?;
             args.ret_index = ret.param() as u64;
             writes.push(ret);
+            if let Some(w) = topk_weights {
+                let w = w.bytes_at(0)?;
+                args.topk_weights = w.param() as u64;
+                reads.push(w);
+            }
         }
         let counts = self.recv_counts.bytes_at_mut(0)?;
         args.recv_counts = counts.param() as u64;
@@ -350,6 +395,7 @@ impl Moe {
         }
         tracing::debug!(target: "ferrolink::moe", rank = comm.rank(), epoch = self.epoch, tokens, grid, "dispatch queued");
         self.pending = Some(tokens);
+        self.pending_sources = topk_weights.is_some();
         Ok(())
     }
 
@@ -460,6 +506,30 @@ impl Moe {
 
 /// Entries per dispatch CTA (more CTAs for more tokens, up to the resident limit).
 const ENTRIES_PER_CTA: usize = 32;
+
+/// A kernel's argument struct with the buffers its addresses name, tracked by the launch.
+struct TrackedArgs<'s, 'a, A> {
+    args: A,
+    reads: &'s [TrackedPtr<'a, *const u8>],
+    writes: &'s [TrackedPtr<'a, *mut u8>],
+}
+
+impl<A> crate::runtime::launch::sealed::Sealed for &TrackedArgs<'_, '_, A> {}
+
+impl<A: KernelParam + Copy> LaunchArg for &TrackedArgs<'_, '_, A> {
+    type Param = A;
+    fn param(&self) -> A {
+        self.args
+    }
+    fn track(&self, t: &mut LaunchTracking) {
+        for r in self.reads {
+            r.track(t);
+        }
+        for w in self.writes {
+            w.track(t);
+        }
+    }
+}
 
 /// A MoE kernel's arguments with everything it uses tracked.
 struct MoeLaunch<'s, 'a, A> {

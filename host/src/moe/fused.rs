@@ -1,0 +1,191 @@
+//! The fused combine: the experts' kernels add their weighted results straight into the
+//! tokens' ranks (`ferrolink_device::moe::fused`: the protocol and its ordering).
+//!
+//! Per step, on every rank: [`Moe::dispatch_with_sources`] (the rows and, per row, where it
+//! came from and its weight); the caller's expert kernel with [`Moe::fused_target`] and
+//! [`Moe::dev_comm`] as arguments, which computes each received row and adds `weight * y`
+//! into the token's accumulator on its rank (`FusedCombineArgs::add`, `row_added`); then
+//! [`Moe::finish_fused`], which waits for every add of this rank's tokens and writes `out`.
+//! Set up once with [`Moe::enable_fused`]. examples/11_moe_fused.rs is a whole program.
+
+use super::{Moe, TrackedArgs, bf16, kernel_shape, new_window};
+use crate::devcomm::DevCommHandle;
+use crate::mem::window::Window;
+use crate::runtime::launch::{LaunchArg, LaunchConfig, LaunchTracking};
+use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
+use crate::{Error, Result};
+use ferrolink_device::kernels::moe::moe_fused_finish;
+use ferrolink_device::moe::MoeArgs;
+use ferrolink_device::moe::fused::FusedCombineArgs;
+
+/// What the caller's expert kernel gets for the fused combine of one call (a launch argument:
+/// the kernel parameter `FusedCombineArgs`, with the windows and counts it names tracked).
+/// Made by [`Moe::fused_target`].
+pub struct FusedTarget<'a> {
+    args: FusedCombineArgs,
+    recv: &'a Window,
+    acc: &'a Window,
+    counts: TrackedPtr<'a, *const u8>,
+}
+
+impl crate::runtime::launch::sealed::Sealed for &FusedTarget<'_> {}
+
+impl LaunchArg for &FusedTarget<'_> {
+    type Param = FusedCombineArgs;
+    fn param(&self) -> FusedCombineArgs {
+        self.args
+    }
+    fn track(&self, t: &mut LaunchTracking) {
+        self.recv.track(t);
+        self.acc.track(t);
+        self.counts.track(t);
+    }
+}
+
+impl Moe {
+    /// Makes the fused combine's accumulators, `f32 [max_tokens][hidden]` per rank
+    /// (collective, once; host set-up: call it before the first dispatch, as other
+    /// allocations). Every rank must be in one LSA domain: the experts add through the LSA
+    /// mapping (across domains, use [`Moe::combine`]).
+    pub fn enable_fused(&mut self) -> Result<()> {
+        let (n, lsa) = (self.comm.nranks(), self.comm.lsa_size());
+        if lsa != n {
+            return Err(Error::InvalidArgument(format!(
+                "moe enable_fused: the fused combine needs every rank in one LSA domain (the experts add into the \
+                 tokens' ranks through the LSA mapping); this communicator's {n} ranks are in domains of {lsa}: \
+                 use combine"
+            )));
+        }
+        if self.acc.is_none() {
+            self.acc = Some(new_window(&self.comm, self.cfg.max_tokens * self.cfg.hidden * 4)?);
+        }
+        Ok(())
+    }
+
+    /// The device communicator of this `Moe`'s kernels: the expert kernel of the fused
+    /// combine takes it beside [`Moe::fused_target`] (it raises the `FUSED` signal on it).
+    pub fn dev_comm(&self) -> &DevCommHandle {
+        &self.handle
+    }
+
+    /// The argument of the caller's expert kernel for the fused combine of the last dispatch
+    /// (which must have been [`Moe::dispatch_with_sources`], after [`Moe::enable_fused`]).
+    /// The kernel must report every received row once (`FusedCombineArgs::row_added`), or
+    /// the token ranks' [`Moe::finish_fused`] times out.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::moe::{MoeConfig, bf16};
+    /// use ferrolink::{Communicator, Device, LaunchConfig, run_ranks};
+    /// use ferrolink_device::kernels::moe::moe_expert_mlp_fused;
+    /// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 2, hidden: 8, top_k: 1, max_tokens: 2, capacity: None };
+    /// let outs = run_ranks(&comms, |c| {
+    ///     let mut moe = c.moe(cfg)?;
+    ///     moe.enable_fused()?;
+    ///     let dev = c.device();
+    ///     // Both tokens of each rank go to expert 1 (on rank 1) with weight 0.5.
+    ///     let x = dev.alloc_from(&[bf16::from_f32(2.0); 16])?;
+    ///     let (idx, w) = (dev.alloc_from(&[1i32, 1])?, dev.alloc_from(&[0.5f32; 2])?);
+    ///     moe.dispatch_with_sources(&x, &idx, &w)?;
+    ///     // The expert: y = W2 relu(W1 x), one hidden unit, W1 all 1 and W2 all 1 (x 8: 16).
+    ///     let ones = dev.alloc_from(&[1f32; 8])?;
+    ///     let target = moe.fused_target()?;
+    ///     let cfg = LaunchConfig::linear(1, 32).with_shared_mem(4);
+    ///     // SAFETY: the kernel's contract: the target and device communicator of this call,
+    ///     // the weights of one expert of 1 x 8 (tracked).
+    ///     unsafe {
+    ///         let module = dev.builtin_module()?;
+    ///         c.stream().launch(module, &moe_expert_mlp_fused, cfg, (moe.dev_comm(), &target, &ones, &ones, 1u32))?;
+    ///     }
+    ///     let mut out = dev.alloc::<bf16>(16)?;
+    ///     moe.finish_fused(&mut out)?;
+    ///     c.synchronize()?;
+    ///     out.to_vec()
+    /// })?;
+    /// // 0.5 * 16 for every element of every token.
+    /// assert!(outs.iter().flatten().all(|v| v.to_f32() == 8.0));
+    /// # Ok(()) }
+    /// ```
+    pub fn fused_target(&self) -> Result<FusedTarget<'_>> {
+        let acc = self.fused_ready("fused_target")?;
+        let args = FusedCombineArgs {
+            recv: (&self.recv).param(),
+            acc: acc.param(),
+            recv_counts: 0,
+            experts_per_rank: self.experts_per_rank() as u32,
+            capacity: self.capacity as u32,
+            hidden: self.cfg.hidden as u32,
+            _reserved: 0,
+        };
+        let counts = self.recv_counts.bytes_at(0)?;
+        Ok(FusedTarget { args: FusedCombineArgs { recv_counts: counts.param() as u64, ..args }, recv: &self.recv, acc, counts })
+    }
+
+    /// Ends the fused combine of the last dispatch (collective, after the expert kernel on
+    /// this rank's stream): waits, on the stream, until every entry of this rank's tokens was
+    /// added by its expert, then writes `out` (`T` rows of `hidden` bf16, `T` of the last
+    /// dispatch): each token's sum of `weight * y` over its kept entries, accumulated in
+    /// `f32` in arrival order and rounded once. Dropped entries and `-1` add nothing. A wait
+    /// that cannot finish (an expert kernel that skipped rows) is a timeout naming the signal.
+    pub fn finish_fused(&mut self, out: &mut DeviceBuffer<bf16>) -> Result<()> {
+        let acc = self.fused_ready("finish_fused")?.clone();
+        let tokens = self.pending.expect("checked by fused_ready");
+        let hidden = self.cfg.hidden;
+        if out.len() != tokens * hidden {
+            return Err(Error::InvalidArgument(format!(
+                "moe finish_fused: the last dispatch had {tokens} tokens: out must hold {} (it holds {})",
+                tokens * hidden,
+                out.len()
+            )));
+        }
+        let comm = self.comm.clone();
+        let dev = comm.device();
+        let module = dev.builtin_module()?;
+        let mut args = MoeArgs {
+            tokens: tokens as u32,
+            top_k: self.cfg.top_k as u32,
+            num_experts: self.cfg.num_experts as u32,
+            capacity: self.capacity as u32,
+            hidden: hidden as u32,
+            chunk: 1,
+            x_units: (hidden / 8) as u32,
+            epoch: self.epoch,
+            ..MoeArgs::default()
+        };
+        let state = self.state.bytes_at(0)?;
+        args.state = state.param() as u64;
+        let mut writes = Vec::new();
+        if tokens > 0 {
+            let o = out.bytes_at_mut(0)?;
+            args.out = o.param() as u64;
+            writes.push(o);
+        }
+        let reads = [state];
+        let tracked = TrackedArgs { args, reads: &reads, writes: &writes };
+        let (threads, ctas) = kernel_shape(&comm);
+        let cfg = LaunchConfig::linear(ctas as u32, threads);
+        // SAFETY: `moe_fused_finish`'s contract: after this Moe's dispatch given the weights
+        // on this stream (checked: pending with sources), the expert kernel queued by the
+        // caller before it; `out` holds the dispatch's tokens (checked); the state and `acc`
+        // (every rank's, one domain: checked when made) are this Moe's; all tracked.
+        unsafe { comm.stream().launch(module, &moe_fused_finish, cfg, (&self.handle, &acc, &tracked))? };
+        tracing::debug!(target: "ferrolink::moe", rank = comm.rank(), epoch = self.epoch, tokens, "fused finish queued");
+        self.pending = None;
+        Ok(())
+    }
+
+    /// The accumulators, if the last dispatch may be finished by the fused combine.
+    fn fused_ready(&self, what: &str) -> Result<&Window> {
+        let Some(acc) = &self.acc else {
+            return Err(Error::InvalidArgument(format!("moe {what}: call enable_fused first (collective, once)")));
+        };
+        if self.pending.is_none() || !self.pending_sources {
+            return Err(Error::InvalidArgument(format!(
+                "moe {what}: only after dispatch_with_sources (the experts need each row's source and weight)"
+            )));
+        }
+        Ok(acc)
+    }
+}
