@@ -534,7 +534,8 @@ pub mod moe_fused {
             let mut chosen: Vec<i32> = Vec::new();
             while chosen.len() < s.top_k.min(experts) {
                 z = mix(z);
-                let e = if s.skewed && chosen.is_empty() && !z.is_multiple_of(8) { 0 } else { (z % experts as u64) as i32 };
+                let e =
+                    if s.skewed && chosen.is_empty() && !z.is_multiple_of(8) { 0 } else { (z % experts as u64) as i32 };
                 if !chosen.contains(&e) {
                     chosen.push(e);
                 }
@@ -556,8 +557,7 @@ pub mod moe_fused {
 
     /// The host model of expert `e` on one token row.
     fn expert(s: &Shape, e: usize, x: &[f32]) -> Vec<f32> {
-        let h: Vec<f32> =
-            (0..s.ffn).map(|j| (0..s.hidden).map(|c| w1(e, j, c) * x[c]).sum::<f32>().max(0.0)).collect();
+        let h: Vec<f32> = (0..s.ffn).map(|j| (0..s.hidden).map(|c| w1(e, j, c) * x[c]).sum::<f32>().max(0.0)).collect();
         (0..s.hidden).map(|c| (0..s.ffn).map(|j| w2(e, c, j) * h[j]).sum()).collect()
     }
 
@@ -639,7 +639,12 @@ pub mod moe_fused {
             }
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 check(*g == bf16::from_f32(*w), || {
-                    format!("rank {me} round {round}: token {} channel {}: {g}, expected {}", i / h, i % h, bf16::from_f32(*w))
+                    format!(
+                        "rank {me} round {round}: token {} channel {}: {g}, expected {}",
+                        i / h,
+                        i % h,
+                        bf16::from_f32(*w)
+                    )
                 })?;
             }
             checked += mine.tokens;

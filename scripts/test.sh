@@ -83,7 +83,7 @@ echo "== examples as multi-process jobs on the emulator (ferrolink-run, 2 and 4 
 # Where cargo put them: the default target dir, or the caller's CARGO_TARGET_DIR.
 bin="${CARGO_TARGET_DIR:-target}/debug"
 for n in 2 4; do
-  for ex in 02_ring 03_allreduce 05_fused 06_barrier 07_gin_ping_pong 08_all_to_all 09_collectives 10_p2p_graphs_persistent; do
+  for ex in 02_ring 03_allreduce 05_fused 06_barrier 07_gin_ping_pong 08_all_to_all 09_collectives 10_p2p_graphs_persistent 11_moe_fused; do
     FERROLINK_BOOTSTRAP_TIMEOUT=60 timeout 300 "$bin/ferrolink-run" -n "$n" --backend cpu "$bin/examples/$ex" > /tmp/ferrolink-job.log 2>&1 \
       || { cat /tmp/ferrolink-job.log; echo "error: $ex as a $n-process job failed" >&2; exit 1; }
     echo "$ex -n $n: $(grep -cE "verified|no stale|matches|round trips|intact" /tmp/ferrolink-job.log) lines of success from $n ranks"

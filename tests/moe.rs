@@ -567,16 +567,31 @@ fn bad_moe_calls_are_clear_errors() {
             fz.dispatch(&x, &idx)?;
             let plain = fz.finish_fused(&mut out).expect_err("fused after a plain dispatch").to_string();
             fz.combine(None, &w, &mut out)?;
-            let short_w =
-                fz.dispatch_with_sources(&x, &idx, &dev.alloc::<f32>(3)?).expect_err("3 weights").to_string();
+            let short_w = fz.dispatch_with_sources(&x, &idx, &dev.alloc::<f32>(3)?).expect_err("3 weights").to_string();
             fz.dispatch_with_sources(&x, &idx, &w)?;
             let fused_out = fz.finish_fused(&mut dev.alloc::<bf16>(8)?).expect_err("a short output").to_string();
             fz.combine(None, &w, &mut out)?;
             c.synchronize()?;
-            Ok([odd, hidden, early, short, many, twice, wrong_out, fp8_hidden, fp8_scales, unset, plain, short_w, fused_out])
+            Ok([
+                odd, hidden, early, short, many, twice, wrong_out, fp8_hidden, fp8_scales, unset, plain, short_w,
+                fused_out,
+            ])
         })?;
-        let [odd, hidden, early, short, many, twice, wrong_out, fp8_hidden, fp8_scales, unset, plain, short_w, fused_out] =
-            &errs[0];
+        let [
+            odd,
+            hidden,
+            early,
+            short,
+            many,
+            twice,
+            wrong_out,
+            fp8_hidden,
+            fp8_scales,
+            unset,
+            plain,
+            short_w,
+            fused_out,
+        ] = &errs[0];
         check(unset.contains("call enable_fused first"), || format!("fused before set-up: {unset}"))?;
         check(plain.contains("only after dispatch_with_sources"), || format!("fused after dispatch: {plain}"))?;
         check(short_w.contains("topk_weights holds 3 weights, 2 tokens x top_k 2 = 4 needed"), || {

@@ -574,6 +574,39 @@ impl<'a> Gin<'a> {
         self.wait_signal_until(coop, id, least, Some(deadline))
     }
 
+    /// Waits until every world rank's part of signal `id` (its slot, not counting resets)
+    /// has reached `least` (a rolling compare), then acquires what they released. For
+    /// protocols in which every rank adds once per round: there a total could be reached
+    /// with a fast rank's add for the next round standing in for a slow rank's add for this
+    /// one (on another path, it may still be on its way). A slow wait names the rank it waits
+    /// for. Returns early, with the same result on every thread of the coop, if the
+    /// communicator is aborted.
+    #[inline(always)]
+    pub fn wait_signal_each<C: Coop>(&self, coop: C, id: u32, least: u64) -> Result<(), BarrierError> {
+        self.check_signal(id);
+        let mut end = Ok(());
+        if coop.thread_rank() == 0 {
+            for src in 0..self.comm.nranks {
+                let record = GinWaitRecord {
+                    target: least,
+                    state: wait_state::PEER_SIGNAL,
+                    team_first: src,
+                    ..GinWaitRecord::default()
+                };
+                end = self.poll_recorded(
+                    || self.read_signal_from(id, src).wrapping_sub(least) as i64 >= 0,
+                    None,
+                    Some((id, record)),
+                );
+                if end.is_err() {
+                    break;
+                }
+            }
+            arch::atomic::fence(FenceOrder::Acquire, Scope::Sys);
+        }
+        uniform(coop, end)
+    }
+
     #[inline(always)]
     fn wait_signal_until<C: Coop>(
         &self,

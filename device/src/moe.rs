@@ -32,6 +32,9 @@
 //!    window, row for row where the token went, when that rank is a direct (LSA) peer; else
 //!    in this rank's return window, where the combine will put it; [`NO_RETURN`] for a
 //!    dropped entry or no expert.
+//!    Given the weights (`MoeArgs::topk_weights`: the fused combine, [`fused`]), the CTA then
+//!    puts each of its rows' [`fused::RowSource`] too, in a walk of its own, before its data
+//!    signals.
 //! 4. CTA 0 computes, from the matrix, the rows this rank receives per local expert (its
 //!    `recv_counts`) and waits for them all.
 //!
@@ -66,8 +69,13 @@
 //!   scope, after the kernels before it on its stream wrote its expert results (stream order
 //!   makes those writes happen before the release, which is cumulative); a peer reads them
 //!   after its acquiring wait saw `epoch` adds from every direct peer.
-//! * Signals are never reset: counts reach `epoch * nranks` at call `epoch` (each rank puts
-//!   its row once per call), `READY` reaches `epoch` times the direct peers, and the data and
+//! * Signals are never reset: each rank's part of the counts signal reaches `epoch` at call
+//!   `epoch` (each rank puts its row once per call). The wait is per rank
+//!   ([`Gin::wait_signal_each`]), not for the total `epoch * nranks`: a rank that needs
+//!   nothing from a slow rank in its combine (no rows to or from it) can put its counts of
+//!   call `epoch + 1` while the slow rank's row of call `epoch` is still on its way through
+//!   the proxy, and a total would let that add stand in for the missing row (a stale row
+//!   read: seen on an H200, 3 processes through the TCP proxy). `READY` reaches `epoch` times the direct peers, and the data and
 //!   return signals are compared with running
 //!   totals kept in the state, each written by one thread (CTA 0's thread 0 in the
 //!   dispatch) and read by later kernels.
@@ -154,7 +162,7 @@ pub struct MoeArgs {
     pub x_units: u32,
     /// 16-byte units of `scales` per token row (0 for bf16 rows).
     pub scale_units: u32,
-    /// The dispatch call's number, from 1 (the count signal reaches `epoch * nranks`).
+    /// The dispatch call's number, from 1 (each rank's part of the count signal reaches `epoch`).
     pub epoch: u64,
     /// Device address of `i32 [tokens * top_k]`: each entry's expert, or -1.
     pub topk_idx: u64,
@@ -736,7 +744,7 @@ pub unsafe fn dispatch(
                 p += warps;
             }
         }
-        if gin.wait_signal(cta, signal::COUNTS, args.epoch * n as u64).is_err() {
+        if gin.wait_signal_each(cta, signal::COUNTS, args.epoch).is_err() {
             return false;
         }
         // 3. Where this rank's entries go: base(e) (ranks before this one) and prefix(e)
@@ -759,54 +767,70 @@ pub unsafe fn dispatch(
         let (warp, warps) = (arch::warp_id_in_block(), threads / arch::WARP_SIZE);
         let lane0 = arch::lane_id() == 0;
         let ret = args.ret_index as *mut ResultPlace;
-        let mut j = start + warp;
-        while j < end {
+        // Entry `j`'s expert and its place among the expert's rows, if it has one that fits.
+        let place_of = |j: usize| -> Option<(usize, usize, usize)> {
             let x = ex.add(j - start).read();
             let slot = slots.add(j - start).read() as usize;
-            let pos = if x == u32::MAX { usize::MAX } else { base.add(x as usize).read() as usize + slot };
-            if pos >= cap {
+            if x == u32::MAX {
+                return None;
+            }
+            let pos = base.add(x as usize).read() as usize + slot;
+            (pos < cap).then_some((x as usize, slot, pos))
+        };
+        let mut j = start + warp;
+        while j < end {
+            let Some((x, slot, pos)) = place_of(j) else {
                 if lane0 {
                     ret.add(j).write(ResultPlace { row: NO_RETURN, rank: PUSHED });
                 }
-            } else {
-                let x = x as usize;
-                let dst = (x / per_rank) as u32;
-                if lane0 {
-                    let place = if gin.is_direct(dst) {
-                        ResultPlace { row: ((x % per_rank) * cap + pos) as u32, rank: dst }
-                    } else {
-                        ResultPlace { row: prefix.add(x).read() + slot as u32, rank: PUSHED }
-                    };
-                    ret.add(j).write(place);
-                }
-                let t = j / args.top_k as usize;
-                let place = (x % per_rank) * cap + pos;
-                gin.put(
-                    CoopWarp,
-                    comm.world(),
-                    dst,
-                    *recv,
-                    place * row,
-                    *send,
-                    t * row,
-                    tokens.bytes(),
-                    RemoteAction::None,
-                    LocalAction::None,
-                );
-                if !weights.is_null() {
-                    let source = fused::RowSource {
-                        rank: me as u32,
-                        token: t as u32,
-                        k: (j % args.top_k as usize) as u32,
-                        weight: weights.add(j).read(),
-                    };
-                    fused::put_source(&gin, comm, recv, fused::sources_offset(per_rank, cap, row) + place * 16, dst, source);
-                }
-                if lane0 {
-                    tally.add(dst as usize);
-                }
+                j += warps;
+                continue;
+            };
+            let dst = (x / per_rank) as u32;
+            if lane0 {
+                let place = if gin.is_direct(dst) {
+                    ResultPlace { row: ((x % per_rank) * cap + pos) as u32, rank: dst }
+                } else {
+                    ResultPlace { row: prefix.add(x).read() + slot as u32, rank: PUSHED }
+                };
+                ret.add(j).write(place);
+            }
+            let t = j / args.top_k as usize;
+            gin.put(
+                CoopWarp,
+                comm.world(),
+                dst,
+                *recv,
+                ((x % per_rank) * cap + pos) * row,
+                *send,
+                t * row,
+                tokens.bytes(),
+                RemoteAction::None,
+                LocalAction::None,
+            );
+            if lane0 {
+                tally.add(dst as usize);
             }
             j += warps;
+        }
+        // Each row's source when the weights are given, in a walk of its own (the rows' walk
+        // stays as lean without them); before the data signal, which covers them too.
+        if !weights.is_null() {
+            let mut j = start + warp;
+            while j < end {
+                if let Some((x, _, pos)) = place_of(j) {
+                    let (k, place) = (args.top_k as usize, (x % per_rank) * cap + pos);
+                    let source = fused::RowSource {
+                        rank: me as u32,
+                        token: (j / k) as u32,
+                        k: (j % k) as u32,
+                        weight: weights.add(j).read(),
+                    };
+                    let at = fused::sources_offset(per_rank, cap, row) + place * 16;
+                    fused::put_source(&gin, comm, recv, at, (x / per_rank) as u32, source);
+                }
+                j += warps;
+            }
         }
         tally.signal(&gin, cta, signal::DATA);
         // 4. CTA 0 receives.

@@ -185,8 +185,10 @@ pub unsafe fn finish(comm: &DevComm, acc: &DevWindow, args: &MoeArgs, block: usi
     let cta = CoopCta;
     let gin = Gin::new(comm, 0);
     let n = comm.nranks as usize;
+    // Ranks outside the LSA domain could not have added (the host's `enable_fused` refuses
+    // them); reported as arguments the kernels cannot use.
     if comm.lsa_size != comm.nranks || !args.hidden.is_multiple_of(8) {
-        comm.fail(error_code::MOE_ARGS, u64::from(comm.lsa_size), u64::from(comm.nranks));
+        comm.fail(error_code::MOE_ARGS, u64::from(args.num_experts.max(1)) << 32 | u64::from(args.hidden), 0);
     }
     if block == 0 {
         signal_ready(&gin, cta, n, signal::READY);

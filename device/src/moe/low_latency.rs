@@ -50,7 +50,10 @@
 //!   [`Gin::wait_signal`] acquires at system scope. The receiver
 //!   counts the rows it expects from the counts and waits for the running total of rows of
 //!   this parity (kept by CTA 0's thread 0 in the state), so the order of counts and rows on
-//!   the wire does not matter. The counts signal of parity `p` reaches `n * ((epoch + 1) / 2)`.
+//!   the wire does not matter. Each rank's part of the counts signal of parity `p` reaches
+//!   `(epoch + 1) / 2`, waited for per rank ([`Gin::wait_signal_each`]): a fast rank's counts
+//!   of call `c + 2` may arrive before a slow rank's of call `c` (the same parity), and a
+//!   total would count them in its place.
 //! * `READY` as in normal mode ([`super`]): a release at system scope after the stream's
 //!   earlier kernels wrote the results; it reaches `epoch` times the direct peers.
 //! * Reuse: a rank sends rows of call `c + 2` (parity `p` again) only after its receive of
@@ -419,7 +422,7 @@ pub unsafe fn dispatch(
         }
         if args.phase & phase::RECV != 0 && block == 0 {
             let calls = args.epoch.div_ceil(2);
-            if gin.wait_signal(cta, signal::COUNTS[p], calls * n as u64).is_err() {
+            if gin.wait_signal_each(cta, signal::COUNTS[p], calls).is_err() {
                 return false;
             }
             let target = arch::dynamic_shared_mem::<u64>();

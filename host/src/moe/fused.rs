@@ -120,7 +120,12 @@ impl Moe {
             _reserved: 0,
         };
         let counts = self.recv_counts.bytes_at(0)?;
-        Ok(FusedTarget { args: FusedCombineArgs { recv_counts: counts.param() as u64, ..args }, recv: &self.recv, acc, counts })
+        Ok(FusedTarget {
+            args: FusedCombineArgs { recv_counts: counts.param() as u64, ..args },
+            recv: &self.recv,
+            acc,
+            counts,
+        })
     }
 
     /// Ends the fused combine of the last dispatch (collective, after the expert kernel on

@@ -339,10 +339,7 @@ impl MoeLowLatency {
         if let (Some(x), Some(idx)) = (x, topk_idx)
             && tokens > 0
         {
-            let sources = x.sources()?;
-            args.x = sources[0].param() as u64;
-            args.scales = sources.get(1).map_or(0, |s| s.param() as u64);
-            reads.extend(sources);
+            (args.x, args.scales) = x.addresses(&mut reads)?;
             let idx = idx.bytes_at(0)?;
             args.topk_idx = idx.param() as u64;
             reads.push(idx);

@@ -349,10 +349,7 @@ impl Moe {
         let mut writes = Vec::new();
         let mut args = args;
         if tokens > 0 {
-            let sources = x.sources()?;
-            args.x = sources[0].param() as u64;
-            args.scales = sources.get(1).map_or(0, |s| s.param() as u64);
-            reads.extend(sources);
+            (args.x, args.scales) = x.addresses(&mut reads)?;
         }
         if entries > 0 {
             let idx = topk_idx.bytes_at(0)?;

@@ -1,6 +1,7 @@
 //! The tokens a dispatch sends: bf16 rows, or fp8 rows with a scale per 128 channels.
 
 use super::bf16;
+use crate::runtime::launch::LaunchArg;
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::{Error, Result};
 
@@ -126,12 +127,16 @@ impl<'a> Tokens<'a> {
         }
     }
 
-    /// The rows' device addresses, each a tracked read (`x`, then the scales if any); only
-    /// for a shape with tokens.
-    pub(crate) fn sources(&self) -> Result<Vec<TrackedPtr<'a, *const u8>>> {
-        match *self {
-            Tokens::Bf16(x) => Ok(vec![x.bytes_at(0)?]),
-            Tokens::Fp8 { x, scales } => Ok(vec![x.bytes_at(0)?, scales.bytes_at(0)?]),
-        }
+    /// The rows' device addresses, `(x, scales)` (0: no scales), each added to `reads` as a
+    /// tracked read of the launch; only for a shape with tokens.
+    pub(crate) fn addresses(&self, reads: &mut Vec<TrackedPtr<'a, *const u8>>) -> Result<(u64, u64)> {
+        let (x, scales) = match *self {
+            Tokens::Bf16(x) => (x.bytes_at(0)?, None),
+            Tokens::Fp8 { x, scales } => (x.bytes_at(0)?, Some(scales.bytes_at(0)?)),
+        };
+        let addresses = (x.param() as u64, scales.as_ref().map_or(0, |s| s.param() as u64));
+        reads.push(x);
+        reads.extend(scales);
+        Ok(addresses)
     }
 }
