@@ -15,7 +15,6 @@ use crate::runtime::launch::{LaunchArg, LaunchConfig, LaunchTracking};
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::{Error, Result};
 use ferrolink_device::kernels::moe::moe_fused_finish;
-use ferrolink_device::moe::MoeArgs;
 use ferrolink_device::moe::fused::FusedCombineArgs;
 
 /// What the caller's expert kernel gets for the fused combine of one call (a launch argument:
@@ -148,17 +147,7 @@ impl Moe {
         let comm = self.comm.clone();
         let dev = comm.device();
         let module = dev.builtin_module()?;
-        let mut args = MoeArgs {
-            tokens: tokens as u32,
-            top_k: self.cfg.top_k as u32,
-            num_experts: self.cfg.num_experts as u32,
-            capacity: self.capacity as u32,
-            hidden: hidden as u32,
-            chunk: 1,
-            x_units: (hidden / 8) as u32,
-            epoch: self.epoch,
-            ..MoeArgs::default()
-        };
+        let mut args = self.result_args(tokens);
         let state = self.state.bytes_at(0)?;
         args.state = state.param() as u64;
         let mut writes = Vec::new();

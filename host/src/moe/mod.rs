@@ -382,7 +382,8 @@ impl Moe {
         // configuration (checked when the Moe was made) and grid shape rules, the windows of
         // this Moe (made together on every rank, so with the same ids) sized for it, the
         // token rows (`x`, checked for `tokens` rows of this shape, tracked), `topk_idx`,
-        // `ret_index`, `recv_counts` and the state sized for `tokens` (checked) and tracked
+        // `ret_index`, `recv_counts`, the state and the weights if any (with the receive
+        // window's room for the rows' sources) sized for `tokens` (checked) and tracked
         // by this launch; the device communicator and its signals are this Moe's only; the
         // epoch counts its dispatches and calls alternate (checked).
         let queued = unsafe { stream.launch(module, &moe_dispatch, cfg, launch) };
@@ -446,18 +447,7 @@ impl Moe {
             )?;
         }
         let (threads, cap_ctas) = self.shape();
-        let mut args = MoeArgs {
-            tokens: tokens as u32,
-            top_k: k as u32,
-            num_experts: self.cfg.num_experts as u32,
-            capacity: self.capacity as u32,
-            hidden: hidden as u32,
-            chunk: 1,
-            // The combine moves bf16 results.
-            x_units: (hidden / 8) as u32,
-            epoch: self.epoch,
-            ..MoeArgs::default()
-        };
+        let mut args = self.result_args(tokens);
         let mut reads = Vec::new();
         let mut writes = Vec::new();
         if tokens > 0 {
@@ -498,6 +488,24 @@ impl Moe {
 
     fn shape(&self) -> (u32, usize) {
         kernel_shape(&self.comm)
+    }
+
+    /// The arguments of a kernel that brings the last dispatch's results back (the combine,
+    /// the fused combine's finish), before its addresses: `tokens` tokens of bf16 results.
+    fn result_args(&self, tokens: usize) -> MoeArgs {
+        let hidden = self.cfg.hidden;
+        MoeArgs {
+            tokens: tokens as u32,
+            top_k: self.cfg.top_k as u32,
+            num_experts: self.cfg.num_experts as u32,
+            capacity: self.capacity as u32,
+            hidden: hidden as u32,
+            chunk: 1,
+            // Results move as bf16 rows.
+            x_units: (hidden / 8) as u32,
+            epoch: self.epoch,
+            ..MoeArgs::default()
+        }
     }
 }
 
