@@ -653,6 +653,12 @@ impl<'a> Gin<'a> {
         arch::atomic::fence(FenceOrder::Acquire, Scope::Sys);
     }
 
+    /// Whether every peer goes through the proxy, LSA peers too (`FERROLINK_GIN=proxy`).
+    #[inline(always)]
+    pub fn uses_proxy(&self) -> bool {
+        self.g().flags & flags::FORCE_PROXY != 0
+    }
+
     /// Whether world rank `world` is reached directly (stores through the LSA mapping, no
     /// proxy): in this rank's LSA domain and not forced through the proxy.
     #[inline(always)]

@@ -202,10 +202,14 @@ pub struct MoeState {
     /// Entries of this rank the last dispatch kept (sent to an expert, not dropped).
     pub kept: u64,
     /// What the [`signal::FUSED`] signal reaches once every kept entry of the last dispatch
-    /// was added by its expert (the fused combine's wait: see [`fused`]).
+    /// was added by its expert (the fused combine's wait: see [`fused`]): `fused_done +
+    /// kept`.
     pub fused_target: u64,
+    /// The [`signal::FUSED`] total every fused combine so far waited for (written by the
+    /// fused finish, as its call's `fused_target`).
+    pub fused_done: u64,
     /// Unused.
-    pub _reserved: [u64; 2],
+    pub _reserved: u64,
 }
 
 /// Bytes of the state and the dispatch's scratch after it, for `num_experts` experts: the
@@ -639,10 +643,6 @@ pub unsafe fn dispatch(
     let (ex, slots) = (sh.wrapping_add(3 * ne), sh.wrapping_add(3 * ne + chunk));
     let idx = args.topk_idx as *const i32;
     let m = CountMatrix { counts, nranks: n, experts: ne, parity: (args.epoch % 2) as usize };
-    // The fused combine's signal before any row of this call is out (see `fused`): CTA 0's
-    // thread 0 reads it before its count flag, so before any rank can receive a row of this
-    // call and add its result.
-    let fused_base = if block == 0 && tid == 0 { gin.read_signal(signal::FUSED) } else { 0 };
     let weights = args.topk_weights as *const f32;
     // SAFETY: (the whole body) every index below is inside the arrays the contract sizes:
     // shared arrays by `ne` and `chunk`, global ones by `entries`, `MAX_CTAS` and `ne`.
@@ -866,7 +866,7 @@ pub unsafe fn dispatch(
                     dropped,
                     received: expected,
                     kept,
-                    fused_target: fused_base + kept,
+                    fused_target: s.fused_done + kept,
                     ..s
                 };
                 state.write_volatile(next);

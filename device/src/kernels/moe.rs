@@ -96,13 +96,15 @@ kernel! {
     /// product per hidden unit, kept in shared memory), then `y = W2_l h`, four channels per
     /// lane at a time, and adds `weight * y` straight into the token's accumulator on its
     /// rank ([`FusedCombineArgs::add`]); then reports the row ([`FusedCombineArgs::row_added`]).
-    /// Needs `4 * ffn` bytes of dynamic shared memory per warp and a whole number of warps
-    /// per CTA.
+    /// One launch per call, between the dispatch and `Moe::finish_fused`.
     ///
     /// # Safety
     /// `target` is what `Moe::fused_target` gave for this call (after a dispatch given the
-    /// weights, on this rank's stream), `comm` that `Moe`'s device communicator;
-    /// `w1` and `w2` hold what is said above for `target.experts_per_rank` experts.
+    /// weights, on this rank's stream; this kernel is the call's only expert launch), `comm`
+    /// that `Moe`'s device communicator; `w1` and `w2` hold what is said above for
+    /// `target.experts_per_rank` experts. The launch has a whole number of warps per CTA (a
+    /// row's warp meets in `row_added`) and `4 * ffn * warps` bytes of dynamic shared memory
+    /// per CTA (each warp's hidden layer).
     pub unsafe fn moe_expert_mlp_fused(comm: DevComm, target: FusedCombineArgs, w1: *const f32, w2: *const f32, ffn: u32) {
         let (warps, warp, lane) = (arch::block_dim_x() / arch::WARP_SIZE, arch::warp_id_in_block(), arch::lane_id());
         let (first, stride) = (arch::block_idx_x() * warps + warp, arch::grid_dim_x() * warps);
@@ -111,7 +113,8 @@ kernel! {
         let mut before = 0;
         for l in 0..target.experts_per_rank as usize {
             // SAFETY: the kernel's contract: every index below lies in the buffers it sizes
-            // (`l < experts_per_rank`, `i < rows(l)`, `j < ffn`, channels below `hidden`).
+            // (`l < experts_per_rank`, `i < rows(l)`, `j < ffn`, channels below `hidden`);
+            // the whole warp reports each of its rows once, with the source it read.
             unsafe {
                 let rows = target.rows(l);
                 let (w1, w2) = (w1.add(l * f * h), w2.add(l * f * h));

@@ -13,9 +13,12 @@
 //! its expert's adds; the sum over `k` happens in the accumulator (in arrival order, so its
 //! `f32` rounding may differ from the combine's `k` order).
 //!
-//! Every rank must be a direct (LSA) peer of every other: the adds are stores through the
-//! mapping (GIN has no remote float add). [`finish`] fails with [`error_code::MOE_ARGS`]
-//! otherwise.
+//! Every rank must be a direct (LSA) peer of every other, with no peer forced through the
+//! proxy (`FERROLINK_GIN=proxy`): the adds are stores through the mapping (GIN has no remote
+//! float add). [`finish`] fails with [`error_code::MOE_ARGS`] otherwise.
+//!
+//! Per call: one dispatch given the weights, then **one** expert launch that reports every
+//! received row once, then [`finish`] (the host's `Moe` refuses other orders).
 //!
 //! # Ordering
 //! * Sources: each goes with its row (two `put_value`s on the row's path) before the CTA's
@@ -25,12 +28,16 @@
 //!   (`bar.warp.sync` orders the lanes' memory operations), then lane 0 adds 1 to the
 //!   source rank's `FUSED` signal with a release at system scope, cumulative over the lanes'
 //!   adds. `finish` waits for its target with an acquire at system scope, then reads.
-//! * The target: `FUSED`'s value when the dispatch started (read by CTA 0's thread 0 before
-//!   its count flag) plus the entries this rank kept. At that read no add of this call can
-//!   have landed: an expert adds only rows it received, and this rank puts rows only after
-//!   every CTA's flag. Every add of an earlier call has: its `finish` waited for them, earlier
-//!   on the stream (a dispatch given weights must be followed either by the expert kernel and
-//!   `finish`, or by no adds and the combine).
+//! * The target: `FUSED` counts every add report since the `Moe` was made (never reset).
+//!   The state's `fused_done` is the total the last fused finish waited for, and the
+//!   dispatch sets `fused_target = fused_done + kept` (no signal read on its path). Every
+//!   report of an earlier call is in `fused_done`: its `finish` waited for all of them,
+//!   earlier on the stream, and its CTA 0 then wrote `fused_done` (read by the next dispatch
+//!   after the kernel boundary). A dispatch given weights and followed by the plain combine
+//!   instead gets no reports and leaves `fused_done` as it was. No report of call `c + 1`
+//!   can count towards call `c`'s wait: an expert reports only rows it received, and this
+//!   rank puts the rows of `c + 1` only after its dispatch `c + 1` started, after `finish`
+//!   (one expert launch per call, then `finish`; the host refuses other orders).
 //! * Reuse: `finish` zeroes the accumulators after reading them; the next dispatch runs after
 //!   it on the stream, and an expert adds into this rank for that call only after it received
 //!   a row this rank put after its dispatch started (the count exchange in between), so the
@@ -165,8 +172,14 @@ impl FusedCombineArgs {
     /// [`FusedCombineArgs::add`]s for the row): the warp meets, then lane 0 raises
     /// [`signal::FUSED`] on the token's rank with a release at system scope. Each received
     /// row must be reported exactly once per call.
+    ///
+    /// # Safety
+    /// Every lane of the warp calls it with the same `source`, read by this launch
+    /// ([`FusedCombineArgs::source`]) of a row not reported yet; `comm` is the `Moe`'s device
+    /// communicator (`Moe::dev_comm`). A report too many lets the token rank's `finish` read
+    /// the accumulators while adds still land.
     #[inline(always)]
-    pub fn row_added(&self, comm: &DevComm, source: &RowSource) {
+    pub unsafe fn row_added(&self, comm: &DevComm, source: &RowSource) {
         Gin::new(comm, 0).signal(CoopWarp, comm.world(), source.rank, RemoteAction::SignalInc(signal::FUSED));
     }
 }
@@ -185,9 +198,10 @@ pub unsafe fn finish(comm: &DevComm, acc: &DevWindow, args: &MoeArgs, block: usi
     let cta = CoopCta;
     let gin = Gin::new(comm, 0);
     let n = comm.nranks as usize;
-    // Ranks outside the LSA domain could not have added (the host's `enable_fused` refuses
-    // them); reported as arguments the kernels cannot use.
-    if comm.lsa_size != comm.nranks || !args.hidden.is_multiple_of(8) {
+    // Ranks not reached directly could not have added (the host's `enable_fused` refuses
+    // them: another LSA domain, or `FERROLINK_GIN=proxy`); reported as arguments the kernels
+    // cannot use.
+    if comm.lsa_size != comm.nranks || gin.uses_proxy() || !args.hidden.is_multiple_of(8) {
         comm.fail(error_code::MOE_ARGS, u64::from(args.num_experts.max(1)) << 32 | u64::from(args.hidden), 0);
     }
     if block == 0 {
@@ -197,6 +211,11 @@ pub unsafe fn finish(comm: &DevComm, acc: &DevWindow, args: &MoeArgs, block: usi
     let target = unsafe { (args.state as *const MoeState).read_volatile().fused_target };
     if gin.wait_signal(cta, signal::FUSED, target).is_err() {
         return false;
+    }
+    if block == 0 && cta.thread_rank() == 0 {
+        // SAFETY: the state is this rank's; only this thread writes it during this kernel
+        // (the other CTAs read `fused_target`, another word).
+        unsafe { core::ptr::addr_of_mut!((*(args.state as *mut MoeState)).fused_done).write_volatile(target) };
     }
     let units = args.tokens as usize * args.hidden as usize / 8;
     let out = args.out as *mut U32x4;

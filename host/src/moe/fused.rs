@@ -14,8 +14,10 @@ use crate::mem::window::Window;
 use crate::runtime::launch::{LaunchArg, LaunchConfig, LaunchTracking};
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::{Error, Result};
+use ferrolink_device::gin::flags as gin_flags;
 use ferrolink_device::kernels::moe::moe_fused_finish;
 use ferrolink_device::moe::fused::FusedCombineArgs;
+use std::sync::atomic::Ordering;
 
 /// What the caller's expert kernel gets for the fused combine of one call (a launch argument:
 /// the kernel parameter `FusedCombineArgs`, with the windows and counts it names tracked).
@@ -44,8 +46,9 @@ impl LaunchArg for &FusedTarget<'_> {
 impl Moe {
     /// Makes the fused combine's accumulators, `f32 [max_tokens][hidden]` per rank
     /// (collective, once; host set-up: call it before the first dispatch, as other
-    /// allocations). Every rank must be in one LSA domain: the experts add through the LSA
-    /// mapping (across domains, use [`Moe::combine`]).
+    /// allocations). Every rank must be in one LSA domain and reached directly: the experts
+    /// add through the LSA mapping (across domains, or with `FERROLINK_GIN=proxy`, use
+    /// [`Moe::combine`]).
     pub fn enable_fused(&mut self) -> Result<()> {
         let (n, lsa) = (self.comm.nranks(), self.comm.lsa_size());
         if lsa != n {
@@ -54,6 +57,18 @@ impl Moe {
                  tokens' ranks through the LSA mapping); this communicator's {n} ranks are in domains of {lsa}: \
                  use combine"
             )));
+        }
+        if self.handle.dev_comm().gin.flags & gin_flags::FORCE_PROXY != 0 {
+            return Err(Error::InvalidArgument(
+                "moe enable_fused: every peer goes through the GIN proxy (FERROLINK_GIN=proxy), and the fused \
+                 combine's experts add through the LSA mapping: use combine, or unset FERROLINK_GIN"
+                    .into(),
+            ));
+        }
+        if self.pending.is_some() {
+            return Err(Error::InvalidArgument(
+                "moe enable_fused: a dispatch is waiting for its combine: call it between calls".into(),
+            ));
         }
         if self.acc.is_none() {
             self.acc = Some(new_window(&self.comm, self.cfg.max_tokens * self.cfg.hidden * 4)?);
@@ -69,8 +84,10 @@ impl Moe {
 
     /// The argument of the caller's expert kernel for the fused combine of the last dispatch
     /// (which must have been [`Moe::dispatch_with_sources`], after [`Moe::enable_fused`]).
-    /// The kernel must report every received row once (`FusedCombineArgs::row_added`), or
-    /// the token ranks' [`Moe::finish_fused`] times out.
+    /// Once per call, for the call's one expert launch: the kernel must report every
+    /// received row once (`FusedCombineArgs::row_added`), or the token ranks'
+    /// [`Moe::finish_fused`] times out. The call then ends with [`Moe::finish_fused`]
+    /// ([`Moe::combine`] is refused: the adds go to the tokens' ranks).
     ///
     /// ```
     /// # fn main() -> ferrolink::Result<()> {
@@ -109,6 +126,13 @@ impl Moe {
     /// ```
     pub fn fused_target(&self) -> Result<FusedTarget<'_>> {
         let acc = self.fused_ready("fused_target")?;
+        if self.expert_launched.swap(true, Ordering::Relaxed) {
+            return Err(Error::InvalidArgument(
+                "moe fused_target: already given for this dispatch (one expert launch per call: a second one would \
+                 add every row twice)"
+                    .into(),
+            ));
+        }
         let args = FusedCombineArgs {
             recv: (&self.recv).param(),
             acc: acc.param(),
@@ -133,8 +157,16 @@ impl Moe {
     /// dispatch): each token's sum of `weight * y` over its kept entries, accumulated in
     /// `f32` in arrival order and rounded once. Dropped entries and `-1` add nothing. A wait
     /// that cannot finish (an expert kernel that skipped rows) is a timeout naming the signal.
+    /// Needs [`Moe::fused_target`] taken for this dispatch (for the expert kernel).
     pub fn finish_fused(&mut self, out: &mut DeviceBuffer<bf16>) -> Result<()> {
         let acc = self.fused_ready("finish_fused")?.clone();
+        if !*self.expert_launched.get_mut() {
+            return Err(Error::InvalidArgument(
+                "moe finish_fused: no expert kernel for this dispatch: launch one with fused_target() first (every \
+                 rank's, as the other ranks' tokens wait for its adds)"
+                    .into(),
+            ));
+        }
         let tokens = self.pending.expect("checked by fused_ready");
         let hidden = self.cfg.hidden;
         if out.len() != tokens * hidden {
@@ -161,8 +193,8 @@ impl Moe {
         let (threads, ctas) = kernel_shape(&comm);
         let cfg = LaunchConfig::linear(ctas as u32, threads);
         // SAFETY: `moe_fused_finish`'s contract: after this Moe's dispatch given the weights
-        // on this stream (checked: pending with sources), the expert kernel queued by the
-        // caller before it; `out` holds the dispatch's tokens (checked); the state and `acc`
+        // on this stream (checked: pending with sources), the one expert kernel queued by the
+        // caller before it (its argument was taken once: checked); `out` holds the dispatch's tokens (checked); the state and `acc`
         // (every rank's, one domain: checked when made) are this Moe's; all tracked.
         unsafe { comm.stream().launch(module, &moe_fused_finish, cfg, (&self.handle, &acc, &tracked))? };
         tracing::debug!(target: "ferrolink::moe", rank = comm.rank(), epoch = self.epoch, tokens, "fused finish queued");
@@ -175,9 +207,15 @@ impl Moe {
         let Some(acc) = &self.acc else {
             return Err(Error::InvalidArgument(format!("moe {what}: call enable_fused first (collective, once)")));
         };
-        if self.pending.is_none() || !self.pending_sources {
+        if self.pending.is_none() {
             return Err(Error::InvalidArgument(format!(
-                "moe {what}: only after dispatch_with_sources (the experts need each row's source and weight)"
+                "moe {what}: no dispatch is waiting (call dispatch_with_sources)"
+            )));
+        }
+        if !self.pending_sources {
+            return Err(Error::InvalidArgument(format!(
+                "moe {what}: the last dispatch was a plain dispatch: use dispatch_with_sources (the experts need each \
+                 row's source and weight), or end this call with combine"
             )));
         }
         Ok(acc)

@@ -69,6 +69,7 @@ use ferrolink_device::kernels::moe::{moe_combine, moe_dispatch};
 use ferrolink_device::moe::{self as dev_moe, MoeArgs, MoeState};
 use ferrolink_device::{DevComm, DevWindow};
 pub use half::bf16;
+use std::sync::atomic::AtomicBool;
 
 mod fused;
 mod low_latency;
@@ -121,6 +122,9 @@ pub struct Moe {
     pending: Option<usize>,
     /// Whether that dispatch wrote the rows' sources (it was given the weights).
     pending_sources: bool,
+    /// Whether [`Moe::fused_target`] gave out the expert kernel's argument for that dispatch
+    /// (then only [`Moe::finish_fused`] may end it). Atomic so that `Moe` stays `Sync`.
+    expert_launched: AtomicBool,
     /// The fused combine's accumulators (`f32 [max_tokens][hidden]`), once enabled.
     acc: Option<Window>,
 }
@@ -173,6 +177,7 @@ impl Communicator {
             epoch: 0,
             pending: None,
             pending_sources: false,
+            expert_launched: AtomicBool::new(false),
             acc: None,
         })
     }
@@ -290,6 +295,13 @@ impl Moe {
         let (hidden, k) = (self.cfg.hidden, self.cfg.top_k);
         let rows = x.shape(hidden, "moe dispatch")?;
         let tokens = rows.tokens;
+        if topk_weights.is_some() && rows.scale_units != 0 {
+            return Err(Error::InvalidArgument(
+                "moe dispatch_with_sources: the fused combine's experts read bf16 rows (FusedCombineArgs::row): \
+                 dispatch bf16 tokens, or fp8 with dispatch and combine"
+                    .into(),
+            ));
+        }
         if tokens > self.cfg.max_tokens {
             return Err(Error::InvalidArgument(format!(
                 "moe dispatch: {tokens} tokens, more than max_tokens {}",
@@ -394,6 +406,7 @@ impl Moe {
         tracing::debug!(target: "ferrolink::moe", rank = comm.rank(), epoch = self.epoch, tokens, grid, "dispatch queued");
         self.pending = Some(tokens);
         self.pending_sources = topk_weights.is_some();
+        *self.expert_launched.get_mut() = false;
         Ok(())
     }
 
@@ -411,6 +424,13 @@ impl Moe {
         let Some(tokens) = self.pending else {
             return Err(Error::InvalidArgument("moe combine: no dispatch to combine".into()));
         };
+        if *self.expert_launched.get_mut() {
+            return Err(Error::InvalidArgument(
+                "moe combine: fused_target was taken for this dispatch (its experts add into the tokens' ranks): \
+                 end it with finish_fused"
+                    .into(),
+            ));
+        }
         let (hidden, k) = (self.cfg.hidden, self.cfg.top_k);
         if topk_weights.len() != tokens * k || out.len() != tokens * hidden {
             return Err(Error::InvalidArgument(format!(
