@@ -481,6 +481,9 @@ pub mod moe_fused {
         pub rounds: usize,
         /// Most tokens pick expert 0 first (a hot expert).
         pub skewed: bool,
+        /// Odd rounds end with the plain combine instead (after the same dispatch with
+        /// sources; each expert's result is then its row itself).
+        pub mixed: bool,
     }
 
     impl Shape {
@@ -495,6 +498,7 @@ pub mod moe_fused {
                 capacity: None,
                 rounds: 3,
                 skewed: false,
+                mixed: false,
             }
         }
 
@@ -601,19 +605,25 @@ pub mod moe_fused {
             let (x, idx, w) = (dev.alloc_from(&x)?, dev.alloc_from(&mine.idx)?, dev.alloc_from(&mine.weights)?);
             let mut out = dev.alloc::<bf16>(mine.tokens * h)?;
             moe.dispatch_with_sources(&x, &idx, &w)?;
-            let target = moe.fused_target()?;
-            // SAFETY: the kernel's contract: this call's target and the Moe's device
-            // communicator; `w1`/`w2` hold `experts_per_rank * ffn * hidden` f32 (tracked);
-            // whole warps with `4 * ffn` bytes of shared memory each.
-            unsafe {
-                comm.stream().launch(
-                    module,
-                    &moe_expert_mlp_fused,
-                    launch,
-                    (moe.dev_comm(), &target, &w1_dev, &w2_dev, f as u32),
-                )?
-            };
-            moe.finish_fused(&mut out)?;
+            let plain = s.mixed && round % 2 == 1;
+            if plain {
+                moe.combine(None, &w, &mut out)?;
+            } else {
+                let target = moe.fused_target()?;
+                // SAFETY: the kernel's contract: this call's target and the Moe's device
+                // communicator; `w1`/`w2` hold `experts_per_rank * ffn * hidden` f32 (tracked);
+                // whole warps with `4 * ffn` bytes of shared memory each.
+                unsafe {
+                    comm.stream().launch(
+                        module,
+                        &moe_expert_mlp_fused,
+                        launch,
+                        (moe.dev_comm(), &target, &w1_dev, &w2_dev, f as u32),
+                    )?
+                };
+                drop(target);
+                moe.finish_fused(&mut out)?;
+            }
             comm.synchronize()?;
             let got = out.to_vec()?;
             // The model: each entry's place in its expert's queue, in (rank, token, k) order:
@@ -631,7 +641,8 @@ pub mod moe_fused {
                         continue;
                     }
                     let t = j / s.top_k;
-                    let y = expert(&s, e as usize, &inp.x[t * h..][..h]);
+                    let row = &inp.x[t * h..][..h];
+                    let y = if plain { row.to_vec() } else { expert(&s, e as usize, row) };
                     for (acc, v) in want[t * h..][..h].iter_mut().zip(y) {
                         *acc += inp.weights[j] * v;
                     }

@@ -4,8 +4,10 @@
 //! through the GIN proxy, one process per rank, fp8 tokens with scales, the fused combine
 //! (experts adding into the tokens' ranks), and the errors of bad calls, on every backend.
 
+use ferrolink::LaunchConfig;
 use ferrolink::moe::{Moe, MoeConfig, MoeLowLatency, Tokens, bf16, fp8_row_bytes};
 use ferrolink::{CommConfig, Communicator, Device, LsaMode};
+use ferrolink_device::kernels::moe::moe_expert_mlp_fused;
 use ferrolink_tests::check;
 use ferrolink_tests::jobs::{child, fits, job_passes, job_passes_with, scenario};
 
@@ -471,17 +473,23 @@ fn fp8_tokens(c: &Communicator) -> ferrolink::Result<()> {
 /// The fused combine (the experts' MLP adds its results into the tokens' ranks: the
 /// `moe_fused` example, which checks every output exactly): random and skewed routing, ranks
 /// without tokens, overflow at a capacity of 3, several rounds; on CUDA also a GPU-sized
-/// shape. Across LSA domains it is a clear error.
+/// shape; rounds of the plain combine between fused ones on one `Moe`. Across LSA domains,
+/// or with every peer forced through the proxy, it is a clear error.
 fn fused_combine(c: &Communicator) -> ferrolink::Result<()> {
     use ferrolink_examples::moe_fused::{Shape, rank};
+    let cfg = MoeConfig { num_experts: 2 * c.nranks(), hidden: 8, top_k: 1, max_tokens: 2, capacity: None };
     if c.lsa_size() != c.nranks() {
-        let cfg = MoeConfig { num_experts: 2 * c.nranks(), hidden: 8, top_k: 1, max_tokens: 2, capacity: None };
         let err = c.moe(cfg)?.enable_fused().expect_err("fused across domains").to_string();
         return check(err.contains("every rank in one LSA domain"), || format!("fused across domains: {err}"));
+    }
+    if std::env::var("FERROLINK_GIN").as_deref() == Ok("proxy") {
+        let err = c.moe(cfg)?.enable_fused().expect_err("fused through the proxy").to_string();
+        return check(err.contains("FERROLINK_GIN=proxy"), || format!("fused through the proxy: {err}"));
     }
     let small = Shape::small();
     let mut shapes = vec![
         small,
+        Shape { mixed: true, rounds: 4, ..small },
         Shape { skewed: true, capacity: Some(3), hidden: 64, top_k: 3, ..small },
         Shape { skewed: true, experts_per_rank: 1, top_k: 1, max_tokens: 9, ..small },
     ];
@@ -564,17 +572,58 @@ fn bad_moe_calls_are_clear_errors() {
             let mut fz = c.moe(good)?;
             let unset = fz.fused_target().err().map(|e| e.to_string()).unwrap_or_default();
             fz.enable_fused()?;
+            let idle = fz.fused_target().err().map(|e| e.to_string()).unwrap_or_default();
             fz.dispatch(&x, &idx)?;
             let plain = fz.finish_fused(&mut out).expect_err("fused after a plain dispatch").to_string();
+            let between = fz.enable_fused().expect_err("enable_fused while pending").to_string();
             fz.combine(None, &w, &mut out)?;
             let short_w = fz.dispatch_with_sources(&x, &idx, &dev.alloc::<f32>(3)?).expect_err("3 weights").to_string();
+            let (x8, scales) = (dev.alloc::<u8>(2 * 512)?, dev.alloc::<f32>(8)?);
+            let mut wide_fz = c.moe(MoeConfig { hidden: 512, ..good })?;
+            let fp8_fused =
+                wide_fz.dispatch_with_sources(Tokens::fp8(&x8, &scales), &idx, &w).expect_err("fp8 fused").to_string();
             fz.dispatch_with_sources(&x, &idx, &w)?;
+            let no_expert = fz.finish_fused(&mut out).expect_err("finish before the expert").to_string();
+            let target = fz.fused_target()?;
+            let again = fz.fused_target().err().map(|e| e.to_string()).unwrap_or_default();
+            // The expert kernel of this call: one hidden unit, W1 and W2 all 1.
+            let ones = dev.alloc_from(&[1f32; 16])?;
+            // SAFETY: the kernel's contract: this call's target and the Moe's device
+            // communicator, weights for 2 experts of 1 x 8 (tracked), a warp with 4 bytes of
+            // shared memory.
+            unsafe {
+                c.stream().launch(
+                    dev.builtin_module()?,
+                    &moe_expert_mlp_fused,
+                    LaunchConfig::linear(1, 32).with_shared_mem(4),
+                    (fz.dev_comm(), &target, &ones, &ones, 1u32),
+                )?
+            };
+            drop(target);
+            let after_expert = fz.combine(None, &w, &mut out).expect_err("combine after the expert").to_string();
             let fused_out = fz.finish_fused(&mut dev.alloc::<bf16>(8)?).expect_err("a short output").to_string();
-            fz.combine(None, &w, &mut out)?;
+            fz.finish_fused(&mut out)?;
             c.synchronize()?;
             Ok([
-                odd, hidden, early, short, many, twice, wrong_out, fp8_hidden, fp8_scales, unset, plain, short_w,
+                odd,
+                hidden,
+                early,
+                short,
+                many,
+                twice,
+                wrong_out,
+                fp8_hidden,
+                fp8_scales,
+                unset,
+                plain,
+                short_w,
                 fused_out,
+                idle,
+                between,
+                fp8_fused,
+                no_expert,
+                again,
+                after_expert,
             ])
         })?;
         let [
@@ -591,9 +640,21 @@ fn bad_moe_calls_are_clear_errors() {
             plain,
             short_w,
             fused_out,
+            idle,
+            between,
+            fp8_fused,
+            no_expert,
+            again,
+            after_expert,
         ] = &errs[0];
         check(unset.contains("call enable_fused first"), || format!("fused before set-up: {unset}"))?;
-        check(plain.contains("only after dispatch_with_sources"), || format!("fused after dispatch: {plain}"))?;
+        check(plain.contains("the last dispatch was a plain dispatch"), || format!("fused after dispatch: {plain}"))?;
+        check(idle.contains("no dispatch is waiting"), || format!("fused with nothing pending: {idle}"))?;
+        check(between.contains("a dispatch is waiting for its combine"), || format!("enable_fused: {between}"))?;
+        check(fp8_fused.contains("experts read bf16 rows"), || format!("fp8 fused: {fp8_fused}"))?;
+        check(no_expert.contains("no expert kernel for this dispatch"), || format!("no expert: {no_expert}"))?;
+        check(again.contains("one expert launch per call"), || format!("a second target: {again}"))?;
+        check(after_expert.contains("end it with finish_fused"), || format!("combine after expert: {after_expert}"))?;
         check(short_w.contains("topk_weights holds 3 weights, 2 tokens x top_k 2 = 4 needed"), || {
             format!("short weights: {short_w}")
         })?;
@@ -734,10 +795,7 @@ fn bad_low_latency_calls_are_clear_errors() {
 /// its own domain (the GIN proxy between them).
 #[test]
 fn moe_jobs_of_one_process_per_rank() {
-    if child(|c| {
-        let _ = scenario();
-        every_case(c)
-    }) {
+    if child(|c| if scenario() == "proxy" { fused_combine(c) } else { every_case(c) }) {
         return;
     }
     for n in [2, 3] {
@@ -746,5 +804,9 @@ fn moe_jobs_of_one_process_per_rank() {
         }
         job_passes("moe_jobs_of_one_process_per_rank", "lsa", n);
         job_passes_with("moe_jobs_of_one_process_per_rank", "gin", n, &[("FERROLINK_LSA", "process")]);
+    }
+    // Every peer through the proxy: the fused combine is refused.
+    if fits(2) {
+        job_passes_with("moe_jobs_of_one_process_per_rank", "proxy", 2, &[("FERROLINK_GIN", "proxy")]);
     }
 }
