@@ -3,14 +3,12 @@
 /// Deterministic pseudo-random bytes (splitmix64), different for each `seed`: tests never
 /// check copies on zeros or on patterns a wrong index could reproduce.
 pub fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
+    // splitmix64's stream: state advances by the golden gamma, each output is its mix.
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
     let mut out = Vec::with_capacity(n + 8);
     while out.len() < n {
+        out.extend_from_slice(&ferrolink::testing::splitmix64(state).to_le_bytes());
         state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
     }
     out.truncate(n);
     out

@@ -24,13 +24,8 @@ enum Routing {
     EvenWithHoles,
 }
 
-/// A splitmix64 step: deterministic, so every rank can build every rank's inputs.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+// A splitmix64 step: deterministic, so every rank can build every rank's inputs.
+use ferrolink::testing::splitmix64 as mix;
 
 /// One round's inputs for every rank.
 struct Round {

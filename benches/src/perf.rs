@@ -1066,14 +1066,7 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
     Ok((me == 0).then_some(rows))
 }
 
-/// One splitmix64 step (as `tests/moe.rs` uses): the generator of the MoE benchmark's
-/// routing, the same in `benches/torch/moe_all_to_all.py`.
-pub fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub use ferrolink::testing::splitmix64;
 
 /// The fixed seed of the MoE benchmark's routing (`ferrolink-perf moe` and
 /// `benches/torch/moe_all_to_all.py`).

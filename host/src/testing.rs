@@ -18,6 +18,23 @@ use crate::{
     register_window,
 };
 
+/// One step of splitmix64 (a 64-bit mixer with good avalanche): the deterministic
+/// generator of the inputs of ferrolink's tests, examples and benchmarks, so that every rank
+/// of a job can build every rank's inputs (and a host model) from the same seeds.
+/// `benches/torch/moe_all_to_all.py` computes the same sequence.
+///
+/// ```
+/// use ferrolink::testing::splitmix64;
+/// assert_eq!(splitmix64(0), 0xE220_A839_7B1D_CDAF);
+/// assert_ne!(splitmix64(1), splitmix64(2));
+/// ```
+pub fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// The backends a test should run on here, with the reason for any that is skipped.
 pub fn test_backends() -> (Vec<Backend>, Vec<(Backend, String)>) {
     let wanted = std::env::var("FERROLINK_TEST_BACKENDS").unwrap_or_else(|_| "all".into()).to_ascii_lowercase();
