@@ -275,6 +275,45 @@ impl PeerTally {
         unsafe { atomic::fetch_add(self.rows.add(peer), 1u32, RmwOrder::Relaxed, Scope::Cta) };
     }
 
+    /// A warp's put of one row (`bytes` from this rank's `src` at `src_offset` into world rank
+    /// `peer`'s `dst` at `dst_offset`, no actions), counted for `peer`: the rows go without a
+    /// signal each, and [`PeerTally::signal`] raises one per rank for them.
+    ///
+    /// # Safety
+    /// As [`Gin::put`]; every lane of the warp calls with the same arguments.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn put_row(
+        &self,
+        gin: &Gin,
+        comm: &DevComm,
+        peer: usize,
+        dst: DevWindow,
+        dst_offset: usize,
+        src: DevWindow,
+        src_offset: usize,
+        bytes: usize,
+    ) {
+        // SAFETY: the caller's contract is `Gin::put`'s.
+        unsafe {
+            gin.put(
+                CoopWarp,
+                comm.world(),
+                peer as u32,
+                dst,
+                dst_offset,
+                src,
+                src_offset,
+                bytes,
+                RemoteAction::None,
+                LocalAction::None,
+            )
+        };
+        if arch::lane_id() == 0 {
+            self.add(peer);
+        }
+    }
+
     /// Raises signal `id` on every rank by the rows put to it (every thread of the CTA calls,
     /// after its puts).
     #[inline(always)]
@@ -796,21 +835,16 @@ pub unsafe fn dispatch(
                 ret.add(j).write(place);
             }
             let t = j / args.top_k as usize;
-            gin.put(
-                CoopWarp,
-                comm.world(),
-                dst,
+            tally.put_row(
+                &gin,
+                comm,
+                dst as usize,
                 *recv,
                 ((x % per_rank) * cap + pos) * row,
                 *send,
                 t * row,
                 tokens.bytes(),
-                RemoteAction::None,
-                LocalAction::None,
             );
-            if lane0 {
-                tally.add(dst as usize);
-            }
             j += warps;
         }
         // Each row's source when the weights are given, in a walk of its own (the rows' walk
@@ -956,21 +990,7 @@ pub unsafe fn combine(
                 let mut i = dealt_start(first, stride, before);
                 before += to - from;
                 while from + i < to {
-                    gin.put(
-                        CoopWarp,
-                        comm.world(),
-                        src as u32,
-                        *ret,
-                        (at + i) * row,
-                        *recv,
-                        (l * cap + from + i) * row,
-                        row,
-                        RemoteAction::None,
-                        LocalAction::None,
-                    );
-                    if arch::lane_id() == 0 {
-                        tally.add(src);
-                    }
+                    tally.put_row(&gin, comm, src, *ret, (at + i) * row, *recv, (l * cap + from + i) * row, row);
                     i += stride;
                 }
             }

@@ -347,21 +347,16 @@ pub unsafe fn dispatch(
                     };
                     ret_index.add(j).write(place);
                 }
-                gin.put(
-                    CoopWarp,
-                    comm.world(),
-                    dst,
+                tally.put_row(
+                    &gin,
+                    comm,
+                    dst as usize,
                     *recv,
                     rows.recv_row(p, l, me, slot),
                     *send,
                     t * row,
                     token_rows.bytes(),
-                    RemoteAction::None,
-                    LocalAction::None,
                 );
-                if lane == 0 {
-                    tally.add(dst as usize);
-                }
                 j += warps;
             }
             tally.signal(&gin, cta, signal::DATA[p]);
@@ -505,21 +500,16 @@ pub unsafe fn combine(
                     let mut i = dealt_start(first, stride, before);
                     before += got;
                     while i < got {
-                        gin.put(
-                            CoopWarp,
-                            comm.world(),
-                            s as u32,
+                        tally.put_row(
+                            &gin,
+                            comm,
+                            s,
                             *ret,
                             rows.ret_row(me * per_rank + l, i) * row,
                             *recv,
                             rows.recv_row(p, l, s, i),
                             row,
-                            RemoteAction::None,
-                            LocalAction::None,
                         );
-                        if arch::lane_id() == 0 {
-                            tally.add(s);
-                        }
                         i += stride;
                     }
                 }

@@ -214,8 +214,7 @@ impl MoeLowLatency {
         let Stage::DispatchSent(tokens) = self.stage else {
             return Err(self.out_of_order("dispatch_recv", "after dispatch_send"));
         };
-        let rows = RowShape { tokens, x_units: 0, scale_units: 0 };
-        self.launch_dispatch(None, None, rows, phase::RECV)?;
+        self.launch_dispatch(None, tokens, phase::RECV)?;
         self.stage = Stage::Received(tokens);
         Ok(())
     }
@@ -297,7 +296,7 @@ impl MoeLowLatency {
             )));
         }
         self.epoch += 1;
-        if let Err(e) = self.launch_dispatch(Some(x), Some(topk_idx), rows, ph) {
+        if let Err(e) = self.launch_dispatch(Some(SendRows { x, topk_idx, rows }), tokens, ph) {
             self.epoch -= 1;
             return Err(e);
         }
@@ -320,23 +319,18 @@ impl MoeLowLatency {
         }
     }
 
-    fn launch_dispatch(
-        &mut self,
-        x: Option<Tokens<'_>>,
-        topk_idx: Option<&DeviceBuffer<i32>>,
-        rows: RowShape,
-        ph: u32,
-    ) -> Result<()> {
+    /// Launches the dispatch kernel for phase `ph` of `tokens` tokens; `send`: the rows to
+    /// send (every phase but the receive alone).
+    fn launch_dispatch(&mut self, send: Option<SendRows<'_, '_>>, tokens: usize, ph: u32) -> Result<()> {
         let comm = self.comm.clone();
         let module = comm.device().builtin_module()?;
-        let tokens = rows.tokens;
         let mut args = self.args(tokens, ph);
-        if x.is_some() {
-            (args.x_units, args.scale_units) = (rows.x_units, rows.scale_units);
-        }
         let mut reads = Vec::new();
         let mut writes = Vec::new();
-        if let (Some(x), Some(idx)) = (x, topk_idx)
+        if let Some(rows) = &send {
+            (args.x_units, args.scale_units) = (rows.rows.x_units, rows.rows.scale_units);
+        }
+        if let Some(SendRows { x, topk_idx: idx, .. }) = send
             && tokens > 0
         {
             (args.x, args.scales) = x.addresses(&mut reads)?;
@@ -448,4 +442,12 @@ impl MoeLowLatency {
         // for its tokens (checked) and tracked, the experts' results in the receive buffer.
         unsafe { comm.stream().launch(module, &moe_ll_combine, cfg, launch) }
     }
+}
+
+/// What a dispatch that sends launches with: the tokens, their routing and their rows' shape
+/// (checked).
+struct SendRows<'t, 'i> {
+    x: Tokens<'t>,
+    topk_idx: &'i DeviceBuffer<i32>,
+    rows: RowShape,
 }
