@@ -613,10 +613,9 @@ pub mod moe_fused {
                         module,
                         &moe_expert_mlp_fused,
                         launch,
-                        (moe.dev_comm(), &target, &w1_dev, &w2_dev, f as u32),
+                        (moe.dev_comm(), target, &w1_dev, &w2_dev, f as u32),
                     )?
                 };
-                drop(target);
                 moe.finish_fused(&mut out)?;
             }
             comm.synchronize()?;

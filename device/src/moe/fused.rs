@@ -15,7 +15,7 @@
 //!
 //! Every rank must be a direct (LSA) peer of every other, with no peer forced through the
 //! proxy (`FERROLINK_GIN=proxy`): the adds are stores through the mapping (GIN has no remote
-//! float add). [`finish`] fails with [`error_code::MOE_ARGS`] otherwise.
+//! float add). [`finish`] fails with [`error_code::MOE_FUSED_PATH`] otherwise.
 //!
 //! Per call: one dispatch given the weights, then **one** expert launch that reports every
 //! received row once, then [`finish`] (the host's `Moe` refuses other orders).
@@ -193,28 +193,33 @@ impl FusedCombineArgs {
 /// As the [`super::combine`] it replaces: the same `args` (`out`, `state`, `tokens`,
 /// `hidden`, `epoch`) after a dispatch given the weights, on the same stream, after the
 /// expert kernel; `acc` is this `Moe`'s accumulator window (every rank's `tokens * hidden`
-/// f32 at least).
+/// f32 at least). The kernel writes the state's `fused_done` (nothing else uses the state
+/// while it runs).
 pub unsafe fn finish(comm: &DevComm, acc: &DevWindow, args: &MoeArgs, block: usize, grid: usize) -> bool {
     let cta = CoopCta;
     let gin = Gin::new(comm, 0);
     let n = comm.nranks as usize;
     // Ranks not reached directly could not have added (the host's `enable_fused` refuses
-    // them: another LSA domain, or `FERROLINK_GIN=proxy`); reported as arguments the kernels
-    // cannot use.
-    if comm.lsa_size != comm.nranks || gin.uses_proxy() || !args.hidden.is_multiple_of(8) {
+    // them: another LSA domain, or `FERROLINK_GIN=proxy`).
+    if comm.lsa_size != comm.nranks || gin.uses_proxy() {
+        let domains = u64::from(comm.lsa_size) << 32 | u64::from(comm.nranks);
+        comm.fail(error_code::MOE_FUSED_PATH, domains, u64::from(gin.uses_proxy()));
+    }
+    if !args.hidden.is_multiple_of(8) {
         comm.fail(error_code::MOE_ARGS, u64::from(args.num_experts.max(1)) << 32 | u64::from(args.hidden), 0);
     }
     if block == 0 {
         signal_ready(&gin, cta, n, signal::READY);
     }
-    // SAFETY: the state is this rank's, written by the dispatch before this kernel.
-    let target = unsafe { (args.state as *const MoeState).read_volatile().fused_target };
+    // SAFETY: the state is this rank's, written by the dispatch before this kernel; only the
+    // target's word is read (CTA 0's thread 0 writes `fused_done` below).
+    let target = unsafe { core::ptr::addr_of!((*(args.state as *const MoeState)).fused_target).read_volatile() };
     if gin.wait_signal(cta, signal::FUSED, target).is_err() {
         return false;
     }
     if block == 0 && cta.thread_rank() == 0 {
-        // SAFETY: the state is this rank's; only this thread writes it during this kernel
-        // (the other CTAs read `fused_target`, another word).
+        // SAFETY: the state is this rank's; only this thread writes it during this kernel,
+        // and every thread reads only `fused_target`, another word.
         unsafe { core::ptr::addr_of_mut!((*(args.state as *mut MoeState)).fused_done).write_volatile(target) };
     }
     let units = args.tokens as usize * args.hidden as usize / 8;

@@ -86,6 +86,13 @@ pub(crate) fn describe_fault(r: &DevErrorRecord) -> String {
             r.b >> 32,
             r.b & 0xffff_ffff
         ),
+        error_code::MOE_FUSED_PATH => format!(
+            "{at}: the fused MoE combine needs every peer reached by direct stores ({} LSA ranks of {}{}); \
+             Moe::enable_fused refuses this communicator, use Moe::combine",
+            r.a >> 32,
+            r.a & 0xffff_ffff,
+            if r.b == 1 { ", GIN forced through the proxy by FERROLINK_GIN=proxy" } else { "" }
+        ),
         error_code::MOE_CAPACITY => format!(
             "{at}: low-latency MoE: more than max_tokens ({}) entries of this rank to expert {} in one call; each \
              token must name distinct experts (or raise max_tokens)",
@@ -120,5 +127,14 @@ mod tests {
         assert!(s.contains("offset 4096") && s.contains("window 3 (4096 bytes)"), "{s}");
         let r = DevErrorRecord { code: error_code::GIN_RANGE, rank: 1, cta: 0, thread: 0, a: 3, b: 4 };
         assert!(describe_fault(&r).contains("put_value of 4 bytes at offset 3"));
+    }
+
+    #[test]
+    fn fused_moe_path_faults_name_the_domains_and_the_proxy() {
+        let r = DevErrorRecord { code: error_code::MOE_FUSED_PATH, rank: 0, cta: 0, thread: 0, a: 2 << 32 | 4, b: 0 };
+        let s = describe_fault(&r);
+        assert!(s.contains("(2 LSA ranks of 4)") && s.contains("use Moe::combine"), "{s}");
+        let r = DevErrorRecord { code: error_code::MOE_FUSED_PATH, rank: 0, cta: 0, thread: 0, a: 4 << 32 | 4, b: 1 };
+        assert!(describe_fault(&r).contains("(4 LSA ranks of 4, GIN forced through the proxy by FERROLINK_GIN=proxy)"));
     }
 }

@@ -29,9 +29,11 @@ pub struct FusedTarget<'a> {
     counts: TrackedPtr<'a, *const u8>,
 }
 
-impl crate::runtime::launch::sealed::Sealed for &FusedTarget<'_> {}
+impl crate::runtime::launch::sealed::Sealed for FusedTarget<'_> {}
 
-impl LaunchArg for &FusedTarget<'_> {
+/// Passed by value: a launch takes the target, so the one expert launch of a call cannot be
+/// repeated with it (each row would be added twice).
+impl LaunchArg for FusedTarget<'_> {
     type Param = FusedCombineArgs;
     fn param(&self) -> FusedCombineArgs {
         self.args
@@ -67,7 +69,7 @@ impl Moe {
         }
         if self.pending.is_some() {
             return Err(Error::InvalidArgument(
-                "moe enable_fused: a dispatch is waiting for its combine: call it between calls".into(),
+                "moe enable_fused: a dispatch is waiting for its combine: call enable_fused after the combine (or finish_fused)".into(),
             ));
         }
         if self.acc.is_none() {
@@ -84,10 +86,13 @@ impl Moe {
 
     /// The argument of the caller's expert kernel for the fused combine of the last dispatch
     /// (which must have been [`Moe::dispatch_with_sources`], after [`Moe::enable_fused`]).
-    /// Once per call, for the call's one expert launch: the kernel must report every
-    /// received row once (`FusedCombineArgs::row_added`), or the token ranks'
-    /// [`Moe::finish_fused`] times out. The call then ends with [`Moe::finish_fused`]
-    /// ([`Moe::combine`] is refused: the adds go to the tokens' ranks).
+    /// Once per call, for the call's one expert launch (which takes the target by value):
+    /// the kernel must report every received row once (`FusedCombineArgs::row_added`), or
+    /// the token ranks' [`Moe::finish_fused`] times out. The call then ends with
+    /// [`Moe::finish_fused`] ([`Moe::combine`] is refused: the adds go to the tokens' ranks).
+    /// Every rank must take the same path in a call (the fused finish or the plain
+    /// combine); this is not checked, and a rank whose rows were added by a peer's expert
+    /// while it ran the plain combine is left with adds its later finishes count.
     ///
     /// ```
     /// # fn main() -> ferrolink::Result<()> {
@@ -113,7 +118,7 @@ impl Moe {
     ///     // the weights of one expert of 1 x 8 (tracked).
     ///     unsafe {
     ///         let module = dev.builtin_module()?;
-    ///         c.stream().launch(module, &moe_expert_mlp_fused, cfg, (moe.dev_comm(), &target, &ones, &ones, 1u32))?;
+    ///         c.stream().launch(module, &moe_expert_mlp_fused, cfg, (moe.dev_comm(), target, &ones, &ones, 1u32))?;
     ///     }
     ///     let mut out = dev.alloc::<bf16>(16)?;
     ///     moe.finish_fused(&mut out)?;
@@ -128,8 +133,8 @@ impl Moe {
         let acc = self.fused_ready("fused_target")?;
         if self.expert_launched.swap(true, Ordering::Relaxed) {
             return Err(Error::InvalidArgument(
-                "moe fused_target: already given for this dispatch (one expert launch per call: a second one would \
-                 add every row twice)"
+                "moe fused_target: already given for this dispatch (one expert launch per call, which reports \
+                 every row once)"
                     .into(),
             ));
         }
@@ -180,25 +185,27 @@ impl Moe {
         let dev = comm.device();
         let module = dev.builtin_module()?;
         let mut args = self.result_args(tokens);
-        let state = self.state.bytes_at(0)?;
+        // The kernel reads the dispatch's target and writes `fused_done` into the state.
+        let state = self.state.bytes_at_mut(0)?;
         args.state = state.param() as u64;
-        let mut writes = Vec::new();
+        let mut writes = vec![state];
         if tokens > 0 {
             let o = out.bytes_at_mut(0)?;
             args.out = o.param() as u64;
             writes.push(o);
         }
-        let reads = [state];
-        let tracked = TrackedArgs { args, reads: &reads, writes: &writes };
+        let tracked = TrackedArgs { args, reads: &[], writes: &writes };
         let (threads, ctas) = kernel_shape(&comm);
         let cfg = LaunchConfig::linear(ctas as u32, threads);
         // SAFETY: `moe_fused_finish`'s contract: after this Moe's dispatch given the weights
-        // on this stream (checked: pending with sources), the one expert kernel queued by the
-        // caller before it (its argument was taken once: checked); `out` holds the dispatch's tokens (checked); the state and `acc`
-        // (every rank's, one domain: checked when made) are this Moe's; all tracked.
+        // on this stream (checked: pending with sources), the one expert kernel queued by
+        // the caller before it (its argument was taken once: checked); `out` holds the
+        // dispatch's tokens (checked); the state (written: `fused_done`) and `acc` (every
+        // rank's, one domain: checked when made) are this Moe's; all tracked.
         unsafe { comm.stream().launch(module, &moe_fused_finish, cfg, (&self.handle, &acc, &tracked))? };
         tracing::debug!(target: "ferrolink::moe", rank = comm.rank(), epoch = self.epoch, tokens, "fused finish queued");
         self.pending = None;
+        *self.expert_launched.get_mut() = false;
         Ok(())
     }
 
