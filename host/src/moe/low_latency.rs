@@ -1,7 +1,7 @@
 //! MoE dispatch and combine in low-latency mode ([`MoeLowLatency`]).
 
 use super::tokens::RowShape;
-use super::{MoeConfig, MoeLaunch, Tokens, bf16, check_config, kernel_shape, new_window};
+use super::{MoeConfig, Tokens, TrackedArgs, bf16, check_config, kernel_shape, new_window};
 use crate::comm::Communicator;
 use crate::devcomm::{DevCommHandle, DevCommRequirements};
 use crate::mem::window::Window;
@@ -351,13 +351,8 @@ impl MoeLowLatency {
         // The receive alone is CTA 0's work; a send gets a CTA per token while there are
         // CTAs (its warps share the token's entries).
         let grid = if ph == phase::RECV { 1 } else { tokens.clamp(1, cap) };
-        let launch = MoeLaunch {
-            handle: &self.handle,
-            windows: [&self.send, &self.recv, &self.counts],
-            args,
-            reads: &reads,
-            writes: &writes,
-        };
+        let tracked = TrackedArgs { args, reads: &reads, writes: &writes };
+        let launch = (&self.handle, &self.send, &self.recv, &self.counts, &tracked);
         let cfg =
             LaunchConfig::linear(grid as u32, threads).with_shared_mem(ll::shared_bytes(self.cfg.num_experts) as u32);
         // SAFETY: `moe_ll_dispatch`'s contract: every rank launches it with the configuration
@@ -428,13 +423,8 @@ impl MoeLowLatency {
         args.state = state.param() as u64;
         reads.push(state);
         let (threads, cap) = kernel_shape(&comm);
-        let launch = MoeLaunch {
-            handle: &self.handle,
-            windows: [&self.recv, &self.ret, &self.counts],
-            args,
-            reads: &reads,
-            writes: &writes,
-        };
+        let tracked = TrackedArgs { args, reads: &reads, writes: &writes };
+        let launch = (&self.handle, &self.recv, &self.ret, &self.counts, &tracked);
         let cfg =
             LaunchConfig::linear(cap as u32, threads).with_shared_mem(ll::shared_bytes(self.cfg.num_experts) as u32);
         // SAFETY: `moe_ll_combine`'s contract: after this object's dispatch receive on this

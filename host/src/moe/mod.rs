@@ -60,14 +60,13 @@ use crate::comm::Communicator;
 use crate::devcomm::{DevCommHandle, DevCommRequirements};
 use crate::mem::window::Window;
 use crate::ops::{launch_copy, staging_copy_config};
-use crate::runtime::launch::{LaunchArg, LaunchArgs, LaunchConfig, LaunchTracking};
+use crate::runtime::launch::{LaunchArg, LaunchConfig, LaunchTracking};
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::{Backend, Error, Result};
 use ferrolink_device::kernel::KernelParam;
 use ferrolink_device::kernels::copy::ferrolink_copy;
 use ferrolink_device::kernels::moe::{moe_combine, moe_dispatch};
 use ferrolink_device::moe::{self as dev_moe, MoeArgs, MoeState};
-use ferrolink_device::{DevComm, DevWindow};
 pub use half::bf16;
 use std::sync::atomic::AtomicBool;
 
@@ -382,13 +381,8 @@ impl Moe {
         let state = self.state.bytes_at_mut(0)?;
         args.state = state.param() as u64;
         writes.push(state);
-        let launch = MoeLaunch {
-            handle: &self.handle,
-            windows: [&self.send, &self.recv, &self.counts],
-            args,
-            reads: &reads,
-            writes: &writes,
-        };
+        let tracked = TrackedArgs { args, reads: &reads, writes: &writes };
+        let launch = (&self.handle, &self.send, &self.recv, &self.counts, &tracked);
         let cfg = LaunchConfig::linear(grid as u32, threads).with_shared_mem(shared as u32);
         // SAFETY: `moe_dispatch`'s contract: every rank launches it with the same
         // configuration (checked when the Moe was made) and grid shape rules, the windows of
@@ -487,13 +481,8 @@ impl Moe {
         let state = self.state.bytes_at(0)?;
         args.state = state.param() as u64;
         reads.push(state);
-        let launch = MoeLaunch {
-            handle: &self.handle,
-            windows: [&self.recv, &self.ret, &self.counts],
-            args,
-            reads: &reads,
-            writes: &writes,
-        };
+        let tracked = TrackedArgs { args, reads: &reads, writes: &writes };
+        let launch = (&self.handle, &self.recv, &self.ret, &self.counts, &tracked);
         let shared = dev_moe::combine_shared_bytes(self.cfg.num_experts);
         let cfg = LaunchConfig::linear(cap_ctas as u32, threads).with_shared_mem(shared as u32);
         // SAFETY: `moe_combine`'s contract: after this Moe's dispatch on this stream (pending,
@@ -547,35 +536,6 @@ impl<A: KernelParam + Copy> LaunchArg for &TrackedArgs<'_, '_, A> {
         self.args
     }
     fn track(&self, t: &mut LaunchTracking) {
-        for r in self.reads {
-            r.track(t);
-        }
-        for w in self.writes {
-            w.track(t);
-        }
-    }
-}
-
-/// A MoE kernel's arguments with everything it uses tracked.
-struct MoeLaunch<'s, 'a, A> {
-    handle: &'s DevCommHandle,
-    windows: [&'s Window; 3],
-    args: A,
-    reads: &'s [TrackedPtr<'a, *const u8>],
-    writes: &'s [TrackedPtr<'a, *mut u8>],
-}
-
-impl<A: KernelParam + Copy> LaunchArgs for MoeLaunch<'_, '_, A> {
-    type Params = (DevComm, DevWindow, DevWindow, DevWindow, A);
-    fn params(&self) -> Self::Params {
-        let [a, b, c] = self.windows;
-        (self.handle.param(), a.param(), b.param(), c.param(), self.args)
-    }
-    fn track(&self, t: &mut LaunchTracking) {
-        self.handle.track(t);
-        for w in self.windows {
-            w.track(t);
-        }
         for r in self.reads {
             r.track(t);
         }
