@@ -756,6 +756,53 @@ fn low_latency_overflow_is_a_reported_fault() {
     });
 }
 
+/// After `Communicator::recover`, MoE objects made before refuse every call with an error
+/// that says why (a failed call may have left rows and signal adds in flight), in the middle
+/// of a call too; objects made after it work, their results checked.
+#[test]
+fn moe_objects_made_before_a_recover_refuse_calls() {
+    ferrolink::testing::for_each_backend("moe_objects_made_before_a_recover_refuse_calls", |dev| {
+        let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
+        let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 1, max_tokens: 2, capacity: None };
+        let outs = ferrolink::run_ranks(&comms, |c| {
+            let dev = c.device();
+            // Each token to expert 2 (rank 1) with weight 1: the output is the input.
+            let x = dev.alloc_from(&(0..16).map(|i| bf16::from_f32(i as f32 + 1.0)).collect::<Vec<_>>())?;
+            let (idx, w) = (dev.alloc_from(&[2i32, 2])?, dev.alloc_from(&[1f32; 2])?);
+            let mut out = dev.alloc::<bf16>(16)?;
+            let mut plain = c.moe(cfg)?;
+            let mut fused = c.moe(cfg)?;
+            fused.enable_fused()?;
+            let mut ll = c.moe_low_latency(cfg)?;
+            plain.dispatch(&x, &idx)?; // left pending across the recover
+            c.synchronize()?;
+            c.recover()?;
+            let refused = [
+                plain.combine(None, &w, &mut out).err(),
+                fused.dispatch_with_sources(&x, &idx, &w).err(),
+                fused.fused_target().err(),
+                ll.dispatch(&x, &idx).err(),
+            ];
+            let mut fresh = c.moe(cfg)?;
+            fresh.dispatch(&x, &idx)?;
+            fresh.combine(None, &w, &mut out)?;
+            c.synchronize()?;
+            Ok((refused.map(|e| e.map(|e| e.to_string()).unwrap_or_default()), out.to_vec()?))
+        })?;
+        for (rank, (refused, out)) in outs.iter().enumerate() {
+            for (i, e) in refused.iter().enumerate() {
+                check(e.contains("was recovered (Communicator::recover)") && e.contains("make a new one"), || {
+                    format!("rank {rank}, call {i} after recover: {e:?}")
+                })?;
+            }
+            let want: Vec<f32> = (0..16).map(|i| i as f32 + 1.0).collect();
+            let got: Vec<f32> = out.iter().map(|v| v.to_f32()).collect();
+            check(got == want, || format!("rank {rank}: a new Moe after recover gave {got:?}"))?;
+        }
+        Ok(())
+    });
+}
+
 #[test]
 fn bad_low_latency_calls_are_clear_errors() {
     ferrolink::testing::for_each_backend("bad_low_latency_calls_are_clear_errors", |dev| {

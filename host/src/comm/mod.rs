@@ -50,6 +50,9 @@ pub(crate) struct CommShared {
     pub(crate) control: Arc<CommControl>,
     /// Collective calls made so far (every rank counts the same): names windows across ranks.
     collectives: AtomicU64,
+    /// Calls of [`Communicator::recover`] so far: objects whose device state a failed call
+    /// can leave half done (`moe::Moe`) remember it when made and refuse work after one.
+    recoveries: AtomicU64,
     config: CommConfig,
     /// File-descriptor exchange with this machine's other processes, opened on first need.
     fds: std::sync::OnceLock<Arc<fdpass::FdExchange>>,
@@ -269,6 +272,7 @@ impl Communicator {
             bootstrap,
             control,
             collectives: AtomicU64::new(0),
+            recoveries: AtomicU64::new(0),
             config,
             fds: std::sync::OnceLock::new(),
             coll: std::sync::Mutex::new(None),
@@ -456,6 +460,11 @@ impl Communicator {
         self.shared.collectives.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// How many times [`Communicator::recover`] was called on this rank.
+    pub(crate) fn recoveries(&self) -> u64 {
+        self.shared.recoveries.load(Ordering::Relaxed)
+    }
+
     /// Makes the communicator usable again after an error or an abort, without dropping
     /// anything (collective: every rank calls it). It
     /// 1. aborts the communicator if kernels of this rank still run, and waits (up to 10 s)
@@ -469,8 +478,11 @@ impl Communicator {
     ///    there), and forgets the asynchronous error.
     ///
     /// Buffers, windows and device communicators stay valid; their contents are whatever the
-    /// failed work left.
+    /// failed work left. MoE objects made before refuse further calls (their signals may
+    /// count the failed call's rows): make new ones.
     pub fn recover(&self) -> Result<()> {
+        // Counted first: even a recover that fails leaves MoE objects out of step.
+        self.shared.recoveries.fetch_add(1, Ordering::Relaxed);
         let control = self.control();
         let busy = || self.stream.tail().is_some_and(|t| !t.finished());
         if busy() {

@@ -211,6 +211,7 @@ impl Moe {
 
     /// The accumulators, if the last dispatch may be finished by the fused combine.
     fn fused_ready(&self, what: &str) -> Result<&Window> {
+        super::not_recovered(&self.comm, self.recoveries, &format!("moe {what}"))?;
         let Some(acc) = &self.acc else {
             return Err(Error::InvalidArgument(format!("moe {what}: call enable_fused first (collective, once)")));
         };

@@ -74,6 +74,8 @@ pub struct MoeLowLatency {
     /// Dispatches so far.
     epoch: u64,
     stage: Stage,
+    /// [`Communicator::recover`] calls when this was made: after another, calls are refused.
+    recoveries: u64,
 }
 
 /// Where a rank is in its calls (each holds the tokens of the dispatch).
@@ -123,6 +125,7 @@ impl Communicator {
             state: dev.alloc(scratch_bytes(cfg.num_experts).div_ceil(8))?,
             epoch: 0,
             stage: Stage::Idle,
+            recoveries: self.recoveries(),
         })
     }
 }
@@ -322,6 +325,7 @@ impl MoeLowLatency {
     /// Launches the dispatch kernel for phase `ph` of `tokens` tokens; `send`: the rows to
     /// send (every phase but the receive alone).
     fn launch_dispatch(&mut self, send: Option<SendRows<'_, '_>>, tokens: usize, ph: u32) -> Result<()> {
+        super::not_recovered(&self.comm, self.recoveries, "moe_low_latency dispatch")?;
         let comm = self.comm.clone();
         let module = comm.device().builtin_module()?;
         let mut args = self.args(tokens, ph);
@@ -390,6 +394,7 @@ impl MoeLowLatency {
         tokens: usize,
         ph: u32,
     ) -> Result<()> {
+        super::not_recovered(&self.comm, self.recoveries, "moe_low_latency combine")?;
         let (hidden, k) = (self.cfg.hidden, self.cfg.top_k);
         let comm = self.comm.clone();
         let module = comm.device().builtin_module()?;

@@ -124,6 +124,8 @@ pub struct Moe {
     /// Whether [`Moe::fused_target`] gave out the expert kernel's argument for that dispatch
     /// (then only [`Moe::finish_fused`] may end it). Atomic so that `Moe` stays `Sync`.
     expert_launched: AtomicBool,
+    /// [`Communicator::recover`] calls when this was made: after another, calls are refused.
+    recoveries: u64,
     /// The fused combine's accumulators (`f32 [max_tokens][hidden]`), once enabled.
     acc: Option<Window>,
 }
@@ -177,6 +179,7 @@ impl Communicator {
             pending: None,
             pending_sources: false,
             expert_launched: AtomicBool::new(false),
+            recoveries: self.recoveries(),
             acc: None,
         })
     }
@@ -291,6 +294,7 @@ impl Moe {
         topk_idx: &DeviceBuffer<i32>,
         topk_weights: Option<&DeviceBuffer<f32>>,
     ) -> Result<()> {
+        not_recovered(&self.comm, self.recoveries, "moe dispatch")?;
         let (hidden, k) = (self.cfg.hidden, self.cfg.top_k);
         let rows = x.shape(hidden, "moe dispatch")?;
         let tokens = rows.tokens;
@@ -415,6 +419,7 @@ impl Moe {
         topk_weights: &DeviceBuffer<f32>,
         out: &mut DeviceBuffer<bf16>,
     ) -> Result<()> {
+        not_recovered(&self.comm, self.recoveries, "moe combine")?;
         let Some(tokens) = self.pending else {
             return Err(Error::InvalidArgument("moe combine: no dispatch to combine".into()));
         };
@@ -543,6 +548,19 @@ impl<A: KernelParam + Copy> LaunchArg for &TrackedArgs<'_, '_, A> {
             w.track(t);
         }
     }
+}
+
+/// Refuses a call on a MoE object made before a [`Communicator::recover`] (`made_at`: the
+/// communicator's recoveries then): the failed call may have left rows and signal adds in
+/// flight, which the object's epochs and targets would count as the next call's.
+fn not_recovered(comm: &Communicator, made_at: u64, call: &str) -> Result<()> {
+    if comm.recoveries() == made_at {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "{call}: the communicator was recovered (Communicator::recover) after this MoE object was made; its \
+         signals may count the failed call's rows: make a new one (collective)"
+    )))
 }
 
 /// Checks `cfg` (with the capacity in use) for `mode`'s kernels on this communicator, and
