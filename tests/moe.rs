@@ -803,6 +803,73 @@ fn moe_objects_made_before_a_recover_refuse_calls() {
     });
 }
 
+/// A fused call whose expert kernel reports no rows: the token ranks' `finish_fused` cannot
+/// finish; after the communicator's timeout it fails naming the `FUSED` wait (no hang), and
+/// after `recover` a new `Moe` works.
+#[test]
+fn a_fused_call_whose_expert_skips_rows_times_out() {
+    ferrolink::testing::for_each_backend("a_fused_call_whose_expert_skips_rows_times_out", |dev| {
+        let config = ferrolink::CommConfig {
+            timeout: Some(std::time::Duration::from_millis(500)),
+            ..ferrolink::CommConfig::from_env(dev.backend())
+        };
+        let comms = Communicator::init_all_with(&[dev.clone(), dev.clone()], config)?;
+        let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 1, max_tokens: 2, capacity: None };
+        let errs = ferrolink::run_ranks(&comms, |c| {
+            let dev = c.device();
+            let x = dev.alloc_from(&[bf16::from_f32(1.0); 16])?;
+            let (idx, w) = (dev.alloc_from(&[2i32, 3])?, dev.alloc_from(&[1f32; 2])?);
+            let mut out = dev.alloc::<bf16>(16)?;
+            let mut moe = c.moe(cfg)?;
+            moe.enable_fused()?;
+            moe.dispatch_with_sources(&x, &idx, &w)?;
+            // The expert "launch" that adds and reports nothing.
+            let _target = moe.fused_target()?;
+            let finished = moe.finish_fused(&mut out).and_then(|()| c.synchronize());
+            Ok(finished.err().map(|e| e.to_string()).unwrap_or_default())
+        })?;
+        let fused = ferrolink_device::moe::signal::FUSED;
+        for (rank, e) in errs.iter().enumerate() {
+            check(
+                e.contains(&format!("waits for GIN signal {fused} to reach 2: it is 0")) && e.contains("timeout"),
+                || format!("rank {rank}: finish_fused without adds: {e:?}"),
+            )?;
+        }
+        // Back in step: a new Moe's fused call, with its expert kernel, is exact.
+        ferrolink::recover(&comms)?;
+        let outs = ferrolink::run_ranks(&comms, |c| {
+            let dev = c.device();
+            let x = dev.alloc_from(&[bf16::from_f32(1.0); 16])?;
+            let (idx, w) = (dev.alloc_from(&[2i32, 3])?, dev.alloc_from(&[0.5f32; 2])?);
+            let mut out = dev.alloc::<bf16>(16)?;
+            let mut moe = c.moe(cfg)?;
+            moe.enable_fused()?;
+            moe.dispatch_with_sources(&x, &idx, &w)?;
+            let ones = dev.alloc_from(&[1f32; 16])?;
+            let target = moe.fused_target()?;
+            // SAFETY: the kernel's contract: this call's target and the Moe's device
+            // communicator, weights for 2 experts of 1 x 8 (tracked), a warp with 4 bytes of
+            // shared memory.
+            unsafe {
+                c.stream().launch(
+                    dev.builtin_module()?,
+                    &moe_expert_mlp_fused,
+                    LaunchConfig::linear(1, 32).with_shared_mem(4),
+                    (moe.dev_comm(), target, &ones, &ones, 1u32),
+                )?
+            };
+            moe.finish_fused(&mut out)?;
+            c.synchronize()?;
+            out.to_vec()
+        })?;
+        for (rank, out) in outs.iter().enumerate() {
+            // y = W2 relu(W1 x) = 8 in every channel, times the weight 0.5.
+            check(out.iter().all(|v| v.to_f32() == 4.0), || format!("rank {rank} after recover: {out:?}"))?;
+        }
+        Ok(())
+    });
+}
+
 #[test]
 fn bad_low_latency_calls_are_clear_errors() {
     ferrolink::testing::for_each_backend("bad_low_latency_calls_are_clear_errors", |dev| {
