@@ -606,72 +606,32 @@ fn bad_moe_calls_are_clear_errors() {
             let fused_out = fz.finish_fused(&mut dev.alloc::<bf16>(8)?).expect_err("a short output").to_string();
             fz.finish_fused(&mut out)?;
             c.synchronize()?;
-            Ok([
-                odd,
-                hidden,
-                early,
-                short,
-                many,
-                twice,
-                wrong_out,
-                fp8_hidden,
-                fp8_scales,
-                unset,
-                plain,
-                short_w,
-                fused_out,
-                idle,
-                between,
-                fp8_fused,
-                no_expert,
-                again,
-                after_expert,
+            // (what, the text expected in the error, the error) for each bad call.
+            Ok(vec![
+                ("fused before set-up", "call enable_fused first", unset),
+                ("fused after dispatch", "the last dispatch was a plain dispatch", plain),
+                ("fused with nothing pending", "no dispatch is waiting", idle),
+                ("enable_fused", "a dispatch is waiting for its combine", between),
+                ("fp8 fused", "experts read bf16 rows", fp8_fused),
+                ("no expert", "no expert kernel for this dispatch", no_expert),
+                ("a second target", "one expert launch per call", again),
+                ("combine after expert", "end it with finish_fused", after_expert),
+                ("short weights", "topk_weights holds 3 weights, 2 tokens x top_k 2 = 4 needed", short_w),
+                ("fused output", "out must hold 16 (it holds 8)", fused_out),
+                ("3 experts", "multiple of the 2 ranks", odd),
+                ("hidden 12", "multiple of 8", hidden),
+                ("early combine", "no dispatch to combine", early),
+                ("short routing", "3 entries, 2 tokens x top_k 2 = 4 needed", short),
+                ("5 tokens", "more than max_tokens 4", many),
+                ("two dispatches", "has not been combined", twice),
+                ("short output", "out 16 (it holds 8)", wrong_out),
+                ("fp8, hidden 8", "multiple of 512", fp8_hidden),
+                ("fp8 scales", "scales hold 3 values, 2 tokens x 4 scales", fp8_scales),
             ])
         })?;
-        let [
-            odd,
-            hidden,
-            early,
-            short,
-            many,
-            twice,
-            wrong_out,
-            fp8_hidden,
-            fp8_scales,
-            unset,
-            plain,
-            short_w,
-            fused_out,
-            idle,
-            between,
-            fp8_fused,
-            no_expert,
-            again,
-            after_expert,
-        ] = &errs[0];
-        check(unset.contains("call enable_fused first"), || format!("fused before set-up: {unset}"))?;
-        check(plain.contains("the last dispatch was a plain dispatch"), || format!("fused after dispatch: {plain}"))?;
-        check(idle.contains("no dispatch is waiting"), || format!("fused with nothing pending: {idle}"))?;
-        check(between.contains("a dispatch is waiting for its combine"), || format!("enable_fused: {between}"))?;
-        check(fp8_fused.contains("experts read bf16 rows"), || format!("fp8 fused: {fp8_fused}"))?;
-        check(no_expert.contains("no expert kernel for this dispatch"), || format!("no expert: {no_expert}"))?;
-        check(again.contains("one expert launch per call"), || format!("a second target: {again}"))?;
-        check(after_expert.contains("end it with finish_fused"), || format!("combine after expert: {after_expert}"))?;
-        check(short_w.contains("topk_weights holds 3 weights, 2 tokens x top_k 2 = 4 needed"), || {
-            format!("short weights: {short_w}")
-        })?;
-        check(fused_out.contains("out must hold 16 (it holds 8)"), || format!("fused output: {fused_out}"))?;
-        check(odd.contains("multiple of the 2 ranks"), || format!("3 experts: {odd}"))?;
-        check(hidden.contains("multiple of 8"), || format!("hidden 12: {hidden}"))?;
-        check(early.contains("no dispatch to combine"), || format!("early combine: {early}"))?;
-        check(short.contains("3 entries, 2 tokens x top_k 2 = 4 needed"), || format!("short routing: {short}"))?;
-        check(many.contains("more than max_tokens 4"), || format!("5 tokens: {many}"))?;
-        check(twice.contains("has not been combined"), || format!("two dispatches: {twice}"))?;
-        check(wrong_out.contains("out 16 (it holds 8)"), || format!("short output: {wrong_out}"))?;
-        check(fp8_hidden.contains("multiple of 512"), || format!("fp8, hidden 8: {fp8_hidden}"))?;
-        check(fp8_scales.contains("scales hold 3 values, 2 tokens x 4 scales"), || {
-            format!("fp8 scales: {fp8_scales}")
-        })?;
+        for (what, expected, got) in &errs[0] {
+            check(got.contains(expected), || format!("{what}: {got:?} does not say {expected:?}"))?;
+        }
         // Ranks with different shapes: an error naming the other rank's.
         let comms = Communicator::init_all(&vec![dev.clone(); 2])?;
         let errs = ferrolink::run_ranks(&comms, |c| {
