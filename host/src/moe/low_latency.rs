@@ -331,19 +331,17 @@ impl MoeLowLatency {
         let mut args = self.args(tokens, ph);
         let mut reads = Vec::new();
         let mut writes = Vec::new();
-        if let Some(rows) = &send {
-            (args.x_units, args.scale_units) = (rows.rows.x_units, rows.rows.scale_units);
-        }
-        if let Some(SendRows { x, topk_idx: idx, .. }) = send
-            && tokens > 0
-        {
-            (args.x, args.scales) = x.addresses(&mut reads)?;
-            let idx = idx.bytes_at(0)?;
-            args.topk_idx = idx.param() as u64;
-            reads.push(idx);
-            let ret = self.ret_index.bytes_at_mut(0)?;
-            args.ret_index = ret.param() as u64;
-            writes.push(ret);
+        if let Some(SendRows { x, topk_idx: idx, rows }) = send {
+            (args.x_units, args.scale_units) = (rows.x_units, rows.scale_units);
+            if tokens > 0 {
+                (args.x, args.scales) = x.addresses(&mut reads)?;
+                let idx = idx.bytes_at(0)?;
+                args.topk_idx = idx.param() as u64;
+                reads.push(idx);
+                let ret = self.ret_index.bytes_at_mut(0)?;
+                args.ret_index = ret.param() as u64;
+                writes.push(ret);
+            }
         }
         let counts = self.recv_counts.bytes_at_mut(0)?;
         args.recv_counts = counts.param() as u64;
