@@ -419,6 +419,76 @@ fn tree_all_reduce_across_lsa_domains() {
     });
 }
 
+/// What every rank holds after all-reduce `c` of `n` ranks in LSA domains of `domain` run
+/// hierarchically ([`algo::HIERARCHICAL`]): each domain's inputs reduced in LSA rank order,
+/// then those partials reduced in domain order.
+fn expected_hierarchical<T: Val>(c: &Collective, n: usize, domain: usize) -> Vec<T> {
+    let apply = |a: T, b: T| match c.op {
+        ReduceOp::Sum | ReduceOp::Avg => T::sum(a, b),
+        ReduceOp::Prod => T::prod(a, b),
+        ReduceOp::Min => T::min(a, b),
+        ReduceOp::Max => T::max(a, b),
+    };
+    let pre = |x: T| if c.op == ReduceOp::Avg { x.avg_pre(n as u32) } else { x };
+    (0..c.count)
+        .map(|i| {
+            let partial = |d: usize| (d * domain..(d + 1) * domain).map(|r| pre(input::<T>(r, i))).reduce(apply);
+            let v = (0..n / domain).filter_map(partial).reduce(apply).expect("two domains or more");
+            if c.op == ReduceOp::Avg { v.avg_post(n as u32) } else { v }
+        })
+        .collect()
+}
+
+/// The hierarchical all-reduce (LSA inside each domain, GIN across): 4 ranks in domains of 2,
+/// 6 in domains of 2 (three domains) and of 3 (pieces of unequal size); every reduction, in
+/// every form, at sizes 0, 1, odd and several CTAs' worth, reduced in its order. Over domains
+/// of one rank it does not apply and gives way to the tuner's pick (one-shot, rank order).
+#[test]
+fn hierarchical_all_reduce_across_lsa_domains() {
+    ferrolink::testing::for_each_backend("hierarchical_all_reduce_across_lsa_domains", |dev| {
+        fn hierarchical<T: Val>(comms: &[Communicator], domain: usize, sizes: &[usize]) -> ferrolink::Result<()> {
+            let n = comms.len();
+            for &count in sizes {
+                for op in ReduceOp::ALL {
+                    let c = Collective {
+                        op,
+                        algo: Some(algo::HIERARCHICAL),
+                        ..Collective::new(CollKind::AllReduce, count)
+                    };
+                    if domain == 1 {
+                        forms_of::<T>(comms, c, &ALL_FORMS)?;
+                        continue;
+                    }
+                    let want = expected_hierarchical::<T>(&c, n, domain);
+                    for form in ALL_FORMS {
+                        run_case_with::<T>(comms, c, form, |_| Some(want.clone()))?;
+                    }
+                }
+            }
+            Ok(())
+        }
+        for (n, domain) in [(4, 2), (6, 2), (6, 3), (3, 1)] {
+            let comms = comms_in_domains(dev, n, domain)?;
+            let sizes = [0usize, 1, 3, 37, 1029];
+            hierarchical::<f32>(&comms, domain, &sizes)?;
+            hierarchical::<bf16>(&comms, domain, &sizes)?;
+            hierarchical::<i64>(&comms, domain, &sizes)?;
+            hierarchical::<u8>(&comms, domain, &sizes)?;
+            if domain > 1 {
+                let large = if dev.backend() == ferrolink::Backend::Cuda { 1 << 20 } else { 300_007 };
+                let c = Collective {
+                    op: ReduceOp::Avg,
+                    algo: Some(algo::HIERARCHICAL),
+                    ..Collective::new(CollKind::AllReduce, large)
+                };
+                let want = expected_hierarchical::<f32>(&c, n, domain);
+                run_case_with::<f32>(&comms, c, Form::Buffers, |_| Some(want.clone()))?;
+            }
+        }
+        Ok(())
+    });
+}
+
 #[test]
 fn large_all_reduce_both_algorithms() {
     ferrolink::testing::for_each_backend("large_all_reduce_both_algorithms", |dev| {

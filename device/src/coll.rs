@@ -192,6 +192,24 @@ pub mod algo {
     /// three times. Inside one domain, and for other collectives, the tuner's algorithm
     /// runs instead.
     pub const TREE: u32 = 3;
+    /// Across LSA domains ([`super::run_gin`]), all-reduce when every domain holds two ranks
+    /// or more: LSA reduce-scatter inside each domain (LSA rank `l` reduces piece `l` of `L`
+    /// over its domain, reading the peers' inputs in place), then piece `l` all-reduced
+    /// across the domains among the ranks of LSA rank `l` (the rail: one GIN put of the piece
+    /// to each other domain), then LSA all-gather inside each domain. Each rank sends
+    /// `(domains - 1) / L` of the data across domains, against `nranks - L` times it
+    /// one-shot. Elsewhere the tuner's algorithm runs instead.
+    pub const HIERARCHICAL: u32 = 4;
+    /// The highest algorithm code.
+    pub const LAST: u32 = HIERARCHICAL;
+    /// Each algorithm's name, by code: how `FERROLINK_ALGO` and `ferrolink-perf --algo`
+    /// spell it.
+    pub const NAMES: [&str; LAST as usize + 1] = ["one_shot", "two_shot", "ring", "tree", "hierarchical"];
+
+    /// The code of the algorithm named `name` ([`NAMES`]), or `None`.
+    pub fn from_name(name: &str) -> Option<u32> {
+        NAMES.iter().position(|&n| n == name).map(|i| i as u32)
+    }
 }
 
 /// What [`crate::kernels::coll::coll_lsa`] runs: the same on every rank. Plain numbers: the
@@ -545,7 +563,7 @@ pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
 #[inline(always)]
 fn parse_args(comm: &DevComm, args: &CollArgs, ranks: u32) -> (CollKind, DataType, RedOp) {
     match (CollKind::from_code(args.kind), DataType::from_code(args.dtype), RedOp::from_code(args.op)) {
-        (Some(kind), Some(dtype), Some(op)) if args.algo <= algo::TREE && args.root < ranks => (kind, dtype, op),
+        (Some(kind), Some(dtype), Some(op)) if args.algo <= algo::LAST && args.root < ranks => (kind, dtype, op),
         _ => comm.fail(
             error_code::COLL_ARGS,
             u64::from(args.kind) << 32 | u64::from(args.algo),
@@ -842,7 +860,9 @@ fn gin_sends(kind: CollKind, from: usize, to: usize, root: usize) -> bool {
 ///
 /// With `args.algo` [`algo::RING`], all-reduce, reduce-scatter and all-gather run as a ring
 /// (`ring_gin`: each rank puts only to the next one); with [`algo::TREE`], all-reduce runs as
-/// a binary tree (`tree_gin`); everything else runs one-shot (`one_shot_gin`: each rank puts
+/// a binary tree (`tree_gin`); with [`algo::HIERARCHICAL`], all-reduce over domains of two
+/// ranks or more runs LSA inside the domains and GIN across them (`hierarchical_gin`);
+/// everything else runs one-shot (`one_shot_gin`: each rank puts
 /// its data straight to every rank that needs it). Either
 /// way each CTA then resets its signal and meets every rank at the hybrid barrier `part`
 /// (LSA barrier, then GIN barrier across domains). GIN takes each peer's path: direct stores
@@ -889,10 +909,16 @@ pub unsafe fn run_gin(
         && comm.nranks > 1
         && matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather);
     let tree = args.algo == algo::TREE && comm.nranks > 1 && kind == CollKind::AllReduce;
+    let hierarchical = args.algo == algo::HIERARCHICAL
+        && comm.lsa_size > 1
+        && comm.nranks > comm.lsa_size
+        && kind == CollKind::AllReduce;
     // SAFETY: forwarded contract.
     let finished = unsafe {
         if ring {
             ring_gin(&call)
+        } else if hierarchical {
+            hierarchical_gin(&call)
         } else if tree {
             tree_gin(&call)
         } else {
@@ -1198,6 +1224,95 @@ unsafe fn tree_gin(c: &GinCall) -> bool {
         // SAFETY: the result's piece (computed or landed above, not rewritten in this call)
         // into the child's result region, which only this rank writes, once per call.
         unsafe { c.put(ch, result_region + at, c.gather, result_region + at, len) };
+    }
+    true
+}
+
+/// The hierarchical all-reduce of [`run_gin`] ([`algo::HIERARCHICAL`]; `L = lsa_size >= 2`
+/// ranks per domain, `D = nranks / L >= 2` domains). The data is cut into `L` pieces at
+/// 16-byte multiples; LSA rank `l` owns piece `l`, and CTA `b` handles part `b` of every
+/// piece. `gather` holds `D + 1` regions of the data's size: region `d` the partial result
+/// of domain `d`, region `D` the final result; a piece keeps its offset in every region.
+///
+/// 1. LSA barrier `part` (the domain's inputs are complete), then rank `l` reduces its piece
+///    of the `L` inputs of its domain (read in place, in LSA rank order) into its domain's
+///    region.
+/// 2. It puts that partial to the rank of LSA rank `l` in every other domain (into the same
+///    region there: only this rank writes it), waits for theirs, and reduces the `D`
+///    partials in domain order into the final region and its output: the same bits on the
+///    `D` ranks of the rail.
+/// 3. LSA barrier `part` again (every piece's final result is complete), then it copies the
+///    other `L - 1` pieces from its domain peers' final regions to its output.
+///
+/// The result is the inputs reduced domain by domain (each in LSA rank order), then across
+/// domains in order. False on an abort.
+///
+/// # Ordering
+/// The first barrier (acquire-release at the LSA scope) acquires the peers' inputs as
+/// [`run_lsa`]'s first barrier does. The partials travel as in [`one_shot_gin`] (a strong
+/// signal acquired by the wait). The second barrier releases each rank's final region,
+/// written by this CTA before it arrives, to the same CTA of every domain peer, which reads
+/// exactly the part this CTA wrote (the same cut on every rank). [`run_gin`]'s closing
+/// hybrid barrier keeps every region and input unchanged until every rank has read it.
+///
+/// # Safety
+/// As [`run_gin`] (with `lsa_size >= 2` and `nranks > lsa_size`, so that `D + 1 <= nranks`
+/// regions fit in `gather`; LSA barriers `0..parts` are this call's: the hybrid barriers'
+/// LSA halves).
+#[inline(always)]
+unsafe fn hierarchical_gin(c: &GinCall) -> bool {
+    let coop = CoopCta;
+    let (comm, args) = (c.comm, c.args);
+    let (l, lsa_n) = (comm.lsa_rank as usize, comm.lsa_size as usize);
+    let (domain, domains) = ((comm.rank / comm.lsa_size) as usize, (comm.nranks / comm.lsa_size) as usize);
+    let (n, size) = (comm.nranks, c.dtype.size());
+    let bytes = args.count as usize * size;
+    let send_offset = args.send_offset as usize;
+    // This CTA's part of piece `p`: (offset in the data, bytes).
+    let part_of = |p: usize| {
+        let (first, len) = lsa::split_16(bytes, p, lsa_n);
+        let (start, len) = lsa::split_16(len, c.part, c.parts);
+        (first + start, len)
+    };
+    let (at, len) = part_of(l);
+    let final_region = domains * bytes;
+    // SAFETY: LSA barrier `part` is this call's (contract).
+    let mut barrier = unsafe { crate::LsaBarrierSession::new(coop, comm, c.part as u32) };
+    if barrier.try_sync().is_err() {
+        return false;
+    }
+    let partial = c.gather.local_ptr::<u8>(domain * bytes + at);
+    let input = |p: usize| c.send_win.lsa_ptr::<u8>(send_offset + at, p as u32) as *const u8;
+    let pre_only = AvgSteps { pre_from: 0, post: false };
+    // SAFETY: every domain peer's input piece (complete: the barrier; unchanged until the
+    // closing barrier: contract) into this domain's region of this rank's gather window,
+    // which nobody else writes in this call.
+    unsafe { reduce_any(coop, c.dtype, c.op, pre_only, n, 1, |_| partial, lsa_n, input, len / size, 0, 1) };
+    for d in (0..domains).filter(|&d| d != domain) {
+        // SAFETY: the partial just reduced (the put meets the coop first), unchanged in this
+        // call, into region `domain` of the rail peer's gather window, which only this rank
+        // writes.
+        unsafe { c.put(d * lsa_n + l, domain * bytes + at, c.gather, domain * bytes + at, len) };
+    }
+    if len > 0 && !c.wait(domains as u64 - 1) {
+        return false;
+    }
+    let result = c.gather.local_ptr::<u8>(final_region + at);
+    let dst = |d: usize| if d == 0 { result } else { c.recv.wrapping_add(at) };
+    let partials = |d: usize| c.gather.local_ptr::<u8>(d * bytes + at) as *const u8;
+    let post_only = AvgSteps { pre_from: domains, post: true };
+    // SAFETY: the `D` partials (this rank's, and the others' landed: the wait) into the final
+    // region (after every partial region) and this rank's output.
+    unsafe { reduce_any(coop, c.dtype, c.op, post_only, n, 2, dst, domains, partials, len / size, 0, 1) };
+    if barrier.try_sync().is_err() {
+        return false;
+    }
+    for p in (0..lsa_n).filter(|&p| p != l) {
+        let (at, len) = part_of(p);
+        let src = c.gather.lsa_ptr::<u8>(final_region + at, p as u32) as *const u8;
+        // SAFETY: peer `p`'s final result of this part (complete: the barrier) to its place
+        // in this rank's output.
+        unsafe { lsa::copy(coop, c.recv.add(at), src, len, 0, 1) };
     }
     true
 }

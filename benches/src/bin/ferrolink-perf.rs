@@ -225,9 +225,9 @@ struct CollCli {
     /// Ranks per GPU in one process (virtual ranks sharing each GPU; default 1).
     #[arg(long = "ranks-per-gpu", default_value_t = 1)]
     ranks_per_gpu: usize,
-    /// Algorithm, where it applies: one_shot, two_shot (all-reduce inside one LSA domain) or
-    /// ring (all-reduce, reduce-scatter, all-gather across domains) or tree (all-reduce across
-    /// domains); default: the tuner's.
+    /// Algorithm, where it applies: one_shot, two_shot (all-reduce inside one LSA domain),
+    /// ring (all-reduce, reduce-scatter, all-gather across domains), tree or hierarchical
+    /// (all-reduce across domains); default: the tuner's.
     #[arg(long)]
     algo: Option<String>,
     /// Print JSON lines instead of the table.
@@ -432,11 +432,7 @@ fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> 
     };
     let forced = match c.algo.as_deref() {
         None => None,
-        Some("one_shot") => Some(algo::ONE_SHOT),
-        Some("two_shot") => Some(algo::TWO_SHOT),
-        Some("ring") => Some(algo::RING),
-        Some("tree") => Some(algo::TREE),
-        Some(other) => return Err(bad("--algo", other)),
+        Some(name) => Some(algo::from_name(name).ok_or_else(|| bad("--algo", name))?),
     };
     let bench = perf::CollBench {
         kind,

@@ -14,7 +14,9 @@
 //! needs into the peer's gather window, then computes from its copies), or, for all-reduce,
 //! reduce-scatter and all-gather, a ring ([`algo::RING`]: each rank puts only to the next;
 //! the tuner's pick for large messages over more than two ranks), or, for all-reduce, a
-//! binary tree ([`algo::TREE`], when asked for).
+//! binary tree ([`algo::TREE`], when asked for), or hierarchically ([`algo::HIERARCHICAL`]:
+//! LSA reduce-scatter inside each domain, the pieces all-reduced across domains through GIN,
+//! LSA all-gather).
 //!
 //! ```
 //! # fn main() -> ferrolink::Result<()> {
@@ -91,9 +93,10 @@ pub struct Collective {
     pub root: usize,
     /// Forces an algorithm ([`algo`]) where it applies (two-shot: all-reduce inside one LSA
     /// domain; ring: all-reduce, reduce-scatter and all-gather across domains; tree:
-    /// all-reduce across domains); `None`, or an algorithm that does not apply, lets the tuner
-    /// pick (by size and topology; `FERROLINK_ALGO=one_shot|two_shot|ring|tree` overrides it
-    /// the same way).
+    /// all-reduce across domains; hierarchical: all-reduce across domains of two ranks or
+    /// more); `None`, or an algorithm that does not apply, lets the tuner pick (by size and
+    /// topology; `FERROLINK_ALGO=one_shot|two_shot|ring|tree|hierarchical` overrides it the
+    /// same way).
     pub algo: Option<u32>,
     /// Whether to compare this call with every rank's first (an all-gather on the host);
     /// `None`: in debug builds, or with `FERROLINK_COLL_CHECK=1`.
@@ -601,25 +604,17 @@ impl Communicator {
             Some(a) => Some(a),
             None => match std::env::var("FERROLINK_ALGO").ok().as_deref() {
                 None | Some("") => None,
-                Some("one_shot") => Some(algo::ONE_SHOT),
-                Some("two_shot") => Some(algo::TWO_SHOT),
-                Some("ring") => Some(algo::RING),
-                Some("tree") => Some(algo::TREE),
-                Some(other) => {
-                    return Err(Error::InvalidArgument(format!(
-                        "FERROLINK_ALGO={other}: expected one_shot, two_shot, ring or tree"
-                    )));
-                }
+                Some(name) => Some(algo::from_name(name).ok_or_else(|| {
+                    Error::InvalidArgument(format!("FERROLINK_ALGO={name}: expected one of {}", algo::NAMES.join(", ")))
+                })?),
             },
         };
-        if let Some(a) = forced.filter(|&a| a > algo::TREE) {
+        if let Some(a) = forced.filter(|&a| a > algo::LAST) {
+            let known: Vec<String> = algo::NAMES.iter().enumerate().map(|(i, n)| format!("{n} {i}")).collect();
             return Err(Error::InvalidArgument(format!(
-                "{}: unknown algorithm {a} (one_shot {}, two_shot {}, ring {}, tree {})",
+                "{}: unknown algorithm {a} ({})",
                 coll.name(),
-                algo::ONE_SHOT,
-                algo::TWO_SHOT,
-                algo::RING,
-                algo::TREE
+                known.join(", ")
             )));
         }
         let kind = coll.kind;
@@ -627,6 +622,7 @@ impl Communicator {
             algo::TWO_SHOT => !across && kind == CollKind::AllReduce,
             algo::RING => across && matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather),
             algo::TREE => across && kind == CollKind::AllReduce,
+            algo::HIERARCHICAL => across && kind == CollKind::AllReduce && self.lsa_size() > 1,
             _ => true,
         };
         if let Some(a) = forced.filter(|&a| applies(a)) {
