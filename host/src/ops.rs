@@ -3,37 +3,40 @@
 //! tracked: the operations return without waiting, and the buffers stay alive and ordered
 //! until the kernels have run.
 
+use crate::runtime::backend::LaunchProfile;
 use crate::runtime::device::Device;
 use crate::runtime::launch::LaunchConfig;
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::runtime::stream::Stream;
-use crate::{Backend, Error, Result};
+use crate::{Error, Result};
 use bytemuck::Pod;
 use ferrolink_device::kernel::Kernel;
 use ferrolink_device::kernels::copy::ferrolink_copy;
 
 /// The launch shape [`copy`] uses on `dev` for `bytes` bytes. On a GPU: 256-thread CTAs,
 /// enough to cover the data in about one pass of the warp-contiguous copy, capped at 64 per
-/// SM (measured best on the H200, docs/PERF.md). On the emulator: 64 threads per host core.
+/// SM (measured best on the H200, docs/PERF.md). On the emulator: 64 threads per host core,
+/// at most 8 CTAs.
 pub fn copy_launch_config(dev: &Device, bytes: usize) -> LaunchConfig {
-    match dev.backend() {
-        Backend::Cuda => {
-            const THREADS: u32 = 256;
-            let per_cta = (THREADS as usize / 32) * ferrolink_device::kernels::copy::WARP_CHUNK_BYTES;
-            let ctas = bytes.div_ceil(per_cta).clamp(1, dev.sm_count() as usize * 64) as u32;
-            LaunchConfig::linear(ctas, THREADS)
+    let profile = dev.launch_profile();
+    let threads = profile.copy_threads;
+    let ctas = match profile.copy_ctas {
+        Some(most) => dev.sm_count().clamp(1, most),
+        None => {
+            let per_cta = (threads as usize / 32) * ferrolink_device::kernels::copy::WARP_CHUNK_BYTES;
+            bytes.div_ceil(per_cta).clamp(1, dev.sm_count() as usize * LaunchProfile::COPY_CTAS_PER_SM) as u32
         }
-        Backend::Cpu => LaunchConfig::linear(dev.sm_count().clamp(1, 8), 64),
-    }
+    };
+    LaunchConfig::linear(ctas, threads)
 }
 
 /// The launch shape of a copy queued among the ranks' own kernels (staging into or out of a
 /// window): [`copy_launch_config`] on a GPU; on the emulator one CTA of 8 threads, as every
 /// rank's kernels share the host's cores.
 pub(crate) fn staging_copy_config(dev: &Device, bytes: usize) -> LaunchConfig {
-    match dev.backend() {
-        Backend::Cuda => copy_launch_config(dev, bytes),
-        Backend::Cpu => LaunchConfig::linear(1, 8),
+    match dev.launch_profile().staging_copy {
+        Some((ctas, threads)) => LaunchConfig::linear(ctas, threads),
+        None => copy_launch_config(dev, bytes),
     }
 }
 

@@ -41,7 +41,7 @@ use crate::ops::launch_copy;
 use crate::runtime::launch::LaunchArg;
 use crate::runtime::launch::LaunchConfig;
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
-use crate::{Backend, Error, Result};
+use crate::{Error, Result};
 use ferrolink_device::coll::CollArgs;
 use ferrolink_device::coll::group::{CollOp, RankOp};
 pub use ferrolink_device::coll::{CollElem, CollKind, DataType, RedOp as ReduceOp, algo};
@@ -761,11 +761,7 @@ fn grow(comm: &Communicator, win: &mut Option<Window>, bytes: usize, fixed: bool
 
 /// CTAs for a collective moving `bytes` per rank: about 16 KiB each, at most [`MAX_CTAS`].
 fn grid(dev: &crate::Device, bytes: usize) -> u32 {
-    let per = match dev.backend() {
-        Backend::Cuda => 16 << 10,
-        Backend::Cpu => 1 << 20,
-    };
-    (bytes.div_ceil(per) as u32).clamp(1, MAX_CTAS)
+    (bytes.div_ceil(dev.launch_profile().coll_bytes_per_cta) as u32).clamp(1, MAX_CTAS)
 }
 
 /// Across LSA domains, the most CTAs per rank (`coll_gin`): each CTA puts its part to
@@ -789,8 +785,5 @@ fn gin_grid(bytes: usize) -> Result<u32> {
 /// Threads per CTA: 256 on the GPU (the kernel, one body for every type and reduction, uses
 /// up to 254 registers per thread on sm_90: 256 threads is the most a CTA can hold).
 pub(crate) fn threads(dev: &crate::Device) -> u32 {
-    match dev.backend() {
-        Backend::Cuda => 256,
-        Backend::Cpu => 8,
-    }
+    dev.launch_profile().coll_threads
 }

@@ -79,13 +79,11 @@ impl P2pConfig {
     /// 128 KiB per channel and step is where sendrecv reaches NVLink's rate. The CPU
     /// emulator: 2 channels of 4 slots of 16 KiB (small, so that tests cross many chunks).
     pub fn default_for(backend: Backend, nranks: usize) -> P2pConfig {
-        match backend {
-            Backend::Cuda => {
-                let chunk = ((64usize << 20) / nranks.max(1) / 2).clamp(512 << 10, 4 << 20).next_power_of_two();
-                P2pConfig { channels: 32, slots: 2, chunk_bytes: chunk as u32 }
-            }
-            Backend::Cpu => P2pConfig { channels: 2, slots: 4, chunk_bytes: 16 << 10 },
-        }
+        let profile = crate::runtime::backend::launch_profile(backend);
+        let chunk_bytes = profile.p2p_chunk_bytes.unwrap_or_else(|| {
+            ((64usize << 20) / nranks.max(1) / 2).clamp(512 << 10, 4 << 20).next_power_of_two() as u32
+        });
+        P2pConfig { channels: profile.p2p_channels, slots: profile.p2p_slots, chunk_bytes }
     }
 
     /// [`P2pConfig::default_for`] with `FERROLINK_P2P_CHANNELS`, `FERROLINK_P2P_SLOTS` and
@@ -290,11 +288,8 @@ impl<'a> P2pGroup<'a> {
         let units = ops.len() as u32 * cfg.channels;
         // Every CTA must be resident (units wait for peers' units): the ranks sharing this
         // GPU share its SMs.
-        let cap = match dev.backend() {
-            Backend::Cuda => (dev.sm_count() / comm.ranks_sharing_gpu() as u32).max(1),
-            Backend::Cpu => 4,
-        };
-        let threads = if dev.backend() == Backend::Cuda { 256 } else { 8 };
+        let cap = dev.resident_ctas(dev.launch_profile().waiting_ctas, comm.ranks_sharing_gpu());
+        let threads = super::threads(dev);
         let cfg_launch = LaunchConfig::linear(units.min(cap), threads);
         let launch = GroupLaunch {
             handle: &state.handle,

@@ -43,7 +43,7 @@ use crate::mem::window::Window;
 use crate::runtime::launch::{LaunchArg, LaunchConfig, LaunchTracking};
 use crate::runtime::lifetime::lock;
 use crate::runtime::stream::Stream;
-use crate::{Backend, Error, Result};
+use crate::{Error, Result};
 use ferrolink_device::coll::CollArgs;
 use ferrolink_device::coll::group::{self as device_group, CollOp, GroupSync, MAX_LOCAL_RANKS, RankOp};
 use ferrolink_device::kernels::coll::coll_gpu_group;
@@ -105,10 +105,7 @@ impl Communicator {
             ));
         }
         let dev = self.device();
-        let most = match dev.backend() {
-            Backend::Cuda => (dev.sm_count() / self.ranks_sharing_gpu() as u32).max(1),
-            Backend::Cpu => 4,
-        };
+        let most = dev.resident_ctas(dev.launch_profile().waiting_ctas, self.ranks_sharing_gpu());
         let ctas = ctas.unwrap_or(DEFAULT_PERSISTENT_CTAS.min(most));
         if ctas == 0 || ctas > most.min(super::MAX_CTAS) {
             return Err(Error::InvalidArgument(format!(

@@ -38,10 +38,7 @@ impl CommConfig {
     /// The defaults for `backend`, with the environment's overrides.
     pub fn from_env(backend: crate::Backend) -> CommConfig {
         let secs = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<f64>().ok());
-        let default_timeout = match backend {
-            crate::Backend::Cuda => 600.0,
-            crate::Backend::Cpu => 60.0,
-        };
+        let default_timeout = crate::runtime::backend::launch_profile(backend).default_timeout_secs;
         let timeout = match secs("FERROLINK_TIMEOUT").unwrap_or(default_timeout) {
             t if t > 0.0 => Some(Duration::from_secs_f64(t)),
             _ => None,

@@ -54,10 +54,7 @@ impl PeerInfo {
     /// The wire form.
     pub fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(32 + self.node.len());
-        v.push(match self.backend {
-            Backend::Cuda => 1,
-            Backend::Cpu => 2,
-        });
+        v.push(self.backend.wire_code());
         v.push(u8::from(self.multi_process_ok));
         v.extend_from_slice(&self.pid.to_le_bytes());
         v.extend_from_slice(&self.ordinal.to_le_bytes());
@@ -72,11 +69,7 @@ impl PeerInfo {
         if b.len() < 26 {
             return Err(bad());
         }
-        let backend = match b[0] {
-            1 => Backend::Cuda,
-            2 => Backend::Cpu,
-            _ => return Err(bad()),
-        };
+        let backend = Backend::from_wire_code(b[0]).ok_or_else(bad)?;
         Ok(PeerInfo {
             backend,
             multi_process_ok: b[1] != 0,

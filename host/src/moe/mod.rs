@@ -62,7 +62,7 @@ use crate::mem::window::Window;
 use crate::ops::{launch_copy, staging_copy_config};
 use crate::runtime::launch::{LaunchArg, LaunchConfig, LaunchTracking};
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
-use crate::{Backend, Error, Result};
+use crate::{Error, Result};
 use ferrolink_device::kernel::KernelParam;
 use ferrolink_device::kernels::copy::ferrolink_copy;
 use ferrolink_device::kernels::moe::{moe_combine, moe_dispatch};
@@ -617,9 +617,7 @@ fn new_window(comm: &Communicator, bytes: usize) -> Result<Window> {
 /// resident at once (they wait for each other), so the ranks sharing a GPU share its SMs.
 fn kernel_shape(comm: &Communicator) -> (u32, usize) {
     let dev = comm.device();
-    match dev.backend() {
-        Backend::Cuda => (256, (dev.sm_count() as usize / comm.ranks_sharing_gpu()).clamp(1, dev_moe::MAX_CTAS)),
-        // Whole warps (the kernels put rows a warp at a time), few CTAs.
-        Backend::Cpu => (64, 2),
-    }
+    let profile = dev.launch_profile();
+    let ctas = dev.resident_ctas(profile.moe_ctas, comm.ranks_sharing_gpu()) as usize;
+    (profile.moe_threads, ctas.clamp(1, dev_moe::MAX_CTAS))
 }

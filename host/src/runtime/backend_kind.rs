@@ -48,6 +48,19 @@ impl Backend {
         }
     }
 
+    /// The byte that names this backend in a rank's description on the wire.
+    pub(crate) fn wire_code(self) -> u8 {
+        match self {
+            Backend::Cuda => 1,
+            Backend::Cpu => 2,
+        }
+    }
+
+    /// The backend of [`Backend::wire_code`] `code`, or `None`.
+    pub(crate) fn from_wire_code(code: u8) -> Option<Backend> {
+        [Backend::Cuda, Backend::Cpu].into_iter().find(|b| b.wire_code() == code)
+    }
+
     /// Whether this backend can be used on this machine; the error says why not.
     pub fn check_available(self) -> Result<()> {
         crate::runtime::backend::availability(self)

@@ -80,6 +80,18 @@ impl Device {
         self.0.backend.sm_count()
     }
 
+    /// The launch figures of this device's backend.
+    pub(crate) fn launch_profile(&self) -> &'static backend::LaunchProfile {
+        backend::launch_profile(self.backend())
+    }
+
+    /// The most CTAs per rank of a kernel whose CTAs must all be resident at once (they wait
+    /// for each other), with `ranks_sharing` ranks on this device: the backend's `figure`, or,
+    /// without one, the SMs shared evenly by those ranks.
+    pub(crate) fn resident_ctas(&self, figure: Option<u32>, ranks_sharing: usize) -> u32 {
+        figure.unwrap_or_else(|| (self.sm_count() / ranks_sharing.max(1) as u32).max(1))
+    }
+
     /// Free and total device memory in bytes (CUDA only; for leak checks in tests and tools).
     pub fn mem_info(&self) -> Result<(usize, usize)> {
         self.0.backend.mem_info()

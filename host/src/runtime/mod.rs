@@ -28,13 +28,7 @@ pub use stream::{Event, Graph, Stream};
 /// Devices `backend` has here: the GPUs the driver sees on CUDA (0 without a driver); on the
 /// emulator there is no limit, and any ordinal opens a fresh emulated device.
 pub fn device_count(backend: Backend) -> crate::Result<usize> {
-    match backend {
-        Backend::Cpu => Ok(usize::MAX),
-        Backend::Cuda => match backend::availability(Backend::Cuda) {
-            Ok(()) => backend::cuda::driver::device_count_public(),
-            Err(_) => Ok(0),
-        },
-    }
+    backend::device_count(backend)
 }
 
 /// The context current on the calling thread, as a raw `CUcontext` value (0 if none): for

@@ -296,11 +296,72 @@ pub(crate) trait AddressRange: Send + Sync {
     fn grant_access(&self, devices: &[&dyn DeviceBackend]) -> Result<()>;
 }
 
+/// The launch figures of ferrolink's built-in kernels that differ between backends. A GPU
+/// wants wide CTAs, as many as stay resident; the emulator runs every thread of a CTA on host
+/// threads, so it wants few, narrow CTAs (and small point-to-point chunks, so that tests
+/// cross many). Each backend's folder holds its figures ([`launch_profile`]); the modules
+/// that launch read them and never ask which backend runs. `None` in a CTA count means the
+/// GPU's rule: the SMs shared evenly by the ranks on the GPU.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LaunchProfile {
+    /// Threads per CTA of the collective and point-to-point kernels.
+    pub(crate) coll_threads: u32,
+    /// Bytes per CTA that a collective inside one LSA domain aims for.
+    pub(crate) coll_bytes_per_cta: usize,
+    /// The most CTAs per rank of a kernel whose CTAs wait for each other (point to point,
+    /// the persistent collective kernel).
+    pub(crate) waiting_ctas: Option<u32>,
+    /// Threads per CTA of the MoE kernels (whole warps: they put rows a warp at a time).
+    pub(crate) moe_threads: u32,
+    /// The most CTAs of an MoE kernel (capped by the device crate's `moe::MAX_CTAS`).
+    pub(crate) moe_ctas: Option<u32>,
+    /// Threads per CTA of the copy kernel.
+    pub(crate) copy_threads: u32,
+    /// CTAs of a copy: `None`: enough to cover the bytes in about one pass, at most
+    /// [`LaunchProfile::COPY_CTAS_PER_SM`] per SM; `Some(n)`: the SMs, at most `n`.
+    pub(crate) copy_ctas: Option<u32>,
+    /// A copy queued among the ranks' own kernels (staging into or out of a window), as
+    /// (CTAs, threads); `None`: shaped as any copy.
+    pub(crate) staging_copy: Option<(u32, u32)>,
+    /// Point-to-point channels and slots per channel.
+    pub(crate) p2p_channels: u32,
+    /// Slots per point-to-point channel.
+    pub(crate) p2p_slots: u32,
+    /// Point-to-point slot bytes; `None`: `64 MiB / nranks / 2`, between 512 KiB and 4 MiB.
+    pub(crate) p2p_chunk_bytes: Option<u32>,
+    /// A communicator's default timeout (`FERROLINK_TIMEOUT` overrides it), seconds.
+    pub(crate) default_timeout_secs: f64,
+}
+
+impl LaunchProfile {
+    /// The most copy CTAs per SM (measured best on the H200, docs/PERF.md).
+    pub(crate) const COPY_CTAS_PER_SM: usize = 64;
+}
+
+/// The launch figures of `backend`.
+pub(crate) fn launch_profile(backend: Backend) -> &'static LaunchProfile {
+    match backend {
+        Backend::Cuda => &cuda::LAUNCH_PROFILE,
+        Backend::Cpu => &cpu::LAUNCH_PROFILE,
+    }
+}
+
 /// Opens device `ordinal` of `backend`.
 pub(crate) fn open(backend: Backend, ordinal: usize) -> Result<Arc<dyn DeviceBackend>> {
     match backend {
         Backend::Cuda => Ok(Arc::new(cuda::CudaDevice::open(ordinal)?)),
         Backend::Cpu => Ok(Arc::new(cpu::CpuDevice::new())),
+    }
+}
+
+/// Devices `backend` has here (see `crate::runtime::device_count`).
+pub(crate) fn device_count(backend: Backend) -> Result<usize> {
+    match backend {
+        Backend::Cpu => Ok(usize::MAX),
+        Backend::Cuda => match cuda::availability() {
+            Ok(()) => cuda::driver::device_count_public(),
+            Err(_) => Ok(0),
+        },
     }
 }
 

@@ -12,6 +12,24 @@ use std::any::Any;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// The emulator's launch figures: few, narrow CTAs (every CTA's threads are host threads,
+/// and every rank's kernels share the host's cores), small point-to-point slots so that tests
+/// cross many, and a 60 s timeout.
+pub(crate) const LAUNCH_PROFILE: super::LaunchProfile = super::LaunchProfile {
+    coll_threads: 8,
+    coll_bytes_per_cta: 1 << 20,
+    waiting_ctas: Some(4),
+    moe_threads: 64,
+    moe_ctas: Some(2),
+    copy_threads: 64,
+    copy_ctas: Some(8),
+    staging_copy: Some((1, 8)),
+    p2p_channels: 2,
+    p2p_slots: 4,
+    p2p_chunk_bytes: Some(16 << 10),
+    default_timeout_secs: 60.0,
+};
+
 /// Alignment of CPU-backend allocations: the same 256 bytes `cuMemAlloc` guarantees.
 const ALLOC_ALIGN: usize = 256;
 

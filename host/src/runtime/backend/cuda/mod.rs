@@ -54,6 +54,27 @@ struct Ctx {
     pinned_cache: std::sync::Mutex<(HashMap<usize, Vec<usize>>, usize)>,
 }
 
+/// The GPU's launch figures. 256 threads per CTA: the collective kernel, one body for every
+/// type and reduction, takes up to 254 registers per thread on sm_90, so 256 threads is the
+/// most a CTA holds. Collectives aim at 16 KiB per CTA; copies cover their bytes in one pass of
+/// the warp-contiguous copy. Point to point: 32 channels of 2 slots (128 KiB per channel and
+/// step is where sendrecv reaches NVLink's rate on two H200s, docs/PERF.md). Kernels whose
+/// CTAs wait for each other take the SMs, shared by the ranks on the GPU.
+pub(crate) const LAUNCH_PROFILE: super::LaunchProfile = super::LaunchProfile {
+    coll_threads: 256,
+    coll_bytes_per_cta: 16 << 10,
+    waiting_ctas: None,
+    moe_threads: 256,
+    moe_ctas: None,
+    copy_threads: 256,
+    copy_ctas: None,
+    staging_copy: None,
+    p2p_channels: 32,
+    p2p_slots: 2,
+    p2p_chunk_bytes: None,
+    default_timeout_secs: 600.0,
+};
+
 /// The most bytes of pinned host memory a context keeps for reuse (more is freed at once).
 const PINNED_CACHE_BYTES: usize = 1 << 30;
 
