@@ -419,10 +419,10 @@ fn tree_all_reduce_across_lsa_domains() {
     });
 }
 
-/// What every rank holds after all-reduce `c` of `n` ranks in LSA domains of `domain` run
-/// hierarchically ([`algo::HIERARCHICAL`]): each domain's inputs reduced in LSA rank order,
-/// then those partials reduced in domain order.
-fn expected_hierarchical<T: Val>(c: &Collective, n: usize, domain: usize) -> Vec<T> {
+/// What rank `me` of `n` holds after `c` run hierarchically in LSA domains of `domain`
+/// ([`algo::HIERARCHICAL`]): as [`expected_output`], but each element reduced domain by
+/// domain (each in LSA rank order), then across the domains in order.
+fn expected_hierarchical<T: Val>(c: &Collective, n: usize, domain: usize, me: usize) -> Option<Vec<T>> {
     let apply = |a: T, b: T| match c.op {
         ReduceOp::Sum | ReduceOp::Avg => T::sum(a, b),
         ReduceOp::Prod => T::prod(a, b),
@@ -430,38 +430,43 @@ fn expected_hierarchical<T: Val>(c: &Collective, n: usize, domain: usize) -> Vec
         ReduceOp::Max => T::max(a, b),
     };
     let pre = |x: T| if c.op == ReduceOp::Avg { x.avg_pre(n as u32) } else { x };
-    (0..c.count)
-        .map(|i| {
-            let partial = |d: usize| (d * domain..(d + 1) * domain).map(|r| pre(input::<T>(r, i))).reduce(apply);
-            let v = (0..n / domain).filter_map(partial).reduce(apply).expect("two domains or more");
-            if c.op == ReduceOp::Avg { v.avg_post(n as u32) } else { v }
-        })
-        .collect()
+    let reduced = |i: usize| {
+        let partial = |d: usize| (d * domain..(d + 1) * domain).map(|r| pre(input::<T>(r, i))).reduce(apply);
+        let v = (0..n / domain).filter_map(partial).reduce(apply).expect("two domains or more");
+        if c.op == ReduceOp::Avg { v.avg_post(n as u32) } else { v }
+    };
+    match c.kind {
+        CollKind::AllReduce => Some((0..c.count).map(reduced).collect()),
+        CollKind::ReduceScatter => Some((0..c.count).map(|i| reduced(me * c.count + i)).collect()),
+        _ => expected_output::<T>(c, n, me, input::<T>),
+    }
 }
 
-/// The hierarchical all-reduce (LSA inside each domain, GIN across): 4 ranks in domains of 2,
-/// 6 in domains of 2 (three domains) and of 3 (pieces of unequal size); every reduction, in
-/// every form, at sizes 0, 1, odd and several CTAs' worth, reduced in its order. Over domains
-/// of one rank it does not apply and gives way to the tuner's pick (one-shot, rank order).
+/// The hierarchical all-reduce, reduce-scatter and all-gather (LSA inside each domain, GIN
+/// across): 4 ranks in domains of 2, 6 in domains of 2 (three domains) and of 3 (pieces of
+/// unequal size); every reduction, in every form, at sizes 0, 1, odd and several CTAs'
+/// worth, reduced in its order. Over domains of one rank it does not apply and gives way to
+/// the tuner's pick (rank order).
 #[test]
-fn hierarchical_all_reduce_across_lsa_domains() {
-    ferrolink::testing::for_each_backend("hierarchical_all_reduce_across_lsa_domains", |dev| {
+fn hierarchical_collectives_across_lsa_domains() {
+    ferrolink::testing::for_each_backend("hierarchical_collectives_across_lsa_domains", |dev| {
         fn hierarchical<T: Val>(comms: &[Communicator], domain: usize, sizes: &[usize]) -> ferrolink::Result<()> {
             let n = comms.len();
             for &count in sizes {
-                for op in ReduceOp::ALL {
-                    let c = Collective {
-                        op,
-                        algo: Some(algo::HIERARCHICAL),
-                        ..Collective::new(CollKind::AllReduce, count)
-                    };
-                    if domain == 1 {
-                        forms_of::<T>(comms, c, &ALL_FORMS)?;
-                        continue;
-                    }
-                    let want = expected_hierarchical::<T>(&c, n, domain);
-                    for form in ALL_FORMS {
-                        run_case_with::<T>(comms, c, form, |_| Some(want.clone()))?;
+                for kind in [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather] {
+                    let ops: &[ReduceOp] = if kind == CollKind::AllGather { &[ReduceOp::Sum] } else { &ReduceOp::ALL };
+                    for &op in ops {
+                        let c = Collective { op, algo: Some(algo::HIERARCHICAL), ..Collective::new(kind, count) };
+                        if domain == 1 {
+                            forms_of::<T>(comms, c, &ALL_FORMS)?;
+                            continue;
+                        }
+                        for form in ALL_FORMS {
+                            if matches!(form, Form::InPlace | Form::WindowInPlace) && kind == CollKind::ReduceScatter {
+                                continue;
+                            }
+                            run_case_with::<T>(comms, c, form, |me| expected_hierarchical::<T>(&c, n, domain, me))?;
+                        }
                     }
                 }
             }
@@ -476,13 +481,17 @@ fn hierarchical_all_reduce_across_lsa_domains() {
             hierarchical::<u8>(&comms, domain, &sizes)?;
             if domain > 1 {
                 let large = if dev.backend() == ferrolink::Backend::Cuda { 1 << 20 } else { 300_007 };
-                let c = Collective {
-                    op: ReduceOp::Avg,
-                    algo: Some(algo::HIERARCHICAL),
-                    ..Collective::new(CollKind::AllReduce, large)
-                };
-                let want = expected_hierarchical::<f32>(&c, n, domain);
-                run_case_with::<f32>(&comms, c, Form::Buffers, |_| Some(want.clone()))?;
+                for kind in [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather] {
+                    let count = if kind == CollKind::AllReduce { large } else { large / n };
+                    let c = Collective {
+                        op: ReduceOp::Avg,
+                        algo: Some(algo::HIERARCHICAL),
+                        ..Collective::new(kind, count)
+                    };
+                    run_case_with::<f32>(&comms, c, Form::Buffers, |me| {
+                        expected_hierarchical::<f32>(&c, n, domain, me)
+                    })?;
+                }
             }
         }
         Ok(())

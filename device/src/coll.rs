@@ -192,13 +192,17 @@ pub mod algo {
     /// three times. Inside one domain, and for other collectives, the tuner's algorithm
     /// runs instead.
     pub const TREE: u32 = 3;
-    /// Across LSA domains ([`super::run_gin`]), all-reduce when every domain holds two ranks
-    /// or more: LSA reduce-scatter inside each domain (LSA rank `l` reduces piece `l` of `L`
-    /// over its domain, reading the peers' inputs in place), then piece `l` all-reduced
-    /// across the domains among the ranks of LSA rank `l` (the rail: one GIN put of the piece
-    /// to each other domain), then LSA all-gather inside each domain. Each rank sends
-    /// `(domains - 1) / L` of the data across domains, against `nranks - L` times it
-    /// one-shot. Elsewhere the tuner's algorithm runs instead.
+    /// Across LSA domains ([`super::run_gin`]), all-reduce, reduce-scatter and all-gather
+    /// when every domain holds two ranks or more: LSA inside the domains, GIN across them only
+    /// among the ranks of one LSA rank (the rail). All-reduce: LSA reduce-scatter inside each
+    /// domain (LSA rank `l` reduces piece `l` of `L`, reading the peers' inputs in place),
+    /// piece `l` all-reduced across the rail (one GIN put of the piece to each other domain),
+    /// LSA all-gather: each rank sends `(domains - 1) / L` of the data across domains, against
+    /// `nranks - L` times it one-shot. Reduce-scatter: each rank reduces, over its domain, the
+    /// blocks of its rail and puts each to its owner; all-gather: each rank puts its input
+    /// along its rail, then copies every block from its domain peers: `domains - 1` blocks
+    /// across domains per rank, against `nranks - L` one-shot. Elsewhere the tuner's
+    /// algorithm runs instead.
     pub const HIERARCHICAL: u32 = 4;
     /// The highest algorithm code.
     pub const LAST: u32 = HIERARCHICAL;
@@ -860,8 +864,9 @@ fn gin_sends(kind: CollKind, from: usize, to: usize, root: usize) -> bool {
 ///
 /// With `args.algo` [`algo::RING`], all-reduce, reduce-scatter and all-gather run as a ring
 /// (`ring_gin`: each rank puts only to the next one); with [`algo::TREE`], all-reduce runs as
-/// a binary tree (`tree_gin`); with [`algo::HIERARCHICAL`], all-reduce over domains of two
-/// ranks or more runs LSA inside the domains and GIN across them (`hierarchical_gin`);
+/// a binary tree (`tree_gin`); with [`algo::HIERARCHICAL`], all-reduce, reduce-scatter and
+/// all-gather over domains of two ranks or more run LSA inside the domains and GIN across
+/// them (`hierarchical_gin`);
 /// everything else runs one-shot (`one_shot_gin`: each rank puts
 /// its data straight to every rank that needs it). Either
 /// way each CTA then resets its signal and meets every rank at the hybrid barrier `part`
@@ -912,7 +917,7 @@ pub unsafe fn run_gin(
     let hierarchical = args.algo == algo::HIERARCHICAL
         && comm.lsa_size > 1
         && comm.nranks > comm.lsa_size
-        && kind == CollKind::AllReduce;
+        && matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather);
     // SAFETY: forwarded contract.
     let finished = unsafe {
         if ring {
@@ -1228,6 +1233,161 @@ unsafe fn tree_gin(c: &GinCall) -> bool {
     true
 }
 
+/// The hierarchical algorithms of [`run_gin`] ([`algo::HIERARCHICAL`]: all-reduce,
+/// reduce-scatter, all-gather over `L = lsa_size >= 2` ranks per domain and `D = nranks / L
+/// >= 2` domains): LSA inside each domain, GIN across it only between ranks of the same LSA
+/// rank (the rail). False on an abort.
+///
+/// # Safety
+/// As [`run_gin`] (with `lsa_size >= 2` and `nranks > lsa_size`; LSA barriers `0..parts` are
+/// this call's: the hybrid barriers' LSA halves).
+#[inline(always)]
+unsafe fn hierarchical_gin(c: &GinCall) -> bool {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match c.kind {
+            CollKind::ReduceScatter => hierarchical_reduce_scatter(c),
+            CollKind::AllGather => hierarchical_all_gather(c),
+            _ => hierarchical_all_reduce(c),
+        }
+    }
+}
+
+/// The hierarchical reduce-scatter of [`run_gin`]: block `t` of the output goes to world rank
+/// `t = d * L + l`. `gather` holds `2D` regions of a block's size: region `k < D` the partial
+/// of this rank's block from domain `k`, region `D + k` this rank's partial of the block of
+/// the rank of its LSA rank in domain `k`. CTA `b` handles part `b` of every block.
+///
+/// 1. LSA barrier `part` (the domain's inputs are complete), then for every domain `k` rank
+///    `l` reduces block `k * L + l` of its domain's `L` inputs (read in place, in LSA rank
+///    order): its own block into region `d`, the others into region `D + k`.
+/// 2. It puts region `D + k` to the rank of LSA rank `l` in domain `k`, into region `d`
+///    there (only this rank writes it), waits for the `D - 1` partials of its own block, and
+///    reduces the `D` regions in domain order into its output.
+///
+/// The result is the inputs reduced domain by domain, then across domains in order, as
+/// [`hierarchical_all_reduce`]'s.
+///
+/// # Ordering
+/// As [`hierarchical_all_reduce`]'s first two steps.
+///
+/// # Safety
+/// As [`hierarchical_gin`] (`2D <= nranks` regions fit in `gather`).
+#[inline(always)]
+unsafe fn hierarchical_reduce_scatter(c: &GinCall) -> bool {
+    let coop = CoopCta;
+    let (comm, args) = (c.comm, c.args);
+    let (l, lsa_n) = (comm.lsa_rank as usize, comm.lsa_size as usize);
+    let (domain, domains) = ((comm.rank / comm.lsa_size) as usize, (comm.nranks / comm.lsa_size) as usize);
+    let (n, size) = (comm.nranks, c.dtype.size());
+    let bytes = args.count as usize * size;
+    let (at, len) = lsa::split_16(bytes, c.part, c.parts);
+    // SAFETY: LSA barrier `part` is this call's (contract).
+    let mut barrier = unsafe { crate::LsaBarrierSession::new(coop, comm, c.part as u32) };
+    if barrier.try_sync().is_err() {
+        return false;
+    }
+    let region = |k: usize| c.gather.local_ptr::<u8>(k * bytes + at);
+    let pre_only = AvgSteps { pre_from: 0, post: false };
+    for k in 0..domains {
+        let block = k * lsa_n + l;
+        let dst = if k == domain { region(domain) } else { region(domains + k) };
+        let input =
+            |p: usize| c.send_win.lsa_ptr::<u8>(args.send_offset as usize + block * bytes + at, p as u32) as *const u8;
+        // SAFETY: every domain peer's part of block `block` (complete: the barrier;
+        // unchanged until the closing barrier: contract) into a region of this rank's gather
+        // window that nobody else writes in this call.
+        unsafe { reduce_any(coop, c.dtype, c.op, pre_only, n, 1, |_| dst, lsa_n, input, len / size, 0, 1) };
+    }
+    for k in (0..domains).filter(|&k| k != domain) {
+        // SAFETY: the partial just reduced (the put meets the coop first), unchanged in this
+        // call, into region `domain` of the rail peer's gather window, which only this rank
+        // writes.
+        unsafe { c.put(k * lsa_n + l, domain * bytes + at, c.gather, (domains + k) * bytes + at, len) };
+    }
+    if len > 0 && !c.wait(domains as u64 - 1) {
+        return false;
+    }
+    let post_only = AvgSteps { pre_from: domains, post: true };
+    let partials = |k: usize| region(k) as *const u8;
+    // SAFETY: the `D` partials of this rank's block (its own, and the others' landed: the
+    // wait) into its output.
+    unsafe {
+        reduce_any(
+            coop,
+            c.dtype,
+            c.op,
+            post_only,
+            n,
+            1,
+            |_| c.recv.wrapping_add(at),
+            domains,
+            partials,
+            len / size,
+            0,
+            1,
+        )
+    };
+    true
+}
+
+/// The hierarchical all-gather of [`run_gin`]: `gather` holds `D` regions of a block's size,
+/// region `k` the input of the rank of this rank's LSA rank in domain `k` (region `d`
+/// unused: the input is read where it lies). CTA `b` handles part `b` of every block.
+///
+/// 1. Rank `l` puts its input to the rank of LSA rank `l` in every other domain, into region
+///    `d` there (only this rank writes it), and waits for the `D - 1` inputs of its rail.
+/// 2. LSA barrier `part` (every domain peer holds its rail's inputs), then it copies every
+///    block to its output: block `k * L + p` from peer `p`'s region `k` (its input for
+///    `k = d`).
+///
+/// # Ordering
+/// The rail's inputs land before their strong signal, which the receiving CTA's wait
+/// acquires; its arrival at the LSA barrier then releases them (cumulatively) to the same CTA
+/// of every domain peer, which acquires them at the barrier and reads exactly that CTA's
+/// part. The inputs read in place are the peers' own: the barrier orders them as in
+/// [`run_lsa`]. [`run_gin`]'s closing hybrid barrier keeps every region and input unchanged
+/// until every rank has read it.
+///
+/// # Safety
+/// As [`hierarchical_gin`] (`D <= nranks` regions fit in `gather`).
+#[inline(always)]
+unsafe fn hierarchical_all_gather(c: &GinCall) -> bool {
+    let coop = CoopCta;
+    let (comm, args) = (c.comm, c.args);
+    let (l, lsa_n) = (comm.lsa_rank as usize, comm.lsa_size as usize);
+    let (domain, domains) = ((comm.rank / comm.lsa_size) as usize, (comm.nranks / comm.lsa_size) as usize);
+    let bytes = args.count as usize * c.dtype.size();
+    let send_offset = args.send_offset as usize;
+    let (at, len) = lsa::split_16(bytes, c.part, c.parts);
+    for k in (0..domains).filter(|&k| k != domain) {
+        // SAFETY: this rank's input (unchanged until every rank's call ended: contract) into
+        // region `domain` of the rail peer's gather window, which only this rank writes.
+        unsafe { c.put(k * lsa_n + l, domain * bytes + at, c.send_win, send_offset + at, len) };
+    }
+    if len > 0 && !c.wait(domains as u64 - 1) {
+        return false;
+    }
+    // SAFETY: LSA barrier `part` is this call's (contract).
+    let mut barrier = unsafe { crate::LsaBarrierSession::new(coop, comm, c.part as u32) };
+    if barrier.try_sync().is_err() {
+        return false;
+    }
+    for k in 0..domains {
+        for p in 0..lsa_n {
+            let src = if k == domain {
+                c.send_win.lsa_ptr::<u8>(send_offset + at, p as u32)
+            } else {
+                c.gather.lsa_ptr::<u8>(k * bytes + at, p as u32)
+            };
+            // SAFETY: peer `p`'s input or a rail input it received (complete: the barrier)
+            // to block `k * L + p` of this rank's output.
+            unsafe { lsa::copy(coop, c.recv.add((k * lsa_n + p) * bytes + at), src, len, 0, 1) };
+        }
+    }
+    true
+}
+
 /// The hierarchical all-reduce of [`run_gin`] ([`algo::HIERARCHICAL`]; `L = lsa_size >= 2`
 /// ranks per domain, `D = nranks / L >= 2` domains). The data is cut into `L` pieces at
 /// 16-byte multiples; LSA rank `l` owns piece `l`, and CTA `b` handles part `b` of every
@@ -1260,7 +1420,7 @@ unsafe fn tree_gin(c: &GinCall) -> bool {
 /// regions fit in `gather`; LSA barriers `0..parts` are this call's: the hybrid barriers'
 /// LSA halves).
 #[inline(always)]
-unsafe fn hierarchical_gin(c: &GinCall) -> bool {
+unsafe fn hierarchical_all_reduce(c: &GinCall) -> bool {
     let coop = CoopCta;
     let (comm, args) = (c.comm, c.args);
     let (l, lsa_n) = (comm.lsa_rank as usize, comm.lsa_size as usize);

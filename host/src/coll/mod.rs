@@ -93,8 +93,8 @@ pub struct Collective {
     pub root: usize,
     /// Forces an algorithm ([`algo`]) where it applies (two-shot: all-reduce inside one LSA
     /// domain; ring: all-reduce, reduce-scatter and all-gather across domains; tree:
-    /// all-reduce across domains; hierarchical: all-reduce across domains of two ranks or
-    /// more); `None`, or an algorithm that does not apply, lets the tuner pick (by size and
+    /// all-reduce across domains; hierarchical: all-reduce, reduce-scatter and all-gather
+    /// across domains of two ranks or more); `None`, or an algorithm that does not apply, lets the tuner pick (by size and
     /// topology; `FERROLINK_ALGO=one_shot|two_shot|ring|tree|hierarchical` overrides it the
     /// same way).
     pub algo: Option<u32>,
@@ -592,9 +592,11 @@ impl Communicator {
     }
 
     /// The algorithm for `coll` ([`algo`]). The tuner: inside one LSA domain, all-reduce is
-    /// one-shot below 256 KiB, else two-shot; across domains over more than two ranks,
-    /// all-reduce is a ring from 256 KiB, reduce-scatter and all-gather from 1 MiB (of the
-    /// whole input or output); everything else is one-shot. `coll.algo`, then
+    /// one-shot below 256 KiB, else two-shot; across domains of two ranks or more (`L`),
+    /// reduce-scatter and all-gather are hierarchical, and all-reduce while there are at most
+    /// `2L + 1` domains; otherwise across
+    /// domains over more than two ranks, all-reduce is a ring from 256 KiB, reduce-scatter and
+    /// all-gather from 1 MiB (of the whole input or output); everything else is one-shot. `coll.algo`, then
     /// `FERROLINK_ALGO`, override it where the algorithm applies (two-shot: all-reduce inside
     /// a domain; ring: all-reduce, reduce-scatter and all-gather across domains; tree:
     /// all-reduce across domains, never the tuner's pick, as it was not measured where it
@@ -622,7 +624,11 @@ impl Communicator {
             algo::TWO_SHOT => !across && kind == CollKind::AllReduce,
             algo::RING => across && matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather),
             algo::TREE => across && kind == CollKind::AllReduce,
-            algo::HIERARCHICAL => across && kind == CollKind::AllReduce && self.lsa_size() > 1,
+            algo::HIERARCHICAL => {
+                across
+                    && self.lsa_size() > 1
+                    && matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather)
+            }
             _ => true,
         };
         if let Some(a) = forced.filter(|&a| applies(a)) {
@@ -634,7 +640,16 @@ impl Communicator {
         // three; over two ranks it sends no less than one-shot.
         let ring_ranks = self.nranks() > 2;
         let data = coll.count * size * if kind == CollKind::AllReduce { 1 } else { self.nranks() };
+        // Hierarchical all-reduce sends `(domains - 1) / L` of the data across domains, the
+        // ring about twice the data: hierarchical while that is no more than the ring's.
+        // Hierarchical reduce-scatter and all-gather send `domains - 1` blocks across domains,
+        // one-shot and the ring `nranks - 1`: always fewer. On the H200 (PERF.md, issue 12
+        // tenth part; 4 ranks in domains of 2) they were the fastest at every size measured.
+        let l = self.lsa_size();
+        let hierarchical = across && l > 1;
         Ok(match kind {
+            CollKind::AllReduce if hierarchical && self.nranks() / l - 1 <= 2 * l => algo::HIERARCHICAL,
+            CollKind::ReduceScatter | CollKind::AllGather if hierarchical => algo::HIERARCHICAL,
             CollKind::AllReduce if !across && data >= 256 << 10 => algo::TWO_SHOT,
             CollKind::AllReduce if across && ring_ranks && data >= 256 << 10 => algo::RING,
             CollKind::ReduceScatter | CollKind::AllGather if across && ring_ranks && data >= 1 << 20 => algo::RING,
