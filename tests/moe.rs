@@ -479,6 +479,28 @@ fn fused_refused_through_proxy(c: &Communicator) -> ferrolink::Result<()> {
 /// without tokens, overflow at a capacity of 3, several rounds; on CUDA also a GPU-sized
 /// shape; rounds of the plain combine between fused ones on one `Moe`. Across LSA domains,
 /// or with every peer forced through the proxy, it is a clear error.
+/// Launches the built-in fused expert kernel (`moe_expert_mlp_fused`) for `moe`'s call
+/// `target` on `c`'s stream: one hidden unit, every weight of W1 and W2 taken from `ones`
+/// (16 ones: 2 experts of 1 x 8, for `hidden` 8), one warp: each row `x` gives `y = W2
+/// relu(W1 x)`, every channel `relu(sum of x)`, added times its weight into its token.
+fn launch_unit_expert(
+    c: &Communicator,
+    moe: &Moe,
+    target: ferrolink::moe::FusedTarget<'_>,
+    ones: &ferrolink::DeviceBuffer<f32>,
+) -> ferrolink::Result<()> {
+    // SAFETY: the kernel's contract: this call's target and the Moe's device communicator,
+    // weights for 2 experts of 1 x 8 (tracked), a warp with 4 bytes of shared memory.
+    unsafe {
+        c.stream().launch(
+            c.device().builtin_module()?,
+            &moe_expert_mlp_fused,
+            LaunchConfig::linear(1, 32).with_shared_mem(4),
+            (moe.dev_comm(), target, ones, ones, 1u32),
+        )
+    }
+}
+
 fn fused_combine(c: &Communicator) -> ferrolink::Result<()> {
     use ferrolink_examples::moe_fused::{Shape, rank};
     let cfg = MoeConfig { num_experts: 2 * c.nranks(), hidden: 8, top_k: 1, max_tokens: 2, capacity: None };
@@ -589,19 +611,8 @@ fn bad_moe_calls_are_clear_errors() {
             let no_expert = fz.finish_fused(&mut out).expect_err("finish before the expert").to_string();
             let target = fz.fused_target()?;
             let again = fz.fused_target().err().map(|e| e.to_string()).unwrap_or_default();
-            // The expert kernel of this call: one hidden unit, W1 and W2 all 1.
             let ones = dev.alloc_from(&[1f32; 16])?;
-            // SAFETY: the kernel's contract: this call's target and the Moe's device
-            // communicator, weights for 2 experts of 1 x 8 (tracked), a warp with 4 bytes of
-            // shared memory.
-            unsafe {
-                c.stream().launch(
-                    dev.builtin_module()?,
-                    &moe_expert_mlp_fused,
-                    LaunchConfig::linear(1, 32).with_shared_mem(4),
-                    (fz.dev_comm(), target, &ones, &ones, 1u32),
-                )?
-            };
+            launch_unit_expert(c, &fz, target, &ones)?;
             let after_expert = fz.combine(None, &w, &mut out).expect_err("combine after the expert").to_string();
             let fused_out = fz.finish_fused(&mut dev.alloc::<bf16>(8)?).expect_err("a short output").to_string();
             fz.finish_fused(&mut out)?;
@@ -806,18 +817,7 @@ fn a_fused_call_whose_expert_skips_rows_times_out() {
             moe.enable_fused()?;
             moe.dispatch_with_sources(&x, &idx, &w)?;
             let ones = dev.alloc_from(&[1f32; 16])?;
-            let target = moe.fused_target()?;
-            // SAFETY: the kernel's contract: this call's target and the Moe's device
-            // communicator, weights for 2 experts of 1 x 8 (tracked), a warp with 4 bytes of
-            // shared memory.
-            unsafe {
-                c.stream().launch(
-                    dev.builtin_module()?,
-                    &moe_expert_mlp_fused,
-                    LaunchConfig::linear(1, 32).with_shared_mem(4),
-                    (moe.dev_comm(), target, &ones, &ones, 1u32),
-                )?
-            };
+            launch_unit_expert(c, &moe, moe.fused_target()?, &ones)?;
             moe.finish_fused(&mut out)?;
             c.synchronize()?;
             out.to_vec()

@@ -303,6 +303,23 @@ impl DevCommHandle {
         self.res.rank
     }
 
+    /// Whether its GIN puts all go through the proxy, LSA peers' too (`FERROLINK_GIN=proxy`):
+    /// then no kernel of it reaches a peer by direct stores. False without GIN.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::{Communicator, Device, DevCommRequirements};
+    /// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let handles = ferrolink::run_ranks(&comms, |c| c.create_dev_comm(&DevCommRequirements::default()))?;
+    /// assert!(!handles[0].uses_proxy());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn uses_proxy(&self) -> bool {
+        self.dev_comm.gin.flags & ferrolink_device::gin::flags::FORCE_PROXY != 0
+    }
+
     /// The resource requested as `id` ([`DevCommRequirements::request`]).
     pub fn resource(&self, id: ResourceId) -> Result<DevResource> {
         self.resources.get(id.0).copied().ok_or_else(|| {

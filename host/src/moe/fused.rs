@@ -14,7 +14,6 @@ use crate::mem::window::Window;
 use crate::runtime::launch::{LaunchArg, LaunchConfig, LaunchTracking};
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::{Error, Result};
-use ferrolink_device::gin::flags as gin_flags;
 use ferrolink_device::kernels::moe::moe_fused_finish;
 use ferrolink_device::moe::fused::FusedCombineArgs;
 use std::sync::atomic::Ordering;
@@ -60,7 +59,7 @@ impl Moe {
                  use combine"
             )));
         }
-        if self.handle.dev_comm().gin.flags & gin_flags::FORCE_PROXY != 0 {
+        if self.handle.uses_proxy() {
             return Err(Error::InvalidArgument(
                 "moe enable_fused: every peer goes through the GIN proxy (FERROLINK_GIN=proxy), and the fused \
                  combine's experts add through the LSA mapping: use combine, or unset FERROLINK_GIN"
