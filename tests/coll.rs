@@ -192,7 +192,10 @@ fn reductions_in<T: Val>(comms: &[Communicator], sizes: &[usize], forms: &[Form]
                 let c = Collective { op, algo: Some(a), ..Collective::new(CollKind::AllReduce, count) };
                 all_forms(comms, c)?;
             }
-            all_forms(comms, Collective { op, ..Collective::new(CollKind::ReduceScatter, count) })?;
+            // One-shot forced: across domains the tuner would pick the hierarchical
+            // algorithm, which has its own test.
+            let rs = Collective { op, algo: Some(algo::ONE_SHOT), ..Collective::new(CollKind::ReduceScatter, count) };
+            all_forms(comms, rs)?;
             let root = comms.len() - 1;
             all_forms(comms, Collective { op, root, ..Collective::new(CollKind::Reduce, count) })?;
         }
@@ -208,7 +211,8 @@ fn movements<T: Val>(comms: &[Communicator], sizes: &[usize]) -> ferrolink::Resu
 fn movements_in<T: Val>(comms: &[Communicator], sizes: &[usize], forms: &[Form]) -> ferrolink::Result<()> {
     for &count in sizes {
         for kind in [CollKind::AllGather, CollKind::AllToAll] {
-            forms_of::<T>(comms, Collective::new(kind, count), forms)?;
+            // One-shot forced (all-gather across domains: see `reductions_in`).
+            forms_of::<T>(comms, Collective { algo: Some(algo::ONE_SHOT), ..Collective::new(kind, count) }, forms)?;
         }
         for root in [0, comms.len() - 1] {
             forms_of::<T>(comms, Collective { root, ..Collective::new(CollKind::Broadcast, count) }, forms)?;
@@ -285,8 +289,9 @@ fn every_collective_across_lsa_domains_through_gin() {
             movements::<f16>(&comms, &sizes)?;
             movements::<u8>(&comms, &sizes)?;
             let large = if dev.backend() == ferrolink::Backend::Cuda { 1 << 20 } else { 300_007 };
-            run_case::<f32>(&comms, Collective::new(CollKind::AllReduce, large), Form::Buffers)?;
-            run_case::<f32>(&comms, Collective::new(CollKind::AllToAll, large / n), Form::Windows)?;
+            let one_shot = |kind, count| Collective { algo: Some(algo::ONE_SHOT), ..Collective::new(kind, count) };
+            run_case::<f32>(&comms, one_shot(CollKind::AllReduce, large), Form::Buffers)?;
+            run_case::<f32>(&comms, one_shot(CollKind::AllToAll, large / n), Form::Windows)?;
         }
         Ok(())
     });
@@ -566,9 +571,21 @@ fn bad_calls_are_clear_errors() {
                 .collective(&coll, Input::Buffer(&send2), Output::Buffer(&mut recv2))
                 .expect_err("mismatched counts")
                 .to_string();
-            Ok((short_err, root_err, algo_err, mismatch))
+            // The same window at different offsets: peers would read the wrong bytes.
+            let win = c.register_window(c.mem_alloc(64)?)?;
+            let off = if c.rank() == 0 { 0 } else { 16 };
+            let coll = Collective { check: Some(true), ..Collective::new(CollKind::AllReduce, 4) };
+            let mut recv3 = c.device().alloc::<f32>(4)?;
+            let moved = c
+                .collective::<f32>(&coll, Input::Window(&win, off), Output::Buffer(&mut recv3))
+                .expect_err("mismatched input offsets")
+                .to_string();
+            Ok((short_err, root_err, algo_err, mismatch, moved))
         })?;
-        let (short, root, algo_err, mismatch) = &errs[0];
+        let (short, root, algo_err, mismatch, moved) = &errs[0];
+        check(moved.contains("at offset 0") && moved.contains("at offset 16") && moved.contains("rank 1"), || {
+            format!("mismatched input offsets: {moved}")
+        })?;
         check(algo_err.contains("unknown algorithm 9") && algo_err.contains("tree 3"), || {
             format!("unknown algorithm: {algo_err}")
         })?;

@@ -877,7 +877,9 @@ fn gin_sends(kind: CollKind, from: usize, to: usize, root: usize) -> bool {
 /// A put's signal is raised after its data, and after the data of every earlier put of the
 /// same CTA to the same peer on the same context, has landed (GIN's strong signals), and
 /// [`Gin::wait_signal`] acquires it: a CTA whose signal has reached `k` reads the data of the
-/// first `k` puts made to it. Every region of `gather` is written by one put per call; the
+/// first `k` puts made to it. Every region of `gather` is written by one put per call (the
+/// hierarchical algorithms also write regions of their own locally and read their domain
+/// peers' over LSA, after an LSA barrier: see `hierarchical_gin`); the
 /// hybrid barrier at the end (acquire-release at system scope) is passed by no rank before
 /// every rank has read what it received and computed its output, so the next call's puts
 /// find the regions read. The signal is reset before that barrier, after the wait that
@@ -1408,8 +1410,9 @@ unsafe fn hierarchical_all_gather(c: &GinCall) -> bool {
 /// domains in order. False on an abort.
 ///
 /// # Ordering
-/// The first barrier (acquire-release at the LSA scope) acquires the peers' inputs as
-/// [`run_lsa`]'s first barrier does. The partials travel as in [`one_shot_gin`] (a strong
+/// The peers' inputs were written before their kernels started (stream order: the host
+/// stages them by a copy, or they lie in a window written earlier), so the first barrier
+/// (acquire-release at the LSA scope), whose arrivals come after them, makes them visible. The partials travel as in [`one_shot_gin`] (a strong
 /// signal acquired by the wait). The second barrier releases each rank's final region,
 /// written by this CTA before it arrives, to the same CTA of every domain peer, which reads
 /// exactly the part this CTA wrote (the same cut on every rank). [`run_gin`]'s closing

@@ -226,7 +226,7 @@ struct CollCli {
     #[arg(long = "ranks-per-gpu", default_value_t = 1)]
     ranks_per_gpu: usize,
     /// Algorithm, where it applies: one_shot, two_shot (all-reduce inside one LSA domain),
-    /// ring (all-reduce, reduce-scatter, all-gather across domains), tree or hierarchical
+    /// ring or hierarchical (all-reduce, reduce-scatter, all-gather across domains), tree
     /// (all-reduce across domains); default: the tuner's.
     #[arg(long)]
     algo: Option<String>,

@@ -64,6 +64,9 @@ pub enum Input<'a, T: bytemuck::Pod> {
     /// A device buffer (staged through the communicator's window when not in one).
     Buffer(&'a DeviceBuffer<T>),
     /// Elements at byte `offset` of this rank's buffer of a registered window (zero copy).
+    /// Peers read it there: every rank passes the same window at the same offset (or every
+    /// rank a buffer or in place); the call check (`Collective::check`) says which rank
+    /// differs.
     Window(&'a Window, usize),
     /// The output holds the input (NCCL's `sendbuff == recvbuff`, with NCCL's offsets for
     /// all-gather and reduce-scatter: this rank's part of the output).
@@ -318,7 +321,13 @@ impl Communicator {
             _ => {}
         }
         if coll.check.unwrap_or_else(check_calls) {
-            self.check_same_call(coll, T::DTYPE)?;
+            // The input's place: peers read it there (a window's id, from 1, and the offset),
+            // or 0 when it is staged into the communicator's own window.
+            let place = match &input {
+                Input::Window(w, off) => (u64::from(w.dev_window().id) + 1, *off as u64),
+                _ => (0, 0),
+            };
+            self.check_same_call(coll, T::DTYPE, place)?;
         }
         if coll.count == 0 {
             return Ok(());
@@ -593,8 +602,8 @@ impl Communicator {
 
     /// The algorithm for `coll` ([`algo`]). The tuner: inside one LSA domain, all-reduce is
     /// one-shot below 256 KiB, else two-shot; across domains of two ranks or more (`L`),
-    /// reduce-scatter and all-gather are hierarchical, and all-reduce while there are at most
-    /// `2L + 1` domains; otherwise across
+    /// reduce-scatter and all-gather are hierarchical, and all-reduce unless it is the ring's
+    /// size (below) over more than `2L + 1` domains; otherwise across
     /// domains over more than two ranks, all-reduce is a ring from 256 KiB, reduce-scatter and
     /// all-gather from 1 MiB (of the whole input or output); everything else is one-shot. `coll.algo`, then
     /// `FERROLINK_ALGO`, override it where the algorithm applies (two-shot: all-reduce inside
@@ -640,15 +649,19 @@ impl Communicator {
         // three; over two ranks it sends no less than one-shot.
         let ring_ranks = self.nranks() > 2;
         let data = coll.count * size * if kind == CollKind::AllReduce { 1 } else { self.nranks() };
-        // Hierarchical all-reduce sends `(domains - 1) / L` of the data across domains, the
-        // ring about twice the data: hierarchical while that is no more than the ring's.
-        // Hierarchical reduce-scatter and all-gather send `domains - 1` blocks across domains,
-        // one-shot and the ring `nranks - 1`: always fewer. On the H200 (PERF.md, issue 12
-        // tenth part; 4 ranks in domains of 2) they were the fastest at every size measured.
+        // Hierarchical all-reduce sends `(domains - 1) / L` of the data across domains,
+        // one-shot `nranks - L` times it, the ring about twice it: hierarchical unless the
+        // ring's size applies and the ring sends less. Hierarchical reduce-scatter and
+        // all-gather send `domains - 1` blocks across domains, one-shot `nranks - L`, the ring
+        // `nranks - 1`: always fewer. On the H200 (PERF.md, issue 12 tenth and eleventh parts;
+        // 4 ranks in domains of 2) they were the fastest at every size measured.
         let l = self.lsa_size();
         let hierarchical = across && l > 1;
+        let ring_sends_less = self.nranks() / l.max(1) - 1 > 2 * l;
         Ok(match kind {
-            CollKind::AllReduce if hierarchical && self.nranks() / l - 1 <= 2 * l => algo::HIERARCHICAL,
+            CollKind::AllReduce if hierarchical && !(ring_ranks && ring_sends_less && data >= 256 << 10) => {
+                algo::HIERARCHICAL
+            }
             CollKind::ReduceScatter | CollKind::AllGather if hierarchical => algo::HIERARCHICAL,
             CollKind::AllReduce if !across && data >= 256 << 10 => algo::TWO_SHOT,
             CollKind::AllReduce if across && ring_ranks && data >= 256 << 10 => algo::RING,
@@ -659,16 +672,21 @@ impl Communicator {
 
     /// Compares this call with every rank's (an all-gather on the host): an error naming the
     /// first rank whose call differs.
-    fn check_same_call(&self, coll: &Collective, dtype: DataType) -> Result<()> {
-        let mine = [coll.kind as u64, coll.count as u64, dtype as u64, coll.op as u64, coll.root as u64];
+    fn check_same_call(&self, coll: &Collective, dtype: DataType, input: (u64, u64)) -> Result<()> {
+        let mine =
+            [coll.kind as u64, coll.count as u64, dtype as u64, coll.op as u64, coll.root as u64, input.0, input.1];
         let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
         let all = self.all_gather_bytes(&bytes)?;
         for (r, theirs) in all.iter().enumerate() {
             if theirs != &bytes {
                 let w = |b: &[u8], i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
                 let describe = |b: &[u8]| {
+                    let input = match w(b, 5) {
+                        0 => "a buffer (staged)".to_string(),
+                        id => format!("window {} at offset {}", id - 1, w(b, 6)),
+                    };
                     format!(
-                        "{:?} of {} x {} (op {:?}, root {})",
+                        "{:?} of {} x {} (op {:?}, root {}, input in {input})",
                         CollKind::from_code(w(b, 0) as u32),
                         w(b, 1),
                         DataType::from_code(w(b, 2) as u32).map_or("?", DataType::name),

@@ -300,8 +300,8 @@ pub(crate) trait AddressRange: Send + Sync {
 /// wants wide CTAs, as many as stay resident; the emulator runs every thread of a CTA on host
 /// threads, so it wants few, narrow CTAs (and small point-to-point chunks, so that tests
 /// cross many). Each backend's folder holds its figures ([`launch_profile`]); the modules
-/// that launch read them and never ask which backend runs. `None` in a CTA count means the
-/// GPU's rule: the SMs shared evenly by the ranks on the GPU.
+/// that launch read them and never ask which backend runs. `None` in a figure means the
+/// GPU's rule, which its field says.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LaunchProfile {
     /// Threads per CTA of the collective and point-to-point kernels.
@@ -309,11 +309,13 @@ pub(crate) struct LaunchProfile {
     /// Bytes per CTA that a collective inside one LSA domain aims for.
     pub(crate) coll_bytes_per_cta: usize,
     /// The most CTAs per rank of a kernel whose CTAs wait for each other (point to point,
-    /// the persistent collective kernel).
+    /// the persistent collective kernel); `None`: the SMs shared evenly by the ranks on the
+    /// GPU.
     pub(crate) waiting_ctas: Option<u32>,
     /// Threads per CTA of the MoE kernels (whole warps: they put rows a warp at a time).
     pub(crate) moe_threads: u32,
-    /// The most CTAs of an MoE kernel (capped by the device crate's `moe::MAX_CTAS`).
+    /// The most CTAs of an MoE kernel (capped by the device crate's `moe::MAX_CTAS`);
+    /// `None`: as [`LaunchProfile::waiting_ctas`]'s.
     pub(crate) moe_ctas: Option<u32>,
     /// Threads per CTA of the copy kernel.
     pub(crate) copy_threads: u32,
