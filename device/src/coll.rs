@@ -1236,9 +1236,9 @@ unsafe fn tree_gin(c: &GinCall) -> bool {
 }
 
 /// The hierarchical algorithms of [`run_gin`] ([`algo::HIERARCHICAL`]: all-reduce,
-/// reduce-scatter, all-gather over `L = lsa_size >= 2` ranks per domain and `D = nranks / L
-/// >= 2` domains): LSA inside each domain, GIN across it only between ranks of the same LSA
-/// rank (the rail). False on an abort.
+/// reduce-scatter, all-gather over `L = lsa_size >= 2` ranks per domain and
+/// `D = nranks / L >= 2` domains): LSA inside each domain, GIN across it only between ranks
+/// of the same LSA rank (the rail). False on an abort.
 ///
 /// # Safety
 /// As [`run_gin`] (with `lsa_size >= 2` and `nranks > lsa_size`; LSA barriers `0..parts` are
