@@ -3,9 +3,10 @@
 //! at sizes 0, 1, odd and large, against a host reference — on every backend.
 
 use ferrolink::coll::{
-    CollElem, CollKind, Collective, Input, Output, ReduceOp, algo, bf16, expected_output, f16, reduce_values,
+    CollElem, CollKind, Collective, Input, Output, ReduceOp, algo, bf16, expected_output, f16, proto, reduce_values,
 };
 use ferrolink::{Communicator, Device, Window};
+use ferrolink_device::coll::ll;
 use ferrolink_tests::check;
 
 /// Element types built from small integers (so that every reduction is exact where it must
@@ -188,19 +189,28 @@ fn reductions_in<T: Val>(comms: &[Communicator], sizes: &[usize], forms: &[Form]
     let all_forms = |comms: &[Communicator], c: Collective| forms_of::<T>(comms, c, forms);
     for &count in sizes {
         for op in ReduceOp::ALL {
+            // Small one-shot calls alternate between the protocols (the tuner would pick LL
+            // for all of them; `ll_protocol_every_collective` covers LL throughout).
+            let proto = Some(alternate_proto(count + op as usize));
             for a in [algo::ONE_SHOT, algo::TWO_SHOT] {
-                let c = Collective { op, algo: Some(a), ..Collective::new(CollKind::AllReduce, count) };
+                let c = Collective { op, algo: Some(a), proto, ..Collective::new(CollKind::AllReduce, count) };
                 all_forms(comms, c)?;
             }
             // One-shot forced: across domains the tuner would pick the hierarchical
             // algorithm, which has its own test.
-            let rs = Collective { op, algo: Some(algo::ONE_SHOT), ..Collective::new(CollKind::ReduceScatter, count) };
+            let rs =
+                Collective { op, algo: Some(algo::ONE_SHOT), proto, ..Collective::new(CollKind::ReduceScatter, count) };
             all_forms(comms, rs)?;
             let root = comms.len() - 1;
-            all_forms(comms, Collective { op, root, ..Collective::new(CollKind::Reduce, count) })?;
+            all_forms(comms, Collective { op, root, proto, ..Collective::new(CollKind::Reduce, count) })?;
         }
     }
     Ok(())
+}
+
+/// The simple protocol or LL, by the parity of `salt`.
+fn alternate_proto(salt: usize) -> u32 {
+    if salt.is_multiple_of(2) { proto::SIMPLE } else { proto::LL }
 }
 
 /// The data-movement collectives for element type `T`.
@@ -210,12 +220,15 @@ fn movements<T: Val>(comms: &[Communicator], sizes: &[usize]) -> ferrolink::Resu
 
 fn movements_in<T: Val>(comms: &[Communicator], sizes: &[usize], forms: &[Form]) -> ferrolink::Result<()> {
     for &count in sizes {
-        for kind in [CollKind::AllGather, CollKind::AllToAll] {
+        for (i, kind) in [CollKind::AllGather, CollKind::AllToAll].into_iter().enumerate() {
             // One-shot forced (all-gather across domains: see `reductions_in`).
-            forms_of::<T>(comms, Collective { algo: Some(algo::ONE_SHOT), ..Collective::new(kind, count) }, forms)?;
+            let proto = Some(alternate_proto(count + i));
+            let c = Collective { algo: Some(algo::ONE_SHOT), proto, ..Collective::new(kind, count) };
+            forms_of::<T>(comms, c, forms)?;
         }
         for root in [0, comms.len() - 1] {
-            forms_of::<T>(comms, Collective { root, ..Collective::new(CollKind::Broadcast, count) }, forms)?;
+            let proto = Some(alternate_proto(count + root + 1));
+            forms_of::<T>(comms, Collective { root, proto, ..Collective::new(CollKind::Broadcast, count) }, forms)?;
         }
     }
     Ok(())
@@ -562,6 +575,11 @@ fn bad_calls_are_clear_errors() {
                 .collective(&unknown, Input::Buffer(&send), Output::Buffer(&mut recv))
                 .expect_err("algorithm 9")
                 .to_string();
+            let unknown = Collective { proto: Some(7), ..Collective::new(CollKind::AllReduce, 8) };
+            let proto_err = c
+                .collective(&unknown, Input::Buffer(&send), Output::Buffer(&mut recv))
+                .expect_err("protocol 7")
+                .to_string();
             // Mismatched counts across ranks: caught by the call check.
             let count = if c.rank() == 0 { 8 } else { 4 };
             let send2 = c.device().alloc::<f32>(count)?;
@@ -580,9 +598,12 @@ fn bad_calls_are_clear_errors() {
                 .collective::<f32>(&coll, Input::Window(&win, off), Output::Buffer(&mut recv3))
                 .expect_err("mismatched input offsets")
                 .to_string();
-            Ok((short_err, root_err, algo_err, mismatch, moved))
+            Ok((short_err, root_err, algo_err, mismatch, moved, proto_err))
         })?;
-        let (short, root, algo_err, mismatch, moved) = &errs[0];
+        let (short, root, algo_err, mismatch, moved, proto_err) = &errs[0];
+        check(proto_err.contains("unknown protocol 7") && proto_err.contains("simple, ll"), || {
+            format!("unknown protocol: {proto_err}")
+        })?;
         check(moved.contains("at offset 0") && moved.contains("at offset 16") && moved.contains("rank 1"), || {
             format!("mismatched input offsets: {moved}")
         })?;
@@ -836,5 +857,86 @@ fn a_rank_whose_gpu_partner_never_calls_times_out_naming_it() {
         // their calls meet again (every result checked).
         ferrolink::recover(&comms)?;
         reductions_in::<f32>(&comms, &[16, 37], &[Form::Buffers, Form::InPlace])
+    });
+}
+
+/// The LL protocol (`proto::LL` forced): every collective and reduction for several element
+/// types, from one element to the protocol's largest call (several CTAs, a partial last
+/// unit, unaligned windows), in place and out of place, with simple-protocol calls between
+/// them (both advance the barrier epochs the LL flags come from), and past the largest
+/// (where LL does not apply and the simple protocol runs).
+#[test]
+fn ll_protocol_every_collective() {
+    ferrolink::testing::for_each_backend("ll_protocol_every_collective", |dev| {
+        let comms = comms_of(dev, 3)?;
+        ll_cases::<f32>(&comms, &ALL_FORMS)?;
+        ll_cases::<bf16>(&comms, &[Form::Buffers, Form::InPlace])?;
+        ll_cases::<f64>(&comms, &[Form::Windows])?;
+        ll_cases::<u8>(&comms, &[Form::Buffers])?;
+        ll_cases::<i64>(&comms, &[Form::WindowInPlace])
+    });
+}
+
+fn ll_cases<T: Val>(comms: &[Communicator], forms: &[Form]) -> ferrolink::Result<()> {
+    let size = std::mem::size_of::<T>();
+    let largest = ll::MAX_BYTES / size;
+    // One element; an odd count (a partial unit); just over one CTA's share; the largest.
+    let sizes = [1, 3, ll::UNITS_PER_CTA * ll::UNIT_BYTES / size + 1, largest];
+    let root = comms.len() - 1;
+    for (i, &count) in sizes.iter().enumerate() {
+        let ll = |kind, op, root| Collective { op, root, proto: Some(proto::LL), ..Collective::new(kind, count) };
+        for op in ReduceOp::ALL {
+            for kind in [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::Reduce] {
+                forms_of::<T>(comms, ll(kind, op, root), forms)?;
+            }
+        }
+        for kind in [CollKind::AllGather, CollKind::AllToAll, CollKind::Broadcast] {
+            forms_of::<T>(comms, ll(kind, ReduceOp::Sum, 1), forms)?;
+        }
+        if i.is_multiple_of(2) {
+            let simple = Collective { proto: Some(proto::SIMPLE), ..Collective::new(CollKind::AllReduce, count) };
+            run_case::<T>(comms, simple, Form::Buffers)?;
+        }
+    }
+    let past = Collective { proto: Some(proto::LL), ..Collective::new(CollKind::AllReduce, largest + 1) };
+    run_case::<T>(comms, past, Form::Buffers)
+}
+
+/// An LL call that a peer never joins: the waiting rank's watchdog names the peer (its
+/// arrival, made after its data, is missing), aborts, and after `recover` LL calls run
+/// again (with a new, zeroed buffer: the flags restart). Ranks on two devices, so that each
+/// launches its own kernel (ranks sharing a GPU would wait for each other on the host).
+#[test]
+fn an_ll_call_a_peer_never_joins_times_out_naming_it() {
+    ferrolink::testing::for_each_backend("ll_timeout", |dev| {
+        let second = match Device::open_with(dev.backend(), 1) {
+            Ok(d) => d,
+            Err(e) => {
+                println!("ll_timeout: skipped on {}: no second device ({e})", dev.backend());
+                return Ok(());
+            }
+        };
+        let config = ferrolink::CommConfig {
+            timeout: Some(std::time::Duration::from_millis(500)),
+            ..ferrolink::CommConfig::from_env(dev.backend())
+        };
+        let comms = Communicator::init_all_with(&[dev.clone(), second], config)?;
+        let ll_sum = Collective { proto: Some(proto::LL), ..Collective::new(CollKind::AllReduce, 16) };
+        // Both ranks make the LL buffer (collective), then rank 0 calls alone.
+        run_case::<f32>(&comms, ll_sum, Form::Buffers)?;
+        let send = comms[0].device().alloc_from(&[1.0f32; 16])?;
+        let mut recv = comms[0].device().alloc::<f32>(16)?;
+        let alone = Collective { check: Some(false), ..ll_sum };
+        comms[0].collective::<f32>(&alone, Input::Buffer(&send), Output::Buffer(&mut recv))?;
+        let text = match comms[0].synchronize() {
+            Err(ferrolink::Error::WaitTimeout(m)) => m,
+            other => return check(false, || format!("expected the watchdog's report, got {other:?}")),
+        };
+        check(text.contains("rank 0 CTA 0 waits at LSA barrier 0") && text.contains("rank 1 has not arrived"), || {
+            format!("the timeout: {text}")
+        })?;
+        ferrolink::recover(&comms)?;
+        reductions_in::<f32>(&comms, &[16, 37], &[Form::Buffers])?;
+        run_case::<f32>(&comms, ll_sum, Form::InPlace)
     });
 }

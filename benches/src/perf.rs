@@ -837,6 +837,8 @@ pub struct CollBench {
     pub check: bool,
     /// Force an algorithm where it applies (`None`: the tuner's).
     pub algo: Option<u32>,
+    /// Force a protocol where it applies (`None`: the tuner's).
+    pub proto: Option<u32>,
     /// Persistent mode (collectives only).
     pub persistent: bool,
     /// Inputs and outputs in plain device buffers (staged by the kernel) instead of windows.
@@ -1022,7 +1024,14 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
     for bytes in bench_sizes(b, size) {
         let count = coll_counts(kind, bytes, size, n);
         if count > 0 {
-            let c = Collective { op: b.op, root: 0, algo: b.algo, check: Some(false), ..Collective::new(kind, count) };
+            let c = Collective {
+                op: b.op,
+                root: 0,
+                algo: b.algo,
+                proto: b.proto,
+                check: Some(false),
+                ..Collective::new(kind, count)
+            };
             let call = |bufs: &mut Option<(ferrolink::DeviceBuffer<T>, ferrolink::DeviceBuffer<T>)>,
                         in_place: bool|
              -> Result<()> {

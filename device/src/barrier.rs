@@ -84,7 +84,7 @@ pub const fn seq_reached(value: u32, target: u32) -> bool {
 /// the GPU a poll costs an L2 round trip and peers usually arrive within a microsecond. On
 /// the CPU emulator every poll is a rendezvous of 32 OS threads (the warp vote), so waiting
 /// warps back off at once and leave the cores to the threads they wait for.
-const SPINS_BEFORE_BACKOFF: u32 = if cfg!(target_arch = "nvptx64") { 2048 } else { SPINS_PER_CHECK };
+pub(crate) const SPINS_BEFORE_BACKOFF: u32 = if cfg!(target_arch = "nvptx64") { 2048 } else { SPINS_PER_CHECK };
 
 /// Polls between two looks at the clock (timeouts) and at the backoff threshold.
 const SPINS_PER_CHECK: u32 = if cfg!(target_arch = "nvptx64") { 64 } else { 1 };
@@ -92,7 +92,7 @@ const SPINS_PER_CHECK: u32 = if cfg!(target_arch = "nvptx64") { 64 } else { 1 };
 /// Backoff iterations between two looks at the abort flag. It lives in host memory, so a
 /// look costs a PCIe round trip (about a microsecond); one backoff iteration costs about
 /// 0.2 us on the H200, so a waiting warp sees an abort within about 10 us.
-const BACKOFFS_PER_ABORT_CHECK: u32 = if cfg!(target_arch = "nvptx64") { 32 } else { 8 };
+pub(crate) const BACKOFFS_PER_ABORT_CHECK: u32 = if cfg!(target_arch = "nvptx64") { 32 } else { 8 };
 
 /// Why a barrier wait returned without every peer's arrival.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -415,9 +415,12 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
         }
     }
 
-    /// Writes this wait's [`WaitRecord`] (every polling lane stores the same values).
+    /// Writes this wait's [`WaitRecord`] (every polling lane stores the same values): the
+    /// watchdog then reports the peers whose inbox words are below the session's epoch. The
+    /// LL protocol (`crate::coll::ll`) calls it too when its data is slow to come, after a
+    /// relaxed arrival that each sender makes once its data is sent.
     #[cold]
-    fn publish_wait(&self) {
+    pub(crate) fn publish_wait(&self) {
         if self.comm.wait_records == 0 {
             return;
         }

@@ -1,7 +1,8 @@
 //! Collectives over LSA, written on the public primitives (windows, coops, LSA barriers):
 //! all-reduce (one-shot and two-shot), reduce-scatter, all-gather, broadcast, reduce and
 //! all-to-all, for every element type and reduction of [`DataType`] and [`RedOp`]; across LSA
-//! domains the same collectives one-shot through GIN ([`run_gin`]).
+//! domains the same collectives one-shot through GIN ([`run_gin`]). Small calls inside one
+//! domain may use the LL protocol instead ([`ll`]: the flag in the data word, no barrier).
 //!
 //! One kernel, [`crate::kernels::coll::coll_lsa`], runs them all from a [`CollArgs`]. Every
 //! algorithm has the same shape: CTA `b` of every rank meets the others at LSA barrier `b`
@@ -29,6 +30,9 @@ use crate::gin::{Gin, LocalAction, RemoteAction};
 use crate::lsa;
 use crate::window::DevWindow;
 use bytemuck::{Pod, Zeroable};
+
+pub mod ll;
+pub use ll::proto;
 
 /// Element types (NCCL's `ncclDataType_t`, the subset we support).
 #[repr(u32)]
@@ -234,6 +238,12 @@ pub struct CollArgs {
     pub root: u32,
     /// The first of the grid's LSA barriers: CTA `b` uses `barrier + b`.
     pub barrier: u32,
+    /// [`proto`] code: [`proto::LL`] runs the call with the LL protocol ([`ll`]: inside one
+    /// LSA domain, any kind; the input at [`CollArgs::input`], the LL buffer in `recv_win`
+    /// at [`CollArgs::recv_offset`]); [`proto::SIMPLE`] (0) otherwise.
+    pub proto: u32,
+    /// Unused (alignment).
+    pub reserved: u32,
     /// Elements: of each rank's input for all-reduce, broadcast and reduce; of each rank's
     /// output for reduce-scatter; of each rank's input for all-gather; per peer for
     /// all-to-all (NCCL's counts).
@@ -241,13 +251,14 @@ pub struct CollArgs {
     /// Byte offset of the inputs in the send window (every rank's at this offset of its slot).
     pub send_offset: u64,
     /// Byte offset of the outputs in the receive window (two-shot all-reduce only: peers write
-    /// them; otherwise the kernel's `recv` pointer is the output).
+    /// them; otherwise the kernel's `recv` pointer is the output); with [`proto::LL`], of the
+    /// LL buffer.
     pub recv_offset: u64,
     /// Where this rank's input is (any device memory), for the kernel to stage it into its
     /// slot of the send window at `send_offset` before the first barrier ([`run_lsa`]: each
     /// CTA copies exactly the bytes that the same CTA of every rank reads after the barrier);
     /// 0: the input is there already. One launch fewer per call than a staging copy. Over
-    /// LSA only: [`run_gin`] takes 0.
+    /// LSA only: [`run_gin`] takes 0. With [`proto::LL`] the input itself, never staged.
     pub input: u64,
 }
 
@@ -567,7 +578,11 @@ pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
 #[inline(always)]
 fn parse_args(comm: &DevComm, args: &CollArgs, ranks: u32) -> (CollKind, DataType, RedOp) {
     match (CollKind::from_code(args.kind), DataType::from_code(args.dtype), RedOp::from_code(args.op)) {
-        (Some(kind), Some(dtype), Some(op)) if args.algo <= algo::LAST && args.root < ranks => (kind, dtype, op),
+        (Some(kind), Some(dtype), Some(op))
+            if args.algo <= algo::LAST && args.proto <= proto::LAST && args.root < ranks =>
+        {
+            (kind, dtype, op)
+        }
         _ => comm.fail(
             error_code::COLL_ARGS,
             u64::from(args.kind) << 32 | u64::from(args.algo),
@@ -601,6 +616,11 @@ pub unsafe fn run_lsa(
 ) {
     let coop = CoopCta;
     let (kind, dtype, op) = parse_args(comm, args, comm.lsa_size);
+    if args.proto == proto::LL {
+        // SAFETY: forwarded contract (`ll::run`'s is this one's with the LL buffer).
+        unsafe { ll::run(comm, recv_win, args, kind, dtype, op, recv, part, parts) };
+        return;
+    }
     if args.input != 0 {
         // SAFETY: the input and this rank's slot hold the call's input bytes (contract).
         unsafe { stage_input(comm, send_win, args, kind, dtype, part, parts) };
@@ -699,6 +719,102 @@ impl AvgSteps {
     const ALL: AvgSteps = AvgSteps { pre_from: 0, post: true };
 }
 
+/// A loop over elements of one type with one reduction, run by [`with_reduction`].
+pub(crate) trait ReductionBody {
+    /// Runs with elements of `T` and reduction `O`; `avg`: the call's reduction is `Avg`
+    /// (`O` is then [`SumOp`], and `Avg`'s steps are the body's to take).
+    ///
+    /// # Safety
+    /// The caller's contract for the body.
+    unsafe fn run<T: CollElem, O: Op>(self, avg: bool);
+}
+
+/// Runs `body` with the element type `dtype` and the reduction `op` made static (one
+/// specialized loop each).
+///
+/// # Safety
+/// `body`'s contract.
+#[inline(always)]
+pub(crate) unsafe fn with_reduction<B: ReductionBody>(dtype: DataType, op: RedOp, body: B) {
+    macro_rules! by_op {
+        ($t:ty) => {
+            match op {
+                RedOp::Sum => body.run::<$t, SumOp>(false),
+                RedOp::Avg => body.run::<$t, SumOp>(true),
+                RedOp::Prod => body.run::<$t, ProdOp>(false),
+                RedOp::Min => body.run::<$t, MinOp>(false),
+                RedOp::Max => body.run::<$t, MaxOp>(false),
+            }
+        };
+    }
+    // SAFETY: forwarded contract.
+    unsafe {
+        match dtype {
+            DataType::F32 => by_op!(f32),
+            DataType::F16 => by_op!(half::f16),
+            DataType::Bf16 => by_op!(half::bf16),
+            DataType::F64 => by_op!(f64),
+            DataType::I32 => by_op!(i32),
+            DataType::I64 => by_op!(i64),
+            DataType::U8 => by_op!(u8),
+            DataType::U32 => by_op!(u32),
+        }
+    }
+}
+
+/// [`reduce_any`]'s arguments, as a [`ReductionBody`].
+struct ReduceAny<C, D, S> {
+    coop: C,
+    avg: AvgSteps,
+    nranks: u32,
+    ndsts: usize,
+    dst: D,
+    nsrcs: usize,
+    src: S,
+    count: usize,
+    part: usize,
+    parts: usize,
+}
+
+impl<C: Coop, D: Fn(usize) -> *mut u8, S: Fn(usize) -> *const u8> ReductionBody for ReduceAny<C, D, S> {
+    #[inline(always)]
+    unsafe fn run<T: CollElem, O: Op>(self, avg: bool) {
+        let (dst, src) = (|d| (self.dst)(d) as *mut T, |s| (self.src)(s) as *const T);
+        let (steps, n) = (self.avg, self.nranks);
+        // SAFETY: forwarded contract. Avg's steps only where asked: the other reductions'
+        // loops carry no branch for them.
+        unsafe {
+            if avg {
+                reduce::<T, O, C>(
+                    self.coop,
+                    self.ndsts,
+                    dst,
+                    self.nsrcs,
+                    src,
+                    self.count,
+                    self.part,
+                    self.parts,
+                    |s: usize, x: T| if s >= steps.pre_from { x.avg_pre(n) } else { x },
+                    |x: T| if steps.post { x.avg_post(n) } else { x },
+                )
+            } else {
+                reduce::<T, O, C>(
+                    self.coop,
+                    self.ndsts,
+                    dst,
+                    self.nsrcs,
+                    src,
+                    self.count,
+                    self.part,
+                    self.parts,
+                    |_, x: T| x,
+                    |x: T| x,
+                )
+            }
+        }
+    }
+}
+
 /// [`reduce`] with the element type `dtype` and the reduction `op` made static (one
 /// specialized loop each): `nsrcs` sources `src(s)` and `ndsts` destinations `dst(d)` (byte
 /// addresses of `count` elements each), part `part` of `parts`; `Avg` averages over `nranks`.
@@ -721,61 +837,9 @@ unsafe fn reduce_any<C: Coop>(
     part: usize,
     parts: usize,
 ) {
-    // Avg's steps only where asked: the other reductions' loops carry no branch for them.
-    macro_rules! with_op {
-        ($t:ty, $o:ty) => {
-            if op == RedOp::Avg {
-                reduce::<$t, $o, C>(
-                    coop,
-                    ndsts,
-                    |d| dst(d) as *mut $t,
-                    nsrcs,
-                    |s| src(s) as *const $t,
-                    count,
-                    part,
-                    parts,
-                    |s: usize, x: $t| if s >= avg.pre_from { x.avg_pre(nranks) } else { x },
-                    |x: $t| if avg.post { x.avg_post(nranks) } else { x },
-                )
-            } else {
-                reduce::<$t, $o, C>(
-                    coop,
-                    ndsts,
-                    |d| dst(d) as *mut $t,
-                    nsrcs,
-                    |s| src(s) as *const $t,
-                    count,
-                    part,
-                    parts,
-                    |_, x: $t| x,
-                    |x: $t| x,
-                )
-            }
-        };
-    }
-    macro_rules! by_op {
-        ($t:ty) => {
-            match op {
-                RedOp::Sum | RedOp::Avg => with_op!($t, SumOp),
-                RedOp::Prod => with_op!($t, ProdOp),
-                RedOp::Min => with_op!($t, MinOp),
-                RedOp::Max => with_op!($t, MaxOp),
-            }
-        };
-    }
+    let body = ReduceAny { coop, avg, nranks, ndsts, dst, nsrcs, src, count, part, parts };
     // SAFETY: forwarded contract.
-    unsafe {
-        match dtype {
-            DataType::F32 => by_op!(f32),
-            DataType::F16 => by_op!(half::f16),
-            DataType::Bf16 => by_op!(half::bf16),
-            DataType::F64 => by_op!(f64),
-            DataType::I32 => by_op!(i32),
-            DataType::I64 => by_op!(i64),
-            DataType::U8 => by_op!(u8),
-            DataType::U32 => by_op!(u32),
-        }
-    }
+    unsafe { with_reduction(dtype, op, body) }
 }
 
 /// The reductions of [`run_lsa`].
@@ -847,7 +911,7 @@ unsafe fn reduce_lsa(
 }
 
 /// Whether rank `from` sends its data to rank `to` in collective `kind` across LSA domains
-/// ([`run_gin`]): to every other rank, but for reduce (only to the root) and broadcast (only
+/// ([`run_gin`]) or with the LL protocol ([`ll`]): to every other rank, but for reduce (only to the root) and broadcast (only
 /// from the root).
 #[inline(always)]
 fn gin_sends(kind: CollKind, from: usize, to: usize, root: usize) -> bool {
@@ -906,8 +970,8 @@ pub unsafe fn run_gin(
 ) {
     let coop = CoopCta;
     let (kind, dtype, op) = parse_args(comm, args, comm.nranks);
-    if args.input != 0 {
-        // Staging is LSA's (its cut is `run_lsa`'s): the host stages for GIN.
+    if args.input != 0 || args.proto != proto::SIMPLE {
+        // Staging and LL are LSA's (their cuts are `run_lsa`'s): the host stages for GIN.
         comm.fail(error_code::COLL_ARGS, u64::from(args.kind) << 32 | u64::from(args.algo), args.input);
     }
     let gin = Gin::new(comm, 0);
@@ -945,6 +1009,15 @@ pub unsafe fn run_gin(
     // SAFETY: hybrid barrier `part` is this call's (contract). An abort ends it early: the
     // host reports it.
     let _ = unsafe { crate::gin::hybrid_sync(coop, comm, 0, part as u32) };
+}
+
+/// A rank's place among the LSA domains: its LSA rank `l` of `lsa_n` in domain `domain` of
+/// `domains` (its rail: the ranks of LSA rank `l`, one per domain).
+struct Rail {
+    l: usize,
+    lsa_n: usize,
+    domain: usize,
+    domains: usize,
 }
 
 /// One CTA's share of a [`run_gin`] call, as its algorithms read it.
@@ -987,6 +1060,17 @@ impl GinCall<'_> {
                 )
             };
         }
+    }
+
+    /// This rank's place among the LSA domains ([`DevComm::rail`]).
+    fn rail(&self) -> Rail {
+        let (rail, lsa) = (self.comm.rail(), self.comm.lsa());
+        Rail { l: lsa.rank as usize, lsa_n: lsa.size as usize, domain: rail.rank as usize, domains: rail.size as usize }
+    }
+
+    /// The world rank of this rank's rail in domain `k`.
+    fn rail_peer(&self, k: usize) -> usize {
+        self.comm.team_rank_to_world(self.comm.rail(), k as u32) as usize
     }
 
     /// Waits until this CTA's signal reaches `raises` (true), or an abort (false).
@@ -1279,8 +1363,7 @@ unsafe fn hierarchical_gin(c: &GinCall) -> bool {
 unsafe fn hierarchical_reduce_scatter(c: &GinCall) -> bool {
     let coop = CoopCta;
     let (comm, args) = (c.comm, c.args);
-    let (l, lsa_n) = (comm.lsa_rank as usize, comm.lsa_size as usize);
-    let (domain, domains) = ((comm.rank / comm.lsa_size) as usize, (comm.nranks / comm.lsa_size) as usize);
+    let Rail { l, lsa_n, domain, domains } = c.rail();
     let (n, size) = (comm.nranks, c.dtype.size());
     let bytes = args.count as usize * size;
     let (at, len) = lsa::split_16(bytes, c.part, c.parts);
@@ -1305,7 +1388,7 @@ unsafe fn hierarchical_reduce_scatter(c: &GinCall) -> bool {
         // SAFETY: the partial just reduced (the put meets the coop first), unchanged in this
         // call, into region `domain` of the rail peer's gather window, which only this rank
         // writes.
-        unsafe { c.put(k * lsa_n + l, domain * bytes + at, c.gather, (domains + k) * bytes + at, len) };
+        unsafe { c.put(c.rail_peer(k), domain * bytes + at, c.gather, (domains + k) * bytes + at, len) };
     }
     if len > 0 && !c.wait(domains as u64 - 1) {
         return false;
@@ -1357,15 +1440,14 @@ unsafe fn hierarchical_reduce_scatter(c: &GinCall) -> bool {
 unsafe fn hierarchical_all_gather(c: &GinCall) -> bool {
     let coop = CoopCta;
     let (comm, args) = (c.comm, c.args);
-    let (l, lsa_n) = (comm.lsa_rank as usize, comm.lsa_size as usize);
-    let (domain, domains) = ((comm.rank / comm.lsa_size) as usize, (comm.nranks / comm.lsa_size) as usize);
+    let Rail { lsa_n, domain, domains, .. } = c.rail();
     let bytes = args.count as usize * c.dtype.size();
     let send_offset = args.send_offset as usize;
     let (at, len) = lsa::split_16(bytes, c.part, c.parts);
     for k in (0..domains).filter(|&k| k != domain) {
         // SAFETY: this rank's input (unchanged until every rank's call ended: contract) into
         // region `domain` of the rail peer's gather window, which only this rank writes.
-        unsafe { c.put(k * lsa_n + l, domain * bytes + at, c.send_win, send_offset + at, len) };
+        unsafe { c.put(c.rail_peer(k), domain * bytes + at, c.send_win, send_offset + at, len) };
     }
     if len > 0 && !c.wait(domains as u64 - 1) {
         return false;
@@ -1412,7 +1494,8 @@ unsafe fn hierarchical_all_gather(c: &GinCall) -> bool {
 /// # Ordering
 /// The peers' inputs were written before their kernels started (stream order: the host
 /// stages them by a copy, or they lie in a window written earlier), so the first barrier
-/// (acquire-release at the LSA scope), whose arrivals come after them, makes them visible. The partials travel as in [`one_shot_gin`] (a strong
+/// (acquire-release at the LSA scope), whose arrivals come after them, makes them visible.
+/// The partials travel as in [`one_shot_gin`] (a strong
 /// signal acquired by the wait). The second barrier releases each rank's final region,
 /// written by this CTA before it arrives, to the same CTA of every domain peer, which reads
 /// exactly the part this CTA wrote (the same cut on every rank). [`run_gin`]'s closing
@@ -1426,8 +1509,7 @@ unsafe fn hierarchical_all_gather(c: &GinCall) -> bool {
 unsafe fn hierarchical_all_reduce(c: &GinCall) -> bool {
     let coop = CoopCta;
     let (comm, args) = (c.comm, c.args);
-    let (l, lsa_n) = (comm.lsa_rank as usize, comm.lsa_size as usize);
-    let (domain, domains) = ((comm.rank / comm.lsa_size) as usize, (comm.nranks / comm.lsa_size) as usize);
+    let Rail { l, lsa_n, domain, domains } = c.rail();
     let (n, size) = (comm.nranks, c.dtype.size());
     let bytes = args.count as usize * size;
     let send_offset = args.send_offset as usize;
@@ -1455,7 +1537,7 @@ unsafe fn hierarchical_all_reduce(c: &GinCall) -> bool {
         // SAFETY: the partial just reduced (the put meets the coop first), unchanged in this
         // call, into region `domain` of the rail peer's gather window, which only this rank
         // writes.
-        unsafe { c.put(d * lsa_n + l, domain * bytes + at, c.gather, domain * bytes + at, len) };
+        unsafe { c.put(c.rail_peer(d), domain * bytes + at, c.gather, domain * bytes + at, len) };
     }
     if len > 0 && !c.wait(domains as u64 - 1) {
         return false;

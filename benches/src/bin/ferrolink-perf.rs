@@ -230,6 +230,10 @@ struct CollCli {
     /// (all-reduce across domains); default: the tuner's.
     #[arg(long)]
     algo: Option<String>,
+    /// Protocol, where it applies: simple, or ll (one-shot inside one LSA domain, small
+    /// messages, not in persistent mode); default: the tuner's.
+    #[arg(long)]
+    proto: Option<String>,
     /// Print JSON lines instead of the table.
     #[arg(long)]
     json: bool,
@@ -409,7 +413,7 @@ fn gin(dev: &Device, sizes: Vec<usize>, trials: usize, paths: &[String], threads
 }
 
 fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> {
-    use ferrolink::coll::{DataType as D, ReduceOp as O, algo};
+    use ferrolink::coll::{DataType as D, ReduceOp as O, algo, proto};
     let bad = |what: &str, v: &str| ferrolink::Error::InvalidArgument(format!("{what} {v:?} is not known"));
     let dtype = match c.dtype.as_str() {
         "float" | "f32" | "float32" => D::F32,
@@ -434,6 +438,10 @@ fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> 
         None => None,
         Some(name) => Some(algo::from_name(name).ok_or_else(|| bad("--algo", name))?),
     };
+    let forced_proto = match c.proto.as_deref() {
+        None => None,
+        Some(name) => Some(proto::from_name(name).ok_or_else(|| bad("--proto", name))?),
+    };
     let bench = perf::CollBench {
         kind,
         dtype,
@@ -445,6 +453,7 @@ fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> 
         warmup: c.warmup,
         check: c.check != 0,
         algo: forced,
+        proto: forced_proto,
         persistent: c.persistent,
         buffers: c.buffers,
     };

@@ -44,7 +44,8 @@ use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::{Error, Result};
 use ferrolink_device::coll::CollArgs;
 use ferrolink_device::coll::group::{CollOp, RankOp};
-pub use ferrolink_device::coll::{CollElem, CollKind, DataType, RedOp as ReduceOp, algo};
+use ferrolink_device::coll::ll;
+pub use ferrolink_device::coll::{CollElem, CollKind, DataType, RedOp as ReduceOp, algo, proto};
 use ferrolink_device::kernels::coll::{coll_gin, coll_gpu_group_launch, coll_lsa};
 use ferrolink_device::kernels::copy::ferrolink_copy;
 pub use half::{bf16, f16};
@@ -55,6 +56,10 @@ use std::sync::Arc;
 pub(crate) mod group;
 pub mod p2p;
 pub mod persistent;
+
+/// Up to how many bytes of `count` elements per sender the tuner picks the LL protocol
+/// inside one LSA domain (see [`Collective::proto`]).
+pub const LL_TUNED_BYTES: usize = 16 << 10;
 
 /// The most CTAs a collective's grid has (each needs an LSA barrier of its own).
 pub const MAX_CTAS: u32 = 128;
@@ -101,6 +106,13 @@ pub struct Collective {
     /// topology; `FERROLINK_ALGO=one_shot|two_shot|ring|tree|hierarchical` overrides it the
     /// same way).
     pub algo: Option<u32>,
+    /// Forces a protocol ([`proto`]) where it applies (LL: one-shot inside one LSA domain, outside
+    /// persistent mode, up to `ferrolink_device::coll::ll::MAX_BYTES` of `count` elements,
+    /// in a grid the GPU holds beside its other ranks'; simple: everywhere); `None`, or a
+    /// protocol that does not apply, lets the tuner pick (LL up to [`LL_TUNED_BYTES`];
+    /// `FERROLINK_PROTO=simple|ll` overrides it the same way). LL is a one-shot: with
+    /// another algorithm the simple protocol runs.
+    pub proto: Option<u32>,
     /// Whether to compare this call with every rank's first (an all-gather on the host);
     /// `None`: in debug builds, or with `FERROLINK_COLL_CHECK=1`.
     pub check: Option<bool>,
@@ -109,7 +121,7 @@ pub struct Collective {
 impl Collective {
     /// `kind` over `count` elements with sum, root 0 and the tuner's algorithm.
     pub fn new(kind: CollKind, count: usize) -> Collective {
-        Collective { kind, count, op: ReduceOp::Sum, root: 0, algo: None, check: None }
+        Collective { kind, count, op: ReduceOp::Sum, root: 0, algo: None, proto: None, check: None }
     }
 
     /// (elements of the input, elements of the output) per rank, for `nranks` ranks.
@@ -152,6 +164,11 @@ pub(crate) struct CollState {
     recv: Option<Window>,
     /// Across LSA domains: where the peers' data lands (a slot per rank).
     gather: Option<Window>,
+    /// The LL protocol's buffer (`ll::buffer_bytes`), made by the first LL call and
+    /// remade, zeroed, with every new device communicator: its lines carry flags from the
+    /// communicator's barrier epochs, which start again from 0 in a new one (or after a
+    /// recovery), so a line of the old sequence could carry a new call's flag.
+    ll: Option<Window>,
     /// The ranks of this communicator on this rank's GPU in this process.
     pub(crate) group: Arc<group::GpuGroup>,
 }
@@ -164,11 +181,18 @@ impl CollState {
             // The ring now, before any of the group's kernels runs.
             group.prepare(comm.device())?;
         }
-        Ok(CollState { handle: None, send: None, recv: None, gather: None, group })
+        Ok(CollState { handle: None, send: None, recv: None, gather: None, ll: None, group })
     }
 
-    /// Replaces the device communicator (after the staging windows changed).
-    fn renew_handle(&mut self, comm: &Communicator) -> Result<()> {
+    /// Replaces the device communicator (after the staging windows changed), with a new,
+    /// zeroed LL buffer if `with_ll` (else none: see [`CollState::ll`]).
+    fn renew_handle(&mut self, comm: &Communicator, with_ll: bool) -> Result<()> {
+        self.ll = None;
+        if with_ll {
+            let bytes = ll::buffer_bytes(comm.lsa_size());
+            // Zero-filled (`mem_alloc`): no line carries a flag yet.
+            self.ll = Some(comm.register_window(comm.mem_alloc(bytes)?)?);
+        }
         let mut req = DevCommRequirements { lsa_barrier_count: MAX_CTAS, ..Default::default() };
         if comm.lsa_size() != comm.nranks() {
             // `coll_gin`: a signal and a (hybrid) barrier per CTA, on one context.
@@ -192,8 +216,11 @@ pub(crate) fn coll_state<'a>(comm: &Communicator, guard: &'a mut Option<CollStat
 /// [`Communicator::recover`]'s step for the collectives: puts the ranks sharing `comm`'s GPU
 /// back in step (nothing before the first collective call).
 pub(crate) fn after_recover(comm: &Communicator) {
-    if let Some(state) = crate::runtime::lifetime::lock(&comm.shared.coll).as_ref() {
+    if let Some(state) = crate::runtime::lifetime::lock(&comm.shared.coll).as_mut() {
         state.group.resync();
+        // The barrier epochs (the LL flags) start again from 0: the next LL call makes a
+        // zeroed buffer, and with it a new device communicator (see `CollState::ll`).
+        state.ll = None;
     }
 }
 
@@ -333,6 +360,9 @@ impl Communicator {
             return Ok(());
         }
         let algo = self.pick_algo(coll, size, across)?;
+        let persistent_ctas = self.persistent_ctas();
+        let proto = self.pick_proto(coll, size, algo, across, persistent_ctas.is_some())?;
+        let ll = proto == proto::LL;
         let (in_bytes, out_bytes) = (in_len * size, out_len * size);
         // The module before anything else: loading it may wait for the device's running
         // kernels, and after the set-up below peers' kernels may be waiting for this rank.
@@ -341,10 +371,10 @@ impl Communicator {
         let state = coll_state(self, &mut guard)?;
         let stream = self.stream();
         let dev = self.device();
-        // The input: in a window where it is, else staged into the send window.
-        let staged_in = !matches!(input, Input::Window(..));
+        // The input: in a window where it is, else staged into the send window (LL reads it
+        // where it is, whatever the memory: peers never read it).
+        let staged_in = !matches!(input, Input::Window(..)) && !ll;
         // In persistent mode nothing may be allocated (the kernel never lets the device idle).
-        let persistent_ctas = self.persistent_ctas();
         let fixed = persistent_ctas.is_some();
         let mut grew = false;
         if staged_in {
@@ -357,7 +387,7 @@ impl Communicator {
         // from the output itself, each CTA before it writes those bytes (`stage_input`).
         let in_place_window = matches!((&input, &output), (Input::InPlace, Output::Window(..)));
         let out_via_recv =
-            (in_place_window && across) || (algo == algo::TWO_SHOT && !matches!(output, Output::Window(..)));
+            !ll && ((in_place_window && across) || (algo == algo::TWO_SHOT && !matches!(output, Output::Window(..))));
         if out_via_recv {
             grew |= grow(self, &mut state.recv, out_bytes, fixed)?;
         }
@@ -366,9 +396,11 @@ impl Communicator {
             grew |= grow(self, &mut state.gather, n * coll.count * size, fixed)?;
         }
         // The device communicator after the windows (windows first, as for every device
-        // communicator); a replaced one stays alive until its kernels have run.
-        if grew || state.handle.is_none() {
-            state.renew_handle(self)?;
+        // communicator); a replaced one stays alive until its kernels have run. An LL call
+        // without an LL buffer makes one, and a new device communicator with it (the
+        // flags restart: see `CollState::ll`); any other renewal drops it.
+        if grew || state.handle.is_none() || (ll && state.ll.is_none()) {
+            state.renew_handle(self, ll)?;
         }
         let handle = state.handle.as_ref().expect("made above");
         let copy_cfg = |bytes: usize| crate::ops::staging_copy_config(dev, bytes);
@@ -381,14 +413,26 @@ impl Communicator {
         // what the same CTAs of the peers read: `stage_input`), saving a launch per call,
         // from a buffer or in place in a buffer; else a copy first.
         let mut stage_from: Option<(u64, Option<TrackedPtr<'_, *const u8>>)> = None;
+        let ll_win = state.ll.as_ref();
         let (send_win, send_off): (&Window, usize) = match input {
+            // LL: the kernel reads the input where it is (`args.input`); no send window.
+            Input::Buffer(b) if ll => {
+                let p = b.bytes_at(0)?;
+                stage_from = Some((p.param() as u64, Some(p)));
+                (ll_win.expect("grown above"), 0)
+            }
+            Input::Window(w, off) if ll => {
+                let p = w.slot_ptr::<*const u8>(off, in_bytes)?;
+                stage_from = Some((p.param() as u64, Some(p)));
+                (w, 0)
+            }
             Input::Window(w, off) => (w, off),
             Input::Buffer(b) if !across => {
                 let p = b.bytes_at(0)?;
                 stage_from = Some((p.param() as u64, Some(p)));
                 (state.send.as_ref().expect("grown above"), 0)
             }
-            Input::InPlace if !across => {
+            Input::InPlace if !across || ll => {
                 // The output's own tracking (a write) covers the read.
                 let at = coll.in_place_offset(self.rank()) * size;
                 let addr = match (&out_buf, out_window) {
@@ -397,7 +441,7 @@ impl Communicator {
                     (None, None) => unreachable!("an output is a buffer or a window"),
                 };
                 stage_from = Some((addr, None));
-                (state.send.as_ref().expect("grown above"), 0)
+                (if ll { ll_win } else { state.send.as_ref() }.expect("grown above"), 0)
             }
             Input::Buffer(b) => {
                 let s = state.send.as_ref().expect("grown above");
@@ -427,6 +471,8 @@ impl Communicator {
         let group = state.group.clone();
         let shared_launch = persistent_ctas.is_none() && group.members.len() > 1 && group.fits() && shared_launches();
         let (recv_win, recv_offset): (&Window, usize) = match (out_via_recv, out_window) {
+            // LL: the buffer; the kernel writes the output through `recv`.
+            _ if ll => (ll_win.expect("grown above"), 0),
             (true, _) => (recv_staging.expect("grown above"), 0),
             (false, Some((w, off))) => (w, off),
             // Unused by the kernel (it writes through `recv`): any window.
@@ -437,6 +483,7 @@ impl Communicator {
         // share this GPU share its SMs.
         let ctas = match persistent_ctas {
             Some(p) => p,
+            None if ll => ll::grid(coll.count * size) as u32,
             None if across => gin_grid(out_bytes.max(in_bytes))?,
             None => grid(dev, out_bytes.max(in_bytes)).min((dev.sm_count() / self.ranks_sharing_gpu() as u32).max(1)),
         };
@@ -447,6 +494,8 @@ impl Communicator {
             op: coll.op as u32,
             root: coll.root as u32,
             barrier: 0,
+            proto,
+            reserved: 0,
             count: coll.count as u64,
             send_offset: send_off as u64,
             recv_offset: recv_offset as u64,
@@ -455,6 +504,10 @@ impl Communicator {
         let cfg = LaunchConfig::linear(ctas, threads(dev));
         {
             let out_ptr: TrackedPtr<'_, *mut u8> = match (&mut out_buf, out_via_recv || out_window.is_some()) {
+                (_, true) if !out_via_recv && ll => {
+                    let (w, off) = out_window.expect("an output window");
+                    w.slot_ptr(off, out_bytes)?
+                }
                 (_, true) => recv_win.slot_ptr(recv_offset, out_bytes)?,
                 (Some(b), false) => b.bytes_at_mut(0)?,
                 (None, false) => unreachable!("an output is a buffer or a window"),
@@ -589,7 +642,7 @@ impl Communicator {
         let mut grew = grow(self, &mut state.send, staging_bytes, false)?;
         grew |= grow(self, &mut state.recv, staging_bytes, false)?;
         if grew || state.handle.is_none() {
-            state.renew_handle(self)?;
+            state.renew_handle(self, false)?;
         }
         Ok(())
     }
@@ -667,6 +720,45 @@ impl Communicator {
             CollKind::AllReduce if across && ring_ranks && data >= 256 << 10 => algo::RING,
             CollKind::ReduceScatter | CollKind::AllGather if across && ring_ranks && data >= 1 << 20 => algo::RING,
             _ => algo::ONE_SHOT,
+        })
+    }
+
+    /// The protocol for `coll` ([`proto`]) run with `algo`. LL applies to one-shot calls
+    /// inside one LSA domain, outside persistent mode (its buffer would have to exist
+    /// before the kernel starts), up to
+    /// `ll::MAX_BYTES` of `count` elements per sender, in a grid (`ll::grid`) that fits
+    /// beside the GPU's other ranks' (`sm_count / ranks sharing the GPU` CTAs each); the
+    /// tuner picks it there up to [`LL_TUNED_BYTES`]. `coll.proto`, then `FERROLINK_PROTO`,
+    /// override the tuner where the protocol applies.
+    fn pick_proto(&self, coll: &Collective, size: usize, algo: u32, across: bool, persistent: bool) -> Result<u32> {
+        let forced = match coll.proto {
+            Some(p) => Some(p),
+            None => match std::env::var("FERROLINK_PROTO").ok().as_deref() {
+                None | Some("") => None,
+                Some(name) => Some(proto::from_name(name).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "FERROLINK_PROTO={name}: expected one of {}",
+                        proto::NAMES.join(", ")
+                    ))
+                })?),
+            },
+        };
+        if let Some(p) = forced.filter(|&p| p > proto::LAST) {
+            return Err(Error::InvalidArgument(format!(
+                "{}: unknown protocol {p} (expected one of {})",
+                coll.name(),
+                proto::NAMES.join(", ")
+            )));
+        }
+        let bytes = coll.count * size;
+        let ctas_here = (self.device().sm_count() as usize / self.ranks_sharing_gpu()).max(1);
+        let ll_applies =
+            algo == algo::ONE_SHOT && !across && !persistent && bytes <= ll::MAX_BYTES && ll::grid(bytes) <= ctas_here;
+        Ok(match forced {
+            Some(proto::LL) if ll_applies => proto::LL,
+            Some(proto::SIMPLE) => proto::SIMPLE,
+            _ if ll_applies && bytes <= LL_TUNED_BYTES => proto::LL,
+            _ => proto::SIMPLE,
         })
     }
 

@@ -1,0 +1,421 @@
+//! The LL ("low latency") protocol: small collectives inside one LSA domain with the flag in
+//! the data word, so that no barrier separates a rank's data from its peers' reads of it.
+//!
+//! # The lines
+//! A sender writes each 8 bytes of payload (a *unit*) into the receiver's LL buffer as two
+//! 8-byte *lines*, each holding 4 bytes of data in its low half and the call's flag in its
+//! high half, stored with one single-copy-atomic 8-byte store. A receiver polls the two
+//! lines of a unit until both carry this call's flag, then uses their data. One pass over
+//! NVLink, no fence, no barrier round trip; half of every line is flag, so the protocol is
+//! for small messages ([`MAX_BYTES`] per sender at most; the host's tuner picks it below a
+//! threshold, `FERROLINK_PROTO` forces it).
+//!
+//! # Buffers and flags
+//! Each rank's buffer (a window, [`CollArgs::recv_offset`] of the kernel's `recv_win`) has
+//! a region per (parity, CTA index, sender) of [`UNITS_PER_CTA`] units: CTA `b` of every
+//! rank handles units `b * UNITS_PER_CTA ..` of the payload and writes only the regions of
+//! index `b`. The flag of CTA `b` is the epoch that its LSA barrier `args.barrier + b`
+//! reaches by the call's arrival (every rank's barrier `b` advances alike: by two per
+//! simple-protocol call, by one per LL call), and the parity is the flag's low bit. So the
+//! flag needs no state of its own, and a call captured into a CUDA graph and replayed gets
+//! a new flag each time.
+//!
+//! # Ordering
+//! * *Data*: a receiver that loads a line (relaxed, system scope) and finds this call's
+//!   flag reads the data of the same store: one 8-byte location, written whole (PTX
+//!   single-copy atomicity and coherence). No other memory is published through a line.
+//! * *Reuse*: lines of parity `q` of CTA index `b` are rewritten by the call whose flag has
+//!   the same parity next, at least two flags later. Between two LL calls of consecutive
+//!   flags `f`, `f + 1` nothing is reused. For flag `f + 2`, a sender `A` writes receiver
+//!   `P`'s region only after its own call `f + 1` ended on CTA `b`, which needed `P`'s lines
+//!   of flag `f + 1`, which `P`'s CTA `b` wrote only after it had read every line of call
+//!   `f` (program order). A simple-protocol call in between adds two to the flag and keeps
+//!   the parity alternating; its barriers order everything before it anyway.
+//! * *Freshness*: a line not written in this call holds the flag of an earlier call of the
+//!   same CTA index (or 0, never written), which differs from this call's flag until the
+//!   32-bit epoch wraps (2^32 calls on one index).
+//! * *Diagnosis*: after its stores each sender arrives at barrier `b` (relaxed: it publishes
+//!   nothing). A receiver whose data is slow writes the barrier's wait record, so the host's
+//!   watchdog names the senders that have not arrived, and looks at the abort flag between
+//!   polls: an abort ends the wait (the output is then undefined).
+//!
+//! Results are bitwise those of the simple protocol's one-shot: sources reduced in LSA rank
+//! order, with `Avg`'s steps where it takes them.
+
+use super::{CollArgs, CollElem, CollKind, DataType, Op, RedOp, ReductionBody, gin_sends, with_reduction};
+use crate::arch::{self, LoadOrder, Scope, StoreOrder, atomic};
+use crate::barrier::{BACKOFFS_PER_ABORT_CHECK, BarrierOrder, LsaBarrierSession, SPINS_BEFORE_BACKOFF};
+use crate::comm::{DevComm, error_code};
+use crate::coop::{Coop, CoopCta};
+use crate::window::DevWindow;
+
+/// Protocol codes ([`CollArgs::proto`]).
+pub mod proto {
+    /// Data first, then barriers: every algorithm.
+    pub const SIMPLE: u32 = 0;
+    /// The flag in the data word ([`super`]): one-shot inside one LSA domain, small messages.
+    pub const LL: u32 = 1;
+    /// The highest protocol code.
+    pub const LAST: u32 = LL;
+    /// Each protocol's name, by code: how `FERROLINK_PROTO` and `ferrolink-perf --proto`
+    /// spell it.
+    pub const NAMES: [&str; LAST as usize + 1] = ["simple", "ll"];
+
+    /// The code of the protocol named `name` ([`NAMES`]), or `None`.
+    pub fn from_name(name: &str) -> Option<u32> {
+        NAMES.iter().position(|&n| n == name).map(|i| i as u32)
+    }
+}
+
+/// Payload bytes per unit (two lines).
+pub const UNIT_BYTES: usize = 8;
+/// Bytes of a unit's two lines in the buffer.
+pub const UNIT_LINE_BYTES: usize = 16;
+/// Units each CTA carries per sender: the call's grid is the payload's units over this.
+pub const UNITS_PER_CTA: usize = 512;
+/// The most CTAs of an LL call (regions per parity and sender).
+pub const MAX_CTAS: usize = 16;
+/// The most payload bytes per sender of an LL call: `count * size` of every collective
+/// (whole input for all-reduce, all-gather, broadcast and reduce; one block for
+/// reduce-scatter and all-to-all).
+pub const MAX_BYTES: usize = MAX_CTAS * UNITS_PER_CTA * UNIT_BYTES;
+
+/// Bytes of the LL buffer each rank of an LSA domain of `lsa_size` ranks needs.
+pub const fn buffer_bytes(lsa_size: usize) -> usize {
+    2 * MAX_CTAS * lsa_size * UNITS_PER_CTA * UNIT_LINE_BYTES
+}
+
+/// CTAs of an LL call with `bytes` of payload per sender (at least one).
+pub const fn grid(bytes: usize) -> usize {
+    let ctas = bytes.div_ceil(UNITS_PER_CTA * UNIT_BYTES);
+    if ctas == 0 { 1 } else { ctas }
+}
+
+/// Byte offset, from the buffer's start, of unit `unit` (of CTA index `cta`'s share) from
+/// sender `sender` in calls of parity `parity`.
+#[inline(always)]
+const fn line_offset(parity: usize, cta: usize, lsa_size: usize, sender: usize, unit: usize) -> usize {
+    (((parity * MAX_CTAS + cta) * lsa_size + sender) * UNITS_PER_CTA + unit) * UNIT_LINE_BYTES
+}
+
+/// The payload unit `unit` of the `block` bytes at `base` (elements of `size` bytes, `base`
+/// aligned to `size`); bytes past the block read as 0.
+///
+/// # Safety
+/// `base` is valid for reads of `block` bytes, which nothing writes meanwhile.
+#[inline(always)]
+unsafe fn load_unit(base: *const u8, block: usize, unit: usize, size: usize) -> u64 {
+    let first = unit * UNIT_BYTES;
+    let bytes = (block - first).min(UNIT_BYTES);
+    // SAFETY: every read lies in [first, first + bytes) of the block, aligned to its width.
+    unsafe {
+        let p = base.add(first);
+        if bytes == UNIT_BYTES && (p as usize) & 7 == 0 {
+            return (p as *const u64).read();
+        }
+        let mut v = 0u64;
+        let mut i = 0;
+        while i < bytes {
+            let e = match size {
+                1 => u64::from(p.add(i).read()),
+                2 => u64::from((p.add(i) as *const u16).read()),
+                4 => u64::from((p.add(i) as *const u32).read()),
+                _ => (p.add(i) as *const u64).read(),
+            };
+            v |= e << (8 * i);
+            i += size;
+        }
+        v
+    }
+}
+
+/// Writes payload unit `unit` of the `block` bytes at `base` (as [`load_unit`] reads it):
+/// only the bytes inside the block.
+///
+/// # Safety
+/// `base` is valid for writes of `block` bytes, which nobody else accesses meanwhile.
+#[inline(always)]
+unsafe fn store_unit(base: *mut u8, block: usize, unit: usize, size: usize, v: u64) {
+    let first = unit * UNIT_BYTES;
+    let bytes = (block - first).min(UNIT_BYTES);
+    // SAFETY: every write lies in [first, first + bytes) of the block, aligned to its width.
+    unsafe {
+        let p = base.add(first);
+        if bytes == UNIT_BYTES && (p as usize) & 7 == 0 {
+            (p as *mut u64).write(v);
+            return;
+        }
+        let mut i = 0;
+        while i < bytes {
+            let e = v >> (8 * i);
+            match size {
+                1 => p.add(i).write(e as u8),
+                2 => (p.add(i) as *mut u16).write(e as u16),
+                4 => (p.add(i) as *mut u32).write(e as u32),
+                _ => (p.add(i) as *mut u64).write(e),
+            }
+            i += size;
+        }
+    }
+}
+
+/// `f` on each of the `8 / size_of::<T>()` lanes of two units.
+#[inline(always)]
+fn lanes64<T: CollElem>(a: u64, b: u64, f: impl Fn(T, T) -> T) -> u64 {
+    let size = core::mem::size_of::<T>();
+    let bits = 8 * size;
+    let mask = if size == 8 { u64::MAX } else { (1u64 << bits) - 1 };
+    let mut r = 0u64;
+    for k in 0..UNIT_BYTES / size {
+        let (x, y) = ((a >> (bits * k)) & mask, (b >> (bits * k)) & mask);
+        r |= (f(T::from_bits64(x), T::from_bits64(y)).to_bits64() & mask) << (bits * k);
+    }
+    r
+}
+
+/// One thread's view of the call's waits: the flag they look for and whether it has
+/// written the barrier's wait record.
+struct Waits<'s, 'c> {
+    bar: &'s LsaBarrierSession<'c, CoopCta>,
+    comm: &'c DevComm,
+    flag: u32,
+    published: bool,
+}
+
+impl Waits<'_, '_> {
+    /// The unit whose two lines are at `lines` (this rank's buffer), once both carry the
+    /// flag; `None` if the communicator was aborted meanwhile.
+    ///
+    /// # Safety
+    /// `lines` is a unit of this rank's LL buffer, written by senders only with
+    /// [`send_unit`]'s atomic stores.
+    #[inline(always)]
+    unsafe fn wait_unit(&mut self, lines: *const u64) -> Option<u64> {
+        let mut polls = 0u32;
+        let mut lo = None;
+        loop {
+            // SAFETY: the lines are this rank's (contract), accessed atomically only.
+            unsafe {
+                if lo.is_none() {
+                    let l = atomic::load(lines, LoadOrder::Relaxed, Scope::Sys);
+                    if (l >> 32) as u32 == self.flag {
+                        lo = Some(l & 0xffff_ffff);
+                    }
+                }
+                if let Some(lo) = lo {
+                    let h = atomic::load(lines.add(1), LoadOrder::Relaxed, Scope::Sys);
+                    if (h >> 32) as u32 == self.flag {
+                        return Some(lo | (h << 32));
+                    }
+                }
+            }
+            polls = polls.saturating_add(1);
+            if polls >= SPINS_BEFORE_BACKOFF {
+                if !self.published {
+                    self.published = true;
+                    self.bar.publish_wait();
+                }
+                if (polls - SPINS_BEFORE_BACKOFF).is_multiple_of(BACKOFFS_PER_ABORT_CHECK)
+                    && self.comm.abort_requested()
+                {
+                    return None;
+                }
+                arch::spin_wait_hint(64);
+            }
+        }
+    }
+}
+
+/// Stores `v` as the two lines at `lines` (a peer's buffer) with `flag`.
+///
+/// # Safety
+/// `lines` is a unit of a peer's LL buffer that no one else writes in this call.
+#[inline(always)]
+unsafe fn send_unit(lines: *mut u64, v: u64, flag: u32) {
+    let f = u64::from(flag) << 32;
+    // SAFETY: forwarded contract; 8-byte aligned (units are 16 bytes in a window).
+    unsafe {
+        atomic::store(lines, (v & 0xffff_ffff) | f, StoreOrder::Relaxed, Scope::Sys);
+        atomic::store(lines.add(1), (v >> 32) | f, StoreOrder::Relaxed, Scope::Sys);
+    }
+}
+
+/// The receiving side of a reduction: for each of this thread's units, the sources in LSA
+/// rank order (this rank's own block from its input, the others from the lines), reduced
+/// into the output. An abort ends it early.
+struct ReceiveReduction<'a, 's, 'c, L> {
+    waits: &'a mut Waits<'s, 'c>,
+    /// This rank's block of the input.
+    own: *const u8,
+    /// Line address of a unit from a sender: `lines(sender, unit)`.
+    lines: L,
+    out: *mut u8,
+    block: usize,
+    /// This CTA's units: `first..last`.
+    units: (usize, usize),
+    me: usize,
+    n: usize,
+}
+
+impl<L: Fn(usize, usize) -> *const u64> ReductionBody for ReceiveReduction<'_, '_, '_, L> {
+    #[inline(always)]
+    unsafe fn run<T: CollElem, O: Op>(self, avg: bool) {
+        let size = core::mem::size_of::<T>();
+        let coop = CoopCta;
+        let n = self.n;
+        let mut u = self.units.0 + coop.thread_rank();
+        while u < self.units.1 {
+            let mut acc = 0u64;
+            for s in 0..n {
+                let v = if s == self.me {
+                    // SAFETY: the input's block holds `block` bytes (caller's contract).
+                    unsafe { load_unit(self.own, self.block, u, size) }
+                } else {
+                    // SAFETY: the sender's lines of this unit in this rank's buffer.
+                    match unsafe { self.waits.wait_unit((self.lines)(s, u)) } {
+                        Some(v) => v,
+                        // Aborted: the host reports it.
+                        None => return,
+                    }
+                };
+                let v = if avg { lanes64::<T>(v, v, |x, _| x.avg_pre(n as u32)) } else { v };
+                acc = if s == 0 { v } else { lanes64::<T>(acc, v, O::apply) };
+            }
+            if avg {
+                acc = lanes64::<T>(acc, acc, |x, _| x.avg_post(n as u32));
+            }
+            // SAFETY: the output holds `block` bytes; this thread alone writes unit `u`.
+            unsafe { store_unit(self.out, self.block, u, size, acc) };
+            u += coop.size();
+        }
+    }
+}
+
+/// Runs `args` with the LL protocol as CTA `part` of `parts` of this rank (see the module
+/// docs): `ll_win` at `args.recv_offset` is the buffer, `args.input` this rank's input (any
+/// device memory), `recv` its output. Called by [`super::run_lsa`] for
+/// [`proto::LL`].
+///
+/// # Safety
+/// As [`super::run_lsa`], but the input is read at `args.input` only (never from a window)
+/// and may be written again once this rank's kernel ended; the buffer is this
+/// communicator's LL buffer on every rank (at least [`buffer_bytes`] from `recv_offset`,
+/// written only by LL calls of this stream, checked for size); in place, `recv` may hold the
+/// input (all-reduce, reduce, broadcast; all-gather at this rank's block), each unit read
+/// and then written by one thread.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn run(
+    comm: &DevComm,
+    ll_win: &DevWindow,
+    args: &CollArgs,
+    kind: CollKind,
+    dtype: DataType,
+    op: RedOp,
+    recv: *mut u8,
+    part: usize,
+    parts: usize,
+) {
+    let coop = CoopCta;
+    let (me, n) = (comm.lsa_rank as usize, comm.lsa_size as usize);
+    let size = dtype.size();
+    let block = args.count as usize * size;
+    let base = args.recv_offset as usize;
+    if parts > MAX_CTAS
+        || block > MAX_BYTES
+        || args.input == 0
+        || (ll_win.size as usize) < base.saturating_add(buffer_bytes(n))
+    {
+        comm.fail(
+            error_code::COLL_ARGS,
+            u64::from(args.kind) << 32 | u64::from(args.algo),
+            (parts as u64) << 48 | (args.count & 0xffff_ffff_ffff),
+        );
+    }
+    let units = block.div_ceil(UNIT_BYTES);
+    let first = (part * UNITS_PER_CTA).min(units);
+    let last = (first + UNITS_PER_CTA).min(units);
+    let root = args.root as usize;
+    let input = args.input as *const u8;
+    // The block each peer gets from this rank (reduce-scatter, all-to-all: its own).
+    let block_for = |p: usize| match kind {
+        CollKind::ReduceScatter | CollKind::AllToAll => p * block,
+        _ => 0,
+    };
+    // SAFETY: barrier `args.barrier + part` is this CTA's (contract).
+    let mut bar = unsafe { LsaBarrierSession::new(coop, comm, args.barrier + part as u32) };
+    let flag = bar.epoch().wrapping_add(1);
+    let parity = (flag & 1) as usize;
+    let at = |sender: usize, unit: usize| base + line_offset(parity, part, n, sender, unit - first);
+    // Send: each thread its units, to every peer that receives from this rank.
+    let mut u = first + coop.thread_rank();
+    while u < last {
+        for p in 0..n {
+            if gin_sends(kind, me, p, root) {
+                // SAFETY: the input holds the peer's block (contract); the unit's lines in
+                // peer p's buffer are this rank's, CTA `part`'s, this thread's.
+                unsafe {
+                    let v = load_unit(input.add(block_for(p)), block, u, size);
+                    send_unit(ll_win.lsa_ptr::<u64>(at(me, u), p as u32), v, flag);
+                }
+            }
+        }
+        u += coop.size();
+    }
+    // Relaxed: the lines carry their own flags; the arrival only tells the watchdog.
+    bar.arrive_with(BarrierOrder::Relaxed);
+    let mut waits = Waits { bar: &bar, comm, flag, published: false };
+    let lines = |s: usize, unit: usize| ll_win.local_ptr::<u64>(at(s, unit)) as *const u64;
+    match kind {
+        CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
+            if kind == CollKind::Reduce && me != root {
+                return;
+            }
+            let body = ReceiveReduction {
+                waits: &mut waits,
+                // SAFETY: (the pointer) this rank's block lies in its input (contract).
+                own: unsafe { input.add(block_for(me)) },
+                lines,
+                out: recv,
+                block,
+                units: (first, last),
+                me,
+                n,
+            };
+            // SAFETY: the body's contract is this function's.
+            unsafe { with_reduction(dtype, op, body) };
+        }
+        CollKind::AllGather | CollKind::AllToAll | CollKind::Broadcast => {
+            // Where sender s's block goes in the output.
+            let dst = |s: usize| match kind {
+                CollKind::Broadcast => recv,
+                // SAFETY: (the pointer) the output holds `n` blocks (contract).
+                _ => unsafe { recv.add(s * block) },
+            };
+            let mut u = first + coop.thread_rank();
+            while u < last {
+                for s in 0..n {
+                    if s == me {
+                        // This rank's own block, unless it is already there (in place).
+                        let from_self = kind != CollKind::Broadcast || me == root;
+                        // SAFETY: (the pointer) the input holds the block (contract).
+                        let src = unsafe { input.add(block_for(me)) };
+                        if from_self && !core::ptr::eq(src, dst(me)) {
+                            // SAFETY: input and output hold the block; this thread alone
+                            // reads and writes unit `u` of it.
+                            unsafe { store_unit(dst(me), block, u, size, load_unit(src, block, u, size)) };
+                        }
+                    } else if gin_sends(kind, s, me, root) {
+                        // SAFETY: the sender's lines in this rank's buffer.
+                        let Some(v) = (unsafe { waits.wait_unit(lines(s, u)) }) else {
+                            return;
+                        };
+                        // SAFETY: the output holds sender s's block; this thread alone
+                        // writes unit `u` of it.
+                        unsafe { store_unit(dst(s), block, u, size, v) };
+                    }
+                }
+                u += coop.size();
+            }
+        }
+    }
+}
