@@ -860,11 +860,12 @@ fn a_rank_whose_gpu_partner_never_calls_times_out_naming_it() {
     });
 }
 
-/// The LL protocol (`proto::LL` forced): every collective and reduction for several element
-/// types, from one element to the protocol's largest call (several CTAs, a partial last
-/// unit, unaligned windows), in place and out of place, with simple-protocol calls between
-/// them (both advance the barrier epochs the LL flags come from), and past the largest
-/// (where LL does not apply and the simple protocol runs).
+/// The LL protocol (`proto::LL` forced): all-reduce, reduce-scatter, all-gather and
+/// all-to-all with every reduction for several element types, from one element to the
+/// protocol's largest call (several CTAs, a partial last unit, unaligned windows), in place
+/// and out of place, back to back and with simple-protocol calls between them (both advance
+/// the barrier epochs the LL flags come from); reduce and broadcast forced to LL, and calls
+/// past the largest, where LL does not apply and the simple protocol runs.
 #[test]
 fn ll_protocol_every_collective() {
     ferrolink::testing::for_each_backend("ll_protocol_every_collective", |dev| {

@@ -239,7 +239,7 @@ pub struct CollArgs {
     /// The first of the grid's LSA barriers: CTA `b` uses `barrier + b`.
     pub barrier: u32,
     /// [`proto`] code: [`proto::LL`] runs the call with the LL protocol ([`ll`]: inside one
-    /// LSA domain, any kind; the input at [`CollArgs::input`], the LL buffer in `recv_win`
+    /// LSA domain, the kinds of [`ll::applies_to`]; the input at [`CollArgs::input`], the LL buffer in `recv_win`
     /// at [`CollArgs::recv_offset`]); [`proto::SIMPLE`] (0) otherwise.
     pub proto: u32,
     /// Unused (alignment).
@@ -911,7 +911,7 @@ unsafe fn reduce_lsa(
 }
 
 /// Whether rank `from` sends its data to rank `to` in collective `kind` across LSA domains
-/// ([`run_gin`]) or with the LL protocol ([`ll`]): to every other rank, but for reduce (only to the root) and broadcast (only
+/// ([`run_gin`]): to every other rank, but for reduce (only to the root) and broadcast (only
 /// from the root).
 #[inline(always)]
 fn gin_sends(kind: CollKind, from: usize, to: usize, root: usize) -> bool {

@@ -28,8 +28,8 @@
 //!   the same parity next, at least two flags later. Between two LL calls of consecutive
 //!   flags `f`, `f + 1` nothing is reused. For flag `f + 2`, a sender `A` writes receiver
 //!   `P`'s region only after its own call `f + 1` ended on CTA `b`, which needed `P`'s lines
-//!   of flag `f + 1`, which `P`'s CTA `b` wrote only after it had read every line of call
-//!   `f` (program order). A simple-protocol call in between adds two to the flag and keeps
+//!   of flag `f + 1` (every rank receives from every other: [`applies_to`]), which `P`'s
+//!   CTA `b` wrote only after it had read every line of call `f` (program order). A simple-protocol call in between adds two to the flag and keeps
 //!   the parity alternating; its barriers order everything before it anyway.
 //! * *Freshness*: a line not written in this call holds the flag of an earlier call of the
 //!   same CTA index (or 0, never written), which differs from this call's flag until the
@@ -39,10 +39,12 @@
 //!   watchdog names the senders that have not arrived, and looks at the abort flag between
 //!   polls: an abort ends the wait (the output is then undefined).
 //!
+//! Reduce and broadcast are not run this way ([`applies_to`]).
+//!
 //! Results are bitwise those of the simple protocol's one-shot: sources reduced in LSA rank
 //! order, with `Avg`'s steps where it takes them.
 
-use super::{CollArgs, CollElem, CollKind, DataType, Op, RedOp, ReductionBody, gin_sends, with_reduction};
+use super::{CollArgs, CollElem, CollKind, DataType, Op, RedOp, ReductionBody, with_reduction};
 use crate::arch::{self, LoadOrder, Scope, StoreOrder, atomic};
 use crate::barrier::{BACKOFFS_PER_ABORT_CHECK, BarrierOrder, LsaBarrierSession, SPINS_BEFORE_BACKOFF};
 use crate::comm::{DevComm, error_code};
@@ -53,7 +55,8 @@ use crate::window::DevWindow;
 pub mod proto {
     /// Data first, then barriers: every algorithm.
     pub const SIMPLE: u32 = 0;
-    /// The flag in the data word ([`super`]): one-shot inside one LSA domain, small messages.
+    /// The flag in the data word ([`super`]): one-shot inside one LSA domain, small messages,
+    /// all-reduce, reduce-scatter, all-gather and all-to-all ([`super::applies_to`]).
     pub const LL: u32 = 1;
     /// The highest protocol code.
     pub const LAST: u32 = LL;
@@ -75,10 +78,17 @@ pub const UNIT_LINE_BYTES: usize = 16;
 pub const UNITS_PER_CTA: usize = 512;
 /// The most CTAs of an LL call (regions per parity and sender).
 pub const MAX_CTAS: usize = 16;
-/// The most payload bytes per sender of an LL call: `count * size` of every collective
-/// (whole input for all-reduce, all-gather, broadcast and reduce; one block for
-/// reduce-scatter and all-to-all).
+/// The most payload bytes per sender of an LL call: `count * size` (the whole input for
+/// all-reduce and all-gather; one block for reduce-scatter and all-to-all).
 pub const MAX_BYTES: usize = MAX_CTAS * UNITS_PER_CTA * UNIT_BYTES;
+
+/// Whether the protocol runs collective `kind`: those in which every rank receives from
+/// every other (all-reduce, reduce-scatter, all-gather, all-to-all). The buffer's reuse rests
+/// on it (module docs, *Reuse*): in a reduce or a broadcast a sender waits for nobody, so it
+/// could run two calls ahead of a slow receiver and overwrite lines not yet read.
+pub const fn applies_to(kind: CollKind) -> bool {
+    matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll)
+}
 
 /// Bytes of the LL buffer each rank of an LSA domain of `lsa_size` ranks needs.
 pub const fn buffer_bytes(lsa_size: usize) -> usize {
@@ -301,8 +311,8 @@ impl<L: Fn(usize, usize) -> *const u64> ReductionBody for ReceiveReduction<'_, '
 /// and may be written again once this rank's kernel ended; the buffer is this
 /// communicator's LL buffer on every rank (at least [`buffer_bytes`] from `recv_offset`,
 /// written only by LL calls of this stream, checked for size); in place, `recv` may hold the
-/// input (all-reduce, reduce, broadcast; all-gather at this rank's block), each unit read
-/// and then written by one thread.
+/// input (all-reduce; all-gather at this rank's block), each unit read and then written by
+/// one thread. `kind` is one of [`applies_to`]'s (else a fault).
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn run(
     comm: &DevComm,
@@ -320,7 +330,8 @@ pub(super) unsafe fn run(
     let size = dtype.size();
     let block = args.count as usize * size;
     let base = args.recv_offset as usize;
-    if parts > MAX_CTAS
+    if !applies_to(kind)
+        || parts > MAX_CTAS
         || block > MAX_BYTES
         || args.input == 0
         || (ll_win.size as usize) < base.saturating_add(buffer_bytes(n))
@@ -334,7 +345,6 @@ pub(super) unsafe fn run(
     let units = block.div_ceil(UNIT_BYTES);
     let first = (part * UNITS_PER_CTA).min(units);
     let last = (first + UNITS_PER_CTA).min(units);
-    let root = args.root as usize;
     let input = args.input as *const u8;
     // The block each peer gets from this rank (reduce-scatter, all-to-all: its own).
     let block_for = |p: usize| match kind {
@@ -350,7 +360,7 @@ pub(super) unsafe fn run(
     let mut u = first + coop.thread_rank();
     while u < last {
         for p in 0..n {
-            if gin_sends(kind, me, p, root) {
+            if p != me {
                 // SAFETY: the input holds the peer's block (contract); the unit's lines in
                 // peer p's buffer are this rank's, CTA `part`'s, this thread's.
                 unsafe {
@@ -366,10 +376,7 @@ pub(super) unsafe fn run(
     let mut waits = Waits { bar: &bar, comm, flag, published: false };
     let lines = |s: usize, unit: usize| ll_win.local_ptr::<u64>(at(s, unit)) as *const u64;
     match kind {
-        CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce => {
-            if kind == CollKind::Reduce && me != root {
-                return;
-            }
+        CollKind::AllReduce | CollKind::ReduceScatter => {
             let body = ReceiveReduction {
                 waits: &mut waits,
                 // SAFETY: (the pointer) this rank's block lies in its input (contract).
@@ -384,27 +391,23 @@ pub(super) unsafe fn run(
             // SAFETY: the body's contract is this function's.
             unsafe { with_reduction(dtype, op, body) };
         }
-        CollKind::AllGather | CollKind::AllToAll | CollKind::Broadcast => {
+        _ => {
             // Where sender s's block goes in the output.
-            let dst = |s: usize| match kind {
-                CollKind::Broadcast => recv,
-                // SAFETY: (the pointer) the output holds `n` blocks (contract).
-                _ => unsafe { recv.add(s * block) },
-            };
+            // SAFETY: (the pointer) the output holds `n` blocks (contract).
+            let dst = |s: usize| unsafe { recv.add(s * block) };
             let mut u = first + coop.thread_rank();
             while u < last {
                 for s in 0..n {
                     if s == me {
                         // This rank's own block, unless it is already there (in place).
-                        let from_self = kind != CollKind::Broadcast || me == root;
                         // SAFETY: (the pointer) the input holds the block (contract).
                         let src = unsafe { input.add(block_for(me)) };
-                        if from_self && !core::ptr::eq(src, dst(me)) {
+                        if !core::ptr::eq(src, dst(me)) {
                             // SAFETY: input and output hold the block; this thread alone
                             // reads and writes unit `u` of it.
                             unsafe { store_unit(dst(me), block, u, size, load_unit(src, block, u, size)) };
                         }
-                    } else if gin_sends(kind, s, me, root) {
+                    } else {
                         // SAFETY: the sender's lines in this rank's buffer.
                         let Some(v) = (unsafe { waits.wait_unit(lines(s, u)) }) else {
                             return;

@@ -7,7 +7,10 @@
 //! LSA barrier `b`, reads (or, two-shot, writes) their memory directly, and meets them again.
 //! Inputs and outputs are any device buffers; those in registered windows
 //! ([`Input::Window`], [`Output::Window`]) are used where they are (zero copy), the others are
-//! staged through the communicator's own windows (a device copy before and after).
+//! staged through the communicator's own windows (a device copy before and after). Small
+//! one-shot calls inside one LSA domain use the LL protocol instead ([`proto::LL`]: each rank
+//! stores its data with a flag in every word straight into its peers' LL buffers, which
+//! they poll; no barrier, and the input is read where it is; see [`Collective::proto`]).
 //!
 //! Across LSA domains (several nodes, or `FERROLINK_LSA` on one) the collectives run through
 //! GIN instead (`ferrolink_device::coll::run_gin`): one-shot (each rank puts what each peer
@@ -106,7 +109,8 @@ pub struct Collective {
     /// topology; `FERROLINK_ALGO=one_shot|two_shot|ring|tree|hierarchical` overrides it the
     /// same way).
     pub algo: Option<u32>,
-    /// Forces a protocol ([`proto`]) where it applies (LL: one-shot inside one LSA domain, outside
+    /// Forces a protocol ([`proto`]) where it applies (LL: one-shot all-reduce,
+    /// reduce-scatter, all-gather and all-to-all inside one LSA domain, outside
     /// persistent mode, up to `ferrolink_device::coll::ll::MAX_BYTES` of `count` elements,
     /// in a grid the GPU holds beside its other ranks'; simple: everywhere); `None`, or a
     /// protocol that does not apply, lets the tuner pick (LL up to [`LL_TUNED_BYTES`];
@@ -723,8 +727,9 @@ impl Communicator {
         })
     }
 
-    /// The protocol for `coll` ([`proto`]) run with `algo`. LL applies to one-shot calls
-    /// inside one LSA domain, outside persistent mode (its buffer would have to exist
+    /// The protocol for `coll` ([`proto`]) run with `algo`. LL applies to one-shot calls of
+    /// all-reduce, reduce-scatter, all-gather and all-to-all (`ll::applies_to`) inside one
+    /// LSA domain, outside persistent mode (its buffer would have to exist
     /// before the kernel starts), up to
     /// `ll::MAX_BYTES` of `count` elements per sender, in a grid (`ll::grid`) that fits
     /// beside the GPU's other ranks' (`sm_count / ranks sharing the GPU` CTAs each); the
@@ -752,8 +757,12 @@ impl Communicator {
         }
         let bytes = coll.count * size;
         let ctas_here = (self.device().sm_count() as usize / self.ranks_sharing_gpu()).max(1);
-        let ll_applies =
-            algo == algo::ONE_SHOT && !across && !persistent && bytes <= ll::MAX_BYTES && ll::grid(bytes) <= ctas_here;
+        let ll_applies = algo == algo::ONE_SHOT
+            && ll::applies_to(coll.kind)
+            && !across
+            && !persistent
+            && bytes <= ll::MAX_BYTES
+            && ll::grid(bytes) <= ctas_here;
         Ok(match forced {
             Some(proto::LL) if ll_applies => proto::LL,
             Some(proto::SIMPLE) => proto::SIMPLE,
