@@ -941,3 +941,61 @@ fn an_ll_call_a_peer_never_joins_times_out_naming_it() {
         run_case::<f32>(&comms, ll_sum, Form::InPlace)
     });
 }
+
+/// A CUDA graph holding an LL call, replayed after `recover` (which resets the barrier
+/// epochs the flags come from): the LL buffer was zeroed, so a replay by one rank alone waits
+/// for its peer's new lines (and times out naming it) instead of taking the lines that peer
+/// wrote before the recovery with the same flag. Ranks on two devices (each launches its
+/// own kernel).
+#[test]
+fn an_ll_graph_replayed_after_recover_takes_no_stale_lines() {
+    ferrolink::testing::for_each_backend("ll_graph_after_recover", |dev| {
+        let second = match Device::open_with(dev.backend(), 1) {
+            Ok(d) => d,
+            Err(e) => {
+                println!("ll_graph_after_recover: skipped on {}: no second device ({e})", dev.backend());
+                return Ok(());
+            }
+        };
+        let config = ferrolink::CommConfig {
+            timeout: Some(std::time::Duration::from_millis(500)),
+            ..ferrolink::CommConfig::from_env(dev.backend())
+        };
+        let comms = Communicator::init_all_with(&[dev.clone(), second], config)?;
+        let ll_sum =
+            Collective { proto: Some(proto::LL), check: Some(false), ..Collective::new(CollKind::AllReduce, 16) };
+        let outcomes = ferrolink::run_ranks(&comms, |c| {
+            let me = c.rank();
+            let mut send = c.device().alloc_from(&[(me + 1) as f32; 16])?;
+            let mut recv = c.device().alloc::<f32>(16)?;
+            c.collective::<f32>(&ll_sum, Input::Buffer(&send), Output::Buffer(&mut recv))?;
+            c.synchronize()?;
+            let first = recv.to_vec()?;
+            c.barrier()?;
+            let graph =
+                c.stream().capture(|| c.collective::<f32>(&ll_sum, Input::Buffer(&send), Output::Buffer(&mut recv)))?;
+            // One rank aborts (the abort reaches every rank), then all recover: an abort
+            // after a rank's reset would leave its flag raised.
+            if me == 0 {
+                c.abort();
+            }
+            c.barrier()?;
+            c.recover()?;
+            send.copy_from_host(&[(10 * (me + 1)) as f32; 16])?;
+            c.synchronize()?;
+            c.barrier()?;
+            if me == 0 {
+                return Ok((first, None));
+            }
+            graph.launch(c.stream())?;
+            let replay = c.synchronize();
+            Ok((first, Some((replay.map_err(|e| e.to_string()), recv.to_vec().unwrap_or_default()))))
+        })?;
+        check(outcomes.iter().all(|(first, _)| first == &vec![3.0f32; 16]), || "the first LL call".into())?;
+        match &outcomes[1].1 {
+            Some((Err(text), _)) => check(text.contains("rank 0 has not arrived"), || format!("the replay: {text}")),
+            Some((Ok(()), got)) => check(false, || format!("rank 1 alone finished its replay with {:?}", &got[..1])),
+            None => check(false, || "rank 1 replayed nothing".into()),
+        }
+    });
+}

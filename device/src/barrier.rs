@@ -31,7 +31,10 @@
 //! store instead of its round `k` one. That later store carries round `k`'s guarantee only
 //! if it releases too: **on one barrier index, an arrive that follows a releasing arrive
 //! must also release** whenever a waiter relies on the earlier round's ordering. Using one
-//! order per index satisfies this.
+//! order per index satisfies this. The LL protocol's relaxed arrivals (`crate::coll::ll`) do
+//! not break it: each comes in a later kernel of the stream than the index's previous
+//! arrival, and a kernel ends only when its writes are performed, so a waiter of the earlier
+//! round that reads the later epoch finds them.
 //!
 //! # Epochs and wrap-around
 //! Inbox words only grow, by one per round; a peer can be at most one round ahead (it
@@ -394,7 +397,9 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
                     return PollEnd::Reached;
                 }
             }
-            polls = polls.saturating_add(burst);
+            // Wrapping: a saturated count would never be a multiple of the abort check
+            // again (a wait of hours), and a wrapped one only spins fast for a while.
+            polls = polls.wrapping_add(burst);
             if let Some(deadline) = deadline_ns
                 && arch::ballot_sync(lanes, arch::global_timer_ns() >= deadline) != 0
             {

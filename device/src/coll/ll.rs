@@ -29,15 +29,21 @@
 //!   flags `f`, `f + 1` nothing is reused. For flag `f + 2`, a sender `A` writes receiver
 //!   `P`'s region only after its own call `f + 1` ended on CTA `b`, which needed `P`'s lines
 //!   of flag `f + 1` (every rank receives from every other: [`applies_to`]), which `P`'s
-//!   CTA `b` wrote only after it had read every line of call `f` (program order). A simple-protocol call in between adds two to the flag and keeps
-//!   the parity alternating; its barriers order everything before it anyway.
+//!   CTA `b` wrote only in its kernel of call `f + 1`, after its kernel of call `f` (which
+//!   read every line of call `f`) had ended: stream order. A simple-protocol call in
+//!   between adds two to the flag and keeps the parity alternating; its barriers order
+//!   everything before it anyway.
 //! * *Freshness*: a line not written in this call holds the flag of an earlier call of the
 //!   same CTA index (or 0, never written), which differs from this call's flag until the
-//!   32-bit epoch wraps (2^32 calls on one index).
+//!   32-bit epoch wraps (2^32 arrivals on one index: about a day of back-to-back 20 µs
+//!   calls; a known limit). `recover` resets the epochs, so the host zeroes every LL buffer
+//!   then (a captured graph may replay a call on an old one).
 //! * *Diagnosis*: after its stores each sender arrives at barrier `b` (relaxed: it publishes
-//!   nothing). A receiver whose data is slow writes the barrier's wait record, so the host's
-//!   watchdog names the senders that have not arrived, and looks at the abort flag between
-//!   polls: an abort ends the wait (the output is then undefined).
+//!   nothing: it is the index's only arrival in this kernel, and earlier rounds' writes were
+//!   performed when their kernels ended, see `crate::barrier`). A receiver whose data is
+//!   slow writes the barrier's wait record, so the host's watchdog names the senders that
+//!   have not arrived, and looks at the abort flag between polls: an abort ends the wait
+//!   (the output is then undefined).
 //!
 //! Reduce and broadcast are not run this way ([`applies_to`]).
 //!
@@ -219,8 +225,10 @@ impl Waits<'_, '_> {
                     }
                 }
             }
-            polls = polls.saturating_add(1);
+            // Wrapping (see the barrier's poll loop): abort checks go on however long it waits.
+            polls = polls.wrapping_add(1);
             if polls >= SPINS_BEFORE_BACKOFF {
+                // (Once published, the record stays: a wrapped count republishes nothing.)
                 if !self.published {
                     self.published = true;
                     self.bar.publish_wait();
@@ -332,6 +340,7 @@ pub(super) unsafe fn run(
     let base = args.recv_offset as usize;
     if !applies_to(kind)
         || parts > MAX_CTAS
+        || parts < grid(block)
         || block > MAX_BYTES
         || args.input == 0
         || (ll_win.size as usize) < base.saturating_add(buffer_bytes(n))

@@ -173,6 +173,11 @@ pub(crate) struct CollState {
     /// communicator's barrier epochs, which start again from 0 in a new one (or after a
     /// recovery), so a line of the old sequence could carry a new call's flag.
     ll: Option<Window>,
+    /// Every LL buffer made (the current one too): a CUDA graph may hold an older one with
+    /// its device communicator, and `recover` resets every device communicator's epochs, so
+    /// each is zeroed then (see [`after_recover`]). One per renewal of the device
+    /// communicator, 2 MiB each at 8 ranks.
+    ll_made: Vec<Window>,
     /// The ranks of this communicator on this rank's GPU in this process.
     pub(crate) group: Arc<group::GpuGroup>,
 }
@@ -185,7 +190,7 @@ impl CollState {
             // The ring now, before any of the group's kernels runs.
             group.prepare(comm.device())?;
         }
-        Ok(CollState { handle: None, send: None, recv: None, gather: None, ll: None, group })
+        Ok(CollState { handle: None, send: None, recv: None, gather: None, ll: None, ll_made: Vec::new(), group })
     }
 
     /// Replaces the device communicator (after the staging windows changed), with a new,
@@ -195,7 +200,9 @@ impl CollState {
         if with_ll {
             let bytes = ll::buffer_bytes(comm.lsa_size());
             // Zero-filled (`mem_alloc`): no line carries a flag yet.
-            self.ll = Some(comm.register_window(comm.mem_alloc(bytes)?)?);
+            let win = comm.register_window(comm.mem_alloc(bytes)?)?;
+            self.ll_made.push(win.clone());
+            self.ll = Some(win);
         }
         let mut req = DevCommRequirements { lsa_barrier_count: MAX_CTAS, ..Default::default() };
         if comm.lsa_size() != comm.nranks() {
@@ -218,14 +225,21 @@ pub(crate) fn coll_state<'a>(comm: &Communicator, guard: &'a mut Option<CollStat
 }
 
 /// [`Communicator::recover`]'s step for the collectives: puts the ranks sharing `comm`'s GPU
-/// back in step (nothing before the first collective call).
-pub(crate) fn after_recover(comm: &Communicator) {
+/// back in step and zeroes the LL buffers (nothing before the first collective call).
+pub(crate) fn after_recover(comm: &Communicator) -> Result<()> {
     if let Some(state) = crate::runtime::lifetime::lock(&comm.shared.coll).as_mut() {
         state.group.resync();
         // The barrier epochs (the LL flags) start again from 0: the next LL call makes a
-        // zeroed buffer, and with it a new device communicator (see `CollState::ll`).
+        // zeroed buffer, and with it a new device communicator (see `CollState::ll`); every
+        // earlier buffer is zeroed, as a captured graph may replay an LL call on it with its
+        // device communicator, whose epochs were reset too. No kernel runs now (the caller
+        // drained this rank's stream, and no rank calls before the next barrier).
         state.ll = None;
+        for w in &state.ll_made {
+            w.zero(0, w.size())?;
+        }
     }
+    Ok(())
 }
 
 impl Communicator {
@@ -351,6 +365,12 @@ impl Communicator {
             }
             _ => {}
         }
+        // The algorithm and protocol before the check: ranks that pick differently (another
+        // `FERROLINK_ALGO` or `FERROLINK_PROTO`) would run different kernels.
+        let algo = self.pick_algo(coll, size, across)?;
+        let persistent_ctas = self.persistent_ctas();
+        let proto = self.pick_proto(coll, size, algo, across, persistent_ctas.is_some())?;
+        let ll = proto == proto::LL;
         if coll.check.unwrap_or_else(check_calls) {
             // The input's place: peers read it there (a window's id, from 1, and the offset),
             // or 0 when it is staged into the communicator's own window.
@@ -358,15 +378,11 @@ impl Communicator {
                 Input::Window(w, off) => (u64::from(w.dev_window().id) + 1, *off as u64),
                 _ => (0, 0),
             };
-            self.check_same_call(coll, T::DTYPE, place)?;
+            self.check_same_call(coll, T::DTYPE, place, (algo, proto))?;
         }
         if coll.count == 0 {
             return Ok(());
         }
-        let algo = self.pick_algo(coll, size, across)?;
-        let persistent_ctas = self.persistent_ctas();
-        let proto = self.pick_proto(coll, size, algo, across, persistent_ctas.is_some())?;
-        let ll = proto == proto::LL;
         let (in_bytes, out_bytes) = (in_len * size, out_len * size);
         // The module before anything else: loading it may wait for the device's running
         // kernels, and after the set-up below peers' kernels may be waiting for this rank.
@@ -561,7 +577,11 @@ impl Communicator {
                     // nothing writes it until the kernel ends on every rank (its exit
                     // barrier); the output holds `out_bytes` (checked) and overlaps no input
                     // in the send window (in place, the input is staged into the staging
-                    // window, never read from the output by peers); barriers 0..ctas of the default set
+                    // window, never read from the output by peers); with LL (`args.proto`), the
+                    // kernel reads the input at `args.input` only (a tracked buffer or window
+                    // slot, or the output in place) and `recv_win` is this communicator's LL
+                    // buffer, zeroed when made with this device communicator (or at
+                    // `recover`, which also resets its epochs, the flags); barriers 0..ctas of the default set
                     // (MAX_CTAS of them) are used by this stream only, one collective at a
                     // time.
                     unsafe {
@@ -773,9 +793,19 @@ impl Communicator {
 
     /// Compares this call with every rank's (an all-gather on the host): an error naming the
     /// first rank whose call differs.
-    fn check_same_call(&self, coll: &Collective, dtype: DataType, input: (u64, u64)) -> Result<()> {
-        let mine =
-            [coll.kind as u64, coll.count as u64, dtype as u64, coll.op as u64, coll.root as u64, input.0, input.1];
+    /// `how` is the (algorithm, protocol) this rank picked.
+    fn check_same_call(&self, coll: &Collective, dtype: DataType, input: (u64, u64), how: (u32, u32)) -> Result<()> {
+        let mine = [
+            coll.kind as u64,
+            coll.count as u64,
+            dtype as u64,
+            coll.op as u64,
+            coll.root as u64,
+            input.0,
+            input.1,
+            u64::from(how.0),
+            u64::from(how.1),
+        ];
         let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
         let all = self.all_gather_bytes(&bytes)?;
         for (r, theirs) in all.iter().enumerate() {
@@ -786,13 +816,16 @@ impl Communicator {
                         0 => "a buffer (staged)".to_string(),
                         id => format!("window {} at offset {}", id - 1, w(b, 6)),
                     };
+                    let name = |names: &[&'static str], i: u64| names.get(i as usize).copied().unwrap_or("?");
                     format!(
-                        "{:?} of {} x {} (op {:?}, root {}, input in {input})",
+                        "{:?} of {} x {} (op {:?}, root {}, input in {input}, algorithm {}, protocol {})",
                         CollKind::from_code(w(b, 0) as u32),
                         w(b, 1),
                         DataType::from_code(w(b, 2) as u32).map_or("?", DataType::name),
                         ReduceOp::from_code(w(b, 3) as u32),
-                        w(b, 4)
+                        w(b, 4),
+                        name(&algo::NAMES, w(b, 7)),
+                        name(&proto::NAMES, w(b, 8))
                     )
                 };
                 return Err(Error::InvalidArgument(format!(

@@ -504,7 +504,7 @@ impl Communicator {
         self.barrier()?;
         // Every rank is past its failed work and none calls a collective until the barrier
         // below: the ranks sharing this GPU can be put back in step.
-        crate::coll::after_recover(self);
+        crate::coll::after_recover(self)?;
         control.clear();
         // Nobody may start new work before every rank has cleared its state.
         self.barrier()?;
