@@ -365,15 +365,19 @@ pub(super) unsafe fn run(
     let flag = bar.epoch().wrapping_add(1);
     let parity = (flag & 1) as usize;
     let at = |sender: usize, unit: usize| base + line_offset(parity, part, n, sender, unit - first);
-    // Send: each thread its units, to every peer that receives from this rank.
+    // Send: each thread its units, to every peer that receives from this rank. Where every
+    // peer gets the same block (all-reduce, all-gather) the unit is loaded once.
+    let same_block = !matches!(kind, CollKind::ReduceScatter | CollKind::AllToAll);
     let mut u = first + coop.thread_rank();
     while u < last {
+        // SAFETY: the input holds this rank's block (contract).
+        let shared = if same_block { unsafe { load_unit(input, block, u, size) } } else { 0 };
         for p in 0..n {
             if p != me {
                 // SAFETY: the input holds the peer's block (contract); the unit's lines in
                 // peer p's buffer are this rank's, CTA `part`'s, this thread's.
                 unsafe {
-                    let v = load_unit(input.add(block_for(p)), block, u, size);
+                    let v = if same_block { shared } else { load_unit(input.add(block_for(p)), block, u, size) };
                     send_unit(ll_win.lsa_ptr::<u64>(at(me, u), p as u32), v, flag);
                 }
             }
