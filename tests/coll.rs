@@ -718,6 +718,18 @@ fn persistent_mode_runs_every_collective() {
     });
 }
 
+/// The device after `dev` on its backend, for tests of ranks on two devices; `None` (with a
+/// line saying why the test `name` is skipped) when there is none.
+fn second_device(dev: &Device, name: &str) -> Option<Device> {
+    match Device::open_with(dev.backend(), 1) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("{name}: skipped on {}: no second device ({e})", dev.backend());
+            None
+        }
+    }
+}
+
 /// Persistent mode with one rank per GPU (two emulated GPUs; on CUDA when a second GPU is
 /// there): the rank's stream hands operations over without waiting for each (its waits trail
 /// by `PIPELINE` operations), so consecutive collectives run back to back. Each all-reduce
@@ -727,13 +739,7 @@ fn persistent_mode_runs_every_collective() {
 #[test]
 fn a_rank_alone_on_its_gpu_hands_operations_over_without_waiting() {
     ferrolink::testing::for_each_backend("persistent_pipeline", |dev| {
-        let second = match Device::open_with(dev.backend(), 1) {
-            Ok(d) => d,
-            Err(e) => {
-                println!("persistent_pipeline: skipped on {}: no second device ({e})", dev.backend());
-                return Ok(());
-            }
-        };
+        let Some(second) = second_device(dev, "persistent_pipeline") else { return Ok(()) };
         let comms = Communicator::init_all(&[dev.clone(), second])?;
         const COUNT: usize = 1000;
         const STEPS: usize = 20;
@@ -910,13 +916,7 @@ fn ll_cases<T: Val>(comms: &[Communicator], forms: &[Form]) -> ferrolink::Result
 #[test]
 fn an_ll_call_a_peer_never_joins_times_out_naming_it() {
     ferrolink::testing::for_each_backend("ll_timeout", |dev| {
-        let second = match Device::open_with(dev.backend(), 1) {
-            Ok(d) => d,
-            Err(e) => {
-                println!("ll_timeout: skipped on {}: no second device ({e})", dev.backend());
-                return Ok(());
-            }
-        };
+        let Some(second) = second_device(dev, "ll_timeout") else { return Ok(()) };
         let config = ferrolink::CommConfig {
             timeout: Some(std::time::Duration::from_millis(500)),
             ..ferrolink::CommConfig::from_env(dev.backend())
@@ -950,13 +950,7 @@ fn an_ll_call_a_peer_never_joins_times_out_naming_it() {
 #[test]
 fn an_ll_graph_replayed_after_recover_takes_no_stale_lines() {
     ferrolink::testing::for_each_backend("ll_graph_after_recover", |dev| {
-        let second = match Device::open_with(dev.backend(), 1) {
-            Ok(d) => d,
-            Err(e) => {
-                println!("ll_graph_after_recover: skipped on {}: no second device ({e})", dev.backend());
-                return Ok(());
-            }
-        };
+        let Some(second) = second_device(dev, "ll_graph_after_recover") else { return Ok(()) };
         let config = ferrolink::CommConfig {
             timeout: Some(std::time::Duration::from_millis(500)),
             ..ferrolink::CommConfig::from_env(dev.backend())
