@@ -857,6 +857,10 @@ pub struct CollRow {
     pub out_of_place: (f64, f64, f64, Option<usize>),
     /// In place, when the collective has it.
     pub in_place: Option<(f64, f64, f64)>,
+    /// Out-of-place: microseconds per call that rank 0's thread spent queuing the calls (the
+    /// loop without the final synchronize). Near the time per call, the host bounds the
+    /// rate; well under it, the GPU does.
+    pub host_us: f64,
 }
 
 /// nccl-tests' count for `bytes` of `kind` on `n` ranks (0 when it rounds down to none).
@@ -907,8 +911,13 @@ pub fn coll_rank(comm: &ferrolink::Communicator, b: &CollBench) -> Result<Option
 }
 
 /// Times `iters` calls of `run` after `warmup` (wall clock on this rank from a host barrier
-/// to the end of every rank's calls), in microseconds per call.
-fn time_calls(comm: &ferrolink::Communicator, b: &CollBench, run: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+/// to the end of every rank's calls), in microseconds per call, and the part of it this
+/// thread spent queuing the calls (before its stream's synchronize).
+fn time_calls(
+    comm: &ferrolink::Communicator,
+    b: &CollBench,
+    run: &mut dyn FnMut() -> Result<()>,
+) -> Result<(f64, f64)> {
     for _ in 0..b.warmup {
         run()?;
     }
@@ -918,9 +927,11 @@ fn time_calls(comm: &ferrolink::Communicator, b: &CollBench, run: &mut dyn FnMut
     for _ in 0..b.iters.max(1) {
         run()?;
     }
+    let queued = t.elapsed();
     comm.stream().synchronize()?;
     comm.barrier()?;
-    Ok(t.elapsed().as_secs_f64() * 1e6 / b.iters.max(1) as f64)
+    let per_call = |d: std::time::Duration| d.as_secs_f64() * 1e6 / b.iters.max(1) as f64;
+    Ok((per_call(t.elapsed()), per_call(queued)))
 }
 
 /// The sizes of a benchmark: from `min_bytes` (at least one element) by `factor` to
@@ -962,7 +973,7 @@ fn sendrecv_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
             g.recv_slice(&mut recv, 0, count, prev)?;
             g.launch()
         };
-        let us = time_calls(comm, b, &mut run)?;
+        let (us, host_us) = time_calls(comm, b, &mut run)?;
         let mut wrong = None;
         if b.check {
             let got = recv.to_vec()?;
@@ -970,7 +981,7 @@ fn sendrecv_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
             comm.barrier()?;
         }
         let alg = bytes as f64 / (us * 1e3);
-        rows.push(CollRow { bytes, count, out_of_place: (us, alg, alg, wrong), in_place: None });
+        rows.push(CollRow { bytes, count, out_of_place: (us, alg, alg, wrong), in_place: None, host_us });
     }
     comm.barrier()?;
     Ok((me == 0).then_some(rows))
@@ -1042,7 +1053,7 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
                     (Some((inp, out)), false) => comm.collective::<T>(&c, Input::Buffer(inp), Output::Buffer(out)),
                 }
             };
-            let oop = time_calls(comm, b, &mut || call(&mut bufs, false))?;
+            let (oop, host_us) = time_calls(comm, b, &mut || call(&mut bufs, false))?;
             let mut wrong = None;
             if b.check {
                 call(&mut bufs, false)?;
@@ -1059,13 +1070,13 @@ fn coll_rank_t<T: ferrolink::coll::CollElem + PartialEq>(
                 });
                 comm.barrier()?;
             }
-            let ip = if has_in_place { Some(time_calls(comm, b, &mut || call(&mut bufs, true))?) } else { None };
+            let ip = if has_in_place { Some(time_calls(comm, b, &mut || call(&mut bufs, true))?.0) } else { None };
             let bw = |us: f64| {
                 let alg = bytes as f64 / (us * 1e3);
                 (us, alg, alg * bus_factor(kind, n))
             };
             let (t, a, bb) = bw(oop);
-            rows.push(CollRow { bytes, count, out_of_place: (t, a, bb, wrong), in_place: ip.map(bw) });
+            rows.push(CollRow { bytes, count, out_of_place: (t, a, bb, wrong), in_place: ip.map(bw), host_us });
         }
     }
     if b.persistent {

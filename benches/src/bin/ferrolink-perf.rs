@@ -120,7 +120,7 @@ enum Command {
         threads: u32,
     },
     /// all_reduce in nccl-tests form (sizes, time, algbw, busbw, #wrong; out of place and in
-    /// place). Alone: one process over `-g` GPUs (all by default); under `ferrolink-run`: one
+    /// place; then the host's queuing time per call). Alone: one process over `-g` GPUs (all by default); under `ferrolink-run`: one
     /// process per rank.
     #[command(name = "all_reduce")]
     AllReduce(CollCli),
@@ -486,11 +486,12 @@ fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> 
                 format!("{{\"time_us\":{t:.2},\"algbw\":{a:.2},\"busbw\":{b:.2}}}")
             });
             println!(
-                "{{\"collective\":\"{name}\",\"nranks\":{n},\"bytes\":{},\"count\":{},\"type\":\"{}\",\"redop\":\"{redop}\",\"out_of_place\":{{\"time_us\":{t:.2},\"algbw\":{a:.2},\"busbw\":{b:.2},\"wrong\":{}}},\"in_place\":{ip}}}",
+                "{{\"collective\":\"{name}\",\"nranks\":{n},\"bytes\":{},\"count\":{},\"type\":\"{}\",\"redop\":\"{redop}\",\"out_of_place\":{{\"time_us\":{t:.2},\"algbw\":{a:.2},\"busbw\":{b:.2},\"wrong\":{}}},\"in_place\":{ip},\"host_us\":{:.2}}}",
                 r.bytes,
                 r.count,
                 dtype.name(),
-                w.map_or("null".to_string(), |w| w.to_string())
+                w.map_or("null".to_string(), |w| w.to_string()),
+                r.host_us
             );
         }
         return Ok(());
@@ -504,23 +505,24 @@ fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> 
     println!("# ferrolink {name}: {n} ranks, {} ({:?}){mode}", dev.name(), dev.backend());
     println!("#                                                       out-of-place                       in-place");
     println!(
-        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw"
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw     host"
     );
     println!(
-        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)     (us)"
     );
     for r in &rows {
         let (t, a, b, w) = r.out_of_place;
         let ip =
             r.in_place.map_or("     N/A     N/A     N/A".to_string(), |(t, a, b)| format!("{t:8.2} {a:7.2} {b:7.2}"));
         println!(
-            "{:12} {:13} {:>9} {:>7} {:>7} {t:8.2} {a:7.2} {b:7.2} {:>6} {ip}",
+            "{:12} {:13} {:>9} {:>7} {:>7} {t:8.2} {a:7.2} {b:7.2} {:>6} {ip} {:8.2}",
             r.bytes,
             r.count,
             dtype.name(),
             redop,
             root,
-            w.map_or("N/A".to_string(), |w| w.to_string())
+            w.map_or("N/A".to_string(), |w| w.to_string()),
+            r.host_us
         );
     }
     let avg = rows.iter().map(|r| r.out_of_place.2).sum::<f64>() / rows.len().max(1) as f64;
