@@ -20,7 +20,9 @@
 //!    or has no `.entry`;
 //! 4. if `ptxas` is found ([`find_ptxas`]: `FERROLINK_PTXAS`, `.tools/cuda/bin` above the
 //!    crate, `PATH`, `$CUDA_HOME/bin`), assembles the PTX for the target and reports registers,
-//!    stack and spills per kernel, warning on spills.
+//!    stack and spills per kernel, warning on spills. The same text assembled by the same
+//!    ptxas for the same arch is not assembled again while its cubin is there (ptxas takes
+//!    minutes on a large module).
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -240,18 +242,7 @@ impl PtxBuilder {
         match search.found {
             Some(ptxas) => {
                 let cubin = output.ptx_path.with_extension("cubin");
-                let out = Command::new(&ptxas)
-                    .arg(format!("-arch={}", self.arch))
-                    .arg("-v")
-                    .arg(&output.ptx_path)
-                    .arg("-o")
-                    .arg(&cubin)
-                    .output()
-                    .map_err(io_err(format!("starting {}", ptxas.display())))?;
-                let log = String::from_utf8_lossy(&out.stderr).into_owned();
-                if !out.status.success() {
-                    return Err(BuildError::Ptxas { ptxas, arch: self.arch.clone(), stderr: log });
-                }
+                let log = assemble_cached(&ptxas, &self.arch, &output.ptx_path, &ptx, &cubin)?;
                 output.resources = parse_ptxas_report(&log);
                 for k in &output.resources {
                     if k.spill_store_bytes > 0 || k.spill_load_bytes > 0 {
@@ -471,6 +462,56 @@ pub fn parse_ptxas_report(log: &str) -> Vec<KernelResources> {
 }
 
 /// Where the builder looks for ptxas, for messages.
+/// Assembles `ptx_path` (whose text is `ptx`) into `cubin` with `ptxas -arch=<arch> -v` and
+/// returns ptxas' report, or returns the report of the last run when it assembled the same
+/// text with the same ptxas and arch and its cubin is still there: ptxas takes minutes on a
+/// large module, and the nested build rewrites an unchanged `.s` only with the same text.
+///
+/// The last run is kept beside the cubin: `<stem>.ptxas-input` (the text it assembled) and
+/// `<stem>.ptxas-log` (the ptxas binary, its size and time, the arch, then the report),
+/// written last, after the cubin, and removed before ptxas runs again, so that a run cut
+/// short leaves no log to trust.
+fn assemble_cached(ptxas: &Path, arch: &str, ptx_path: &Path, ptx: &str, cubin: &Path) -> Result<String, BuildError> {
+    let stamp = |p: &Path| {
+        std::fs::metadata(p).ok().map(|m| {
+            let t = m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
+            format!("{} {}.{:09}", m.len(), t.as_secs(), t.subsec_nanos())
+        })
+    };
+    let header = format!(
+        "ptxas: {} ({})\narch: {arch}\n---\n",
+        ptxas.display(),
+        stamp(ptxas).unwrap_or_else(|| "unknown".into())
+    );
+    let input = ptx_path.with_extension("ptxas-input");
+    let log_path = ptx_path.with_extension("ptxas-log");
+    if let (Ok(log), true) = (std::fs::read_to_string(&log_path), cubin.is_file())
+        && let Some(report) = log.strip_prefix(&header)
+        && std::fs::read(&input).is_ok_and(|text| text == ptx.as_bytes())
+    {
+        return Ok(report.to_string());
+    }
+    // A stale log must not vouch for the cubin this run is about to write.
+    let _ = std::fs::remove_file(&log_path);
+    let out = Command::new(ptxas)
+        .arg(format!("-arch={arch}"))
+        .arg("-v")
+        .arg(ptx_path)
+        .arg("-o")
+        .arg(cubin)
+        .output()
+        .map_err(io_err(format!("starting {}", ptxas.display())))?;
+    let report = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        return Err(BuildError::Ptxas { ptxas: ptxas.to_path_buf(), arch: arch.to_string(), stderr: report });
+    }
+    // The cache is an optimization: failing to write it only costs the next build time.
+    if std::fs::write(&input, ptx).is_ok() {
+        let _ = std::fs::write(&log_path, format!("{header}{report}"));
+    }
+    Ok(report)
+}
+
 const PTXAS_LOOKED_AT: &str = "looked at FERROLINK_PTXAS, .tools/cuda/bin/ptxas in the crate's folder and its \
                                parents, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin";
 
@@ -648,6 +689,47 @@ mod tests {
                    .entry k2(\n";
         assert_eq!(extern_functions(ptx), vec!["vprintf", "_ZN4core9panicking5panic17h"]);
         assert_eq!(entries(ptx), vec!["k1", "k2"]);
+    }
+
+    /// A fake ptxas (a shell script) that counts its runs, writes the cubin and a report.
+    #[cfg(unix)]
+    #[test]
+    fn the_same_text_is_assembled_once_while_its_cubin_is_there() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("ferrolink-builder-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ptxas = dir.join("ptxas");
+        let runs = dir.join("runs");
+        std::fs::write(
+            &ptxas,
+            format!(
+                "#!/bin/sh\necho run >> {}\nfor a; do out=$a; done\necho cubin > \"$out\"\n\
+                 echo \"ptxas info    : Function properties for k\" >&2\n",
+                runs.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&ptxas, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (ptx_path, cubin) = (dir.join("m.s"), dir.join("m.cubin"));
+        let run_count = || std::fs::read_to_string(&runs).map_or(0, |r| r.lines().count());
+        let assemble = |text: &str| {
+            std::fs::write(&ptx_path, text).unwrap();
+            assemble_cached(&ptxas, "sm_90", &ptx_path, text, &cubin).unwrap()
+        };
+        let report = assemble(".entry k(\n");
+        assert!(report.contains("Function properties for k"), "{report}");
+        assert_eq!(run_count(), 1);
+        assert_eq!(assemble(".entry k(\n"), report, "the cached report");
+        assert_eq!(run_count(), 1, "the same text is not assembled again");
+        assemble(".entry k2(\n");
+        assert_eq!(run_count(), 2, "new text is assembled");
+        std::fs::remove_file(&cubin).unwrap();
+        assemble(".entry k2(\n");
+        assert_eq!(run_count(), 3, "a missing cubin is made again");
+        assert_eq!(assemble_cached(&ptxas, "sm_100", &ptx_path, ".entry k2(\n", &cubin).map(drop).ok(), Some(()));
+        assert_eq!(run_count(), 4, "another arch is assembled");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
