@@ -1732,17 +1732,22 @@ pub mod group {
         let base = ops + (part * RANK_OP_STRIDE) as u64;
         // SAFETY: each 16-byte chunk lies inside the entry, 8-byte aligned (contract).
         let entry = unsafe { read_entry(|c| arch::load_param_v2(base + 16 * c as u64)) };
-        run_entry(&entry, cta, per);
+        run_entry(entry, cta, per);
     }
 
     /// Copies a [`RankOp`] into shared memory, `load(c)` giving its 16-byte chunk `c` (one
-    /// per thread, all at once), and reads it back: every thread of the CTA gets it.
+    /// per thread, all at once), and returns it there: every thread of the CTA reads it in
+    /// place. (A copy per thread, `ptr::read` of the 432-byte entry, became byte-wise shared
+    /// loads and local stores, about 1400 instructions per thread before any work: 9 µs of
+    /// an 18 µs shared launch on the H200, PERF.md issue 12 thirteenth part.)
     ///
     /// # Safety
     /// `load` is safe to call for chunks `0..RANK_OP_STRIDE / 16`; the CTA has
-    /// [`RANK_OP_STRIDE`] bytes of dynamic shared memory; every thread calls this.
+    /// [`RANK_OP_STRIDE`] bytes of dynamic shared memory; every thread calls this. The entry
+    /// is valid until the CTA's shared memory is written again: every thread must be done
+    /// with it (a CTA barrier) before the next call.
     #[inline(always)]
-    unsafe fn read_entry(load: impl Fn(usize) -> [u64; 2]) -> RankOp {
+    unsafe fn read_entry<'s>(load: impl Fn(usize) -> [u64; 2]) -> &'s RankOp {
         let coop = CoopCta;
         let shared = arch::dynamic_shared_mem::<u64>();
         let mut c = coop.thread_rank();
@@ -1755,28 +1760,28 @@ pub mod group {
             }
             c += coop.size();
         }
+        // Orders every thread's chunk before every thread's reads of the entry.
         coop.sync();
-        // SAFETY: the words written above, 8-byte aligned.
-        let entry = unsafe { (shared as *const RankOp).read() };
-        coop.sync();
-        entry
+        // SAFETY: the words written above, 8-byte aligned (RankOp is Pod: any bytes are a
+        // value), not written again while the reference is used (contract).
+        unsafe { &*(shared as *const RankOp) }
     }
 
     /// Runs part `cta` of `per` of `entry`'s operation, unless it is a [`SHUTDOWN`]; returns
-    /// whether it was.
+    /// whether it was. The entry's parts are passed by reference where they lie.
     #[inline(always)]
     fn run_entry(entry: &RankOp, cta: usize, per: usize) -> bool {
-        if entry.op.args.kind == SHUTDOWN {
+        let (op, comm) = (&entry.op, &entry.comm);
+        if op.args.kind == SHUTDOWN {
             return true;
         }
-        let (op, comm) = (entry.op, entry.comm);
         let args = CollArgs { barrier: 0, ..op.args };
         if comm.lsa_size < comm.nranks {
             // SAFETY: the operation follows `run_gin`'s contract (the callers' contracts).
-            unsafe { run_gin(&comm, &op.send, &op.gather, &args, op.recv as *mut u8, cta, per) };
+            unsafe { run_gin(comm, &op.send, &op.gather, &args, op.recv as *mut u8, cta, per) };
         } else {
             // SAFETY: the operation follows `run_lsa`'s contract (the callers' contracts).
-            unsafe { run_lsa(&comm, &op.send, &op.recv_win, &args, op.recv as *mut u8, cta, per) };
+            unsafe { run_lsa(comm, &op.send, &op.recv_win, &args, op.recv as *mut u8, cta, per) };
         }
         false
     }
@@ -1909,7 +1914,8 @@ pub mod group {
                 })
             };
             let t_read = arch::global_timer_ns();
-            let shutdown = run_entry(&entry, cta, per);
+            let shutdown = run_entry(entry, cta, per);
+            // Every thread is done with the entry before the next one is written.
             coop.sync();
             if timing && !shutdown {
                 stamp(core::mem::offset_of!(GroupSync, waiting_ns), t_wait, t_ready);
