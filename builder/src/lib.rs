@@ -461,7 +461,6 @@ pub fn parse_ptxas_report(log: &str) -> Vec<KernelResources> {
     out
 }
 
-/// Where the builder looks for ptxas, for messages.
 /// Assembles `ptx_path` (whose text is `ptx`) into `cubin` with `ptxas -arch=<arch> -v` and
 /// returns ptxas' report, or returns the report of the last run when it assembled the same
 /// text with the same ptxas and arch and its cubin is still there: ptxas takes minutes on a
@@ -512,6 +511,7 @@ fn assemble_cached(ptxas: &Path, arch: &str, ptx_path: &Path, ptx: &str, cubin: 
     Ok(report)
 }
 
+/// Where the builder looks for ptxas, for messages.
 const PTXAS_LOOKED_AT: &str = "looked at FERROLINK_PTXAS, .tools/cuda/bin/ptxas in the crate's folder and its \
                                parents, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin";
 

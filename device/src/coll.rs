@@ -1738,8 +1738,8 @@ pub mod group {
     /// Copies a [`RankOp`] into shared memory, `load(c)` giving its 16-byte chunk `c` (one
     /// per thread, all at once), and returns it there: every thread of the CTA reads it in
     /// place. (A copy per thread, `ptr::read` of the 432-byte entry, became byte-wise shared
-    /// loads and local stores, about 1400 instructions per thread before any work: 9 µs of
-    /// an 18 µs shared launch on the H200, PERF.md issue 12 thirteenth part.)
+    /// loads and local stores, about 1400 instructions per thread before any work; removing
+    /// it did not measurably shorten the call on the H200: PERF.md, issue 12 thirteenth part.)
     ///
     /// # Safety
     /// `load` is safe to call for chunks `0..RANK_OP_STRIDE / 16`; the CTA has

@@ -120,8 +120,8 @@ enum Command {
         threads: u32,
     },
     /// all_reduce in nccl-tests form (sizes, time, algbw, busbw, #wrong; out of place and in
-    /// place; then the host's queuing time per call). Alone: one process over `-g` GPUs (all by default); under `ferrolink-run`: one
-    /// process per rank.
+    /// place; then the host's queuing time per call). Alone: one process over `-g` GPUs (all
+    /// by default); under `ferrolink-run`: one process per rank.
     #[command(name = "all_reduce")]
     AllReduce(CollCli),
     /// all_gather in nccl-tests form.

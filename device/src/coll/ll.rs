@@ -371,13 +371,13 @@ pub(super) unsafe fn run(
     let mut u = first + coop.thread_rank();
     while u < last {
         // SAFETY: the input holds this rank's block (contract).
-        let shared = if same_block { unsafe { load_unit(input, block, u, size) } } else { 0 };
+        let own_unit = if same_block { unsafe { load_unit(input, block, u, size) } } else { 0 };
         for p in 0..n {
             if p != me {
                 // SAFETY: the input holds the peer's block (contract); the unit's lines in
                 // peer p's buffer are this rank's, CTA `part`'s, this thread's.
                 unsafe {
-                    let v = if same_block { shared } else { load_unit(input.add(block_for(p)), block, u, size) };
+                    let v = if same_block { own_unit } else { load_unit(input.add(block_for(p)), block, u, size) };
                     send_unit(ll_win.lsa_ptr::<u64>(at(me, u), p as u32), v, flag);
                 }
             }
