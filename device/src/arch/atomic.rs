@@ -261,6 +261,32 @@ pub unsafe fn red_add_f32x4(p: *mut f32, value: [f32; 4], scope: Scope) {
     unsafe { imp::red_add_f32x4(p, value, scope) }
 }
 
+/// Two adjacent `u64` atomics in one instruction, relaxed: `ld.relaxed.{scope}.v2.u64`.
+/// Each word is single-copy atomic on its own, as if loaded by [`load`] (PTX models a
+/// vector access as one access per element, in no set order); the pair is not one atomic
+/// step. For protocols whose every word carries its own flag (the LL lines): one round trip
+/// to memory for two words.
+///
+/// # Safety
+/// `p` must be valid for reads of 16 bytes, 16-byte aligned, and every concurrent access to
+/// either word must be atomic.
+#[inline(always)]
+pub unsafe fn load_u64x2_relaxed(p: *const [u64; 2], scope: Scope) -> [u64; 2] {
+    // SAFETY: the caller upholds this function's contract.
+    unsafe { imp::load_u64x2_relaxed(p, scope) }
+}
+
+/// Stores two adjacent `u64`s in one instruction, each atomically and relaxed:
+/// `st.relaxed.{scope}.v2.u64` (as [`load_u64x2_relaxed`]: the pair is not one atomic step).
+///
+/// # Safety
+/// As [`load_u64x2_relaxed`], with `p` valid for writes.
+#[inline(always)]
+pub unsafe fn store_u64x2_relaxed(p: *mut [u64; 2], value: [u64; 2], scope: Scope) {
+    // SAFETY: the caller upholds this function's contract.
+    unsafe { imp::store_u64x2_relaxed(p, value, scope) }
+}
+
 /// Memory fence: `fence.{acq_rel|sc}.{scope}`.
 #[inline(always)]
 pub fn fence(order: FenceOrder, scope: Scope) {

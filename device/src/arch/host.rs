@@ -147,6 +147,22 @@ macro_rules! host_word {
 host_word!(u32, AtomicU32, load_u32, store_u32, add_u32, exch_u32, cas_u32, max_u32, red_u32);
 host_word!(u64, AtomicU64, load_u64, store_u64, add_u64, exch_u64, cas_u64, max_u64, red_u64);
 
+pub(super) unsafe fn load_u64x2_relaxed(p: *const [u64; 2], s: Scope) -> [u64; 2] {
+    let p = p as *const u64;
+    // SAFETY: the caller guarantees two aligned words only accessed atomically (contract of
+    // arch::atomic::load_u64x2_relaxed): each is loaded as `atomic::load` would.
+    unsafe { [load_u64(p, LoadOrder::Relaxed, s), load_u64(p.add(1), LoadOrder::Relaxed, s)] }
+}
+
+pub(super) unsafe fn store_u64x2_relaxed(p: *mut [u64; 2], v: [u64; 2], s: Scope) {
+    let p = p as *mut u64;
+    // SAFETY: as above (arch::atomic::store_u64x2_relaxed).
+    unsafe {
+        store_u64(p, v[0], StoreOrder::Relaxed, s);
+        store_u64(p.add(1), v[1], StoreOrder::Relaxed, s);
+    }
+}
+
 pub(super) unsafe fn red_add_f32x4(p: *mut f32, v: [f32; 4], _s: Scope) {
     if !emulator::effect_allowed() {
         return;

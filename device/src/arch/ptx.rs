@@ -253,6 +253,37 @@ pub(super) fn fence(o: FenceOrder, s: Scope) {
     }
 }
 
+macro_rules! ld_u64x2 {
+    ($p:ident, $scope:literal) => {{
+        let (a, b): (u64, u64);
+        // SAFETY: the caller guarantees 16 valid, aligned bytes (arch::atomic::load_u64x2_relaxed).
+        unsafe {
+            asm!(concat!("ld.relaxed", $scope, ".v2.u64 {{{a}, {b}}}, [{p}];"),
+                a = out(reg64) a, b = out(reg64) b, p = in(reg64) $p, options(nostack))
+        };
+        [a, b]
+    }};
+}
+macro_rules! st_u64x2 {
+    ($p:ident, $v:ident, $scope:literal) => {
+        // SAFETY: the caller guarantees 16 valid, aligned bytes (arch::atomic::store_u64x2_relaxed).
+        unsafe {
+            asm!(concat!("st.relaxed", $scope, ".v2.u64 [{p}], {{{a}, {b}}};"),
+                a = in(reg64) $v[0], b = in(reg64) $v[1], p = in(reg64) $p, options(nostack))
+        }
+    };
+}
+
+#[inline(always)]
+pub(super) unsafe fn load_u64x2_relaxed(p: *const [u64; 2], s: Scope) -> [u64; 2] {
+    scoped!(s, ld_u64x2!(p,))
+}
+
+#[inline(always)]
+pub(super) unsafe fn store_u64x2_relaxed(p: *mut [u64; 2], v: [u64; 2], s: Scope) {
+    scoped!(s, st_u64x2!(p, v,))
+}
+
 // ---- vector memory ---------------------------------------------------------------------
 
 #[inline(always)]

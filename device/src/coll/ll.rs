@@ -4,8 +4,10 @@
 //! # The lines
 //! A sender writes each 8 bytes of payload (a *unit*) into the receiver's LL buffer as two
 //! 8-byte *lines*, each holding 4 bytes of data in its low half and the call's flag in its
-//! high half, stored with one single-copy-atomic 8-byte store. A receiver polls the two
-//! lines of a unit until both carry this call's flag, then uses their data. One pass over
+//! high half. Both lines go in one instruction (`st.relaxed.sys.v2.u64`), each of them a
+//! single-copy-atomic 8-byte store. A receiver polls a unit's lines from every sender (up to
+//! [`SENDERS_AT_ONCE`] of them per round trip, one `ld.relaxed.sys.v2.u64` each) until
+//! both lines of each carry this call's flag, then uses their data. One pass over
 //! NVLink, no fence, no barrier round trip; half of every line is flag, so the protocol is
 //! for small messages ([`MAX_BYTES`] per sender at most; the host's tuner picks it below a
 //! threshold, `FERROLINK_PROTO` forces it).
@@ -24,6 +26,9 @@
 //! * *Data*: a receiver that loads a line (relaxed, system scope) and finds this call's
 //!   flag reads the data of the same store: one 8-byte location, written whole (PTX
 //!   single-copy atomicity and coherence). No other memory is published through a line.
+//!   The paired loads and stores change nothing here: PTX treats a vector access as one
+//!   access per element, so each line is still loaded and stored atomically on its own, and
+//!   a receiver checks each line's flag (never one line's flag for the other's data).
 //! * *Reuse*: lines of parity `q` of CTA index `b` are rewritten by the call whose flag has
 //!   the same parity next, at least two flags later. Between two LL calls of consecutive
 //!   flags `f`, `f + 1` nothing is reused. For flag `f + 2`, a sender `A` writes receiver
@@ -51,7 +56,7 @@
 //! order, with `Avg`'s steps where it takes them.
 
 use super::{CollArgs, CollElem, CollKind, DataType, Op, RedOp, ReductionBody, with_reduction};
-use crate::arch::{self, LoadOrder, Scope, StoreOrder, atomic};
+use crate::arch::{self, Scope, atomic};
 use crate::barrier::{BACKOFFS_PER_ABORT_CHECK, BarrierOrder, LsaBarrierSession, SPINS_BEFORE_BACKOFF};
 use crate::comm::{DevComm, error_code};
 use crate::coop::{Coop, CoopCta};
@@ -189,6 +194,12 @@ fn lanes64<T: CollElem>(a: u64, b: u64, f: impl Fn(T, T) -> T) -> u64 {
     r
 }
 
+/// Senders whose lines of one unit a thread loads together ([`Waits::wait_units`]): one
+/// round trip to memory for up to this many (an LSA domain of 8 GPUs, or 8 virtual ranks,
+/// in one), where a unit at a time paid one per sender (on the H200, 8 virtual ranks spent
+/// most of a 4 KiB all-reduce in those serial loads: PERF.md, issue 12 fourteenth part).
+pub const SENDERS_AT_ONCE: usize = 8;
+
 /// One thread's view of the call's waits: the flag they look for and whether it has
 /// written the barrier's wait record.
 struct Waits<'s, 'c> {
@@ -199,31 +210,49 @@ struct Waits<'s, 'c> {
 }
 
 impl Waits<'_, '_> {
-    /// The unit whose two lines are at `lines` (this rank's buffer), once both carry the
-    /// flag; `None` if the communicator was aborted meanwhile.
+    /// The units from senders `from .. from + SENDERS_AT_ONCE` (those below `to`, except
+    /// `skip`, whose entries stay 0), once both lines of each carry the flag; `None` if the
+    /// communicator was aborted meanwhile. `lines(s)` is sender `s`'s two lines of the unit
+    /// in this rank's buffer. Every poll loads the lines still awaited, all of them before
+    /// it looks at any, so that their round trips overlap.
     ///
     /// # Safety
-    /// `lines` is a unit of this rank's LL buffer, written by senders only with
+    /// Each `lines(s)` is a unit of this rank's LL buffer, written by senders only with
     /// [`send_unit`]'s atomic stores.
     #[inline(always)]
-    unsafe fn wait_unit(&mut self, lines: *const u64) -> Option<u64> {
+    unsafe fn wait_units(
+        &mut self,
+        lines: impl Fn(usize) -> *const [u64; 2],
+        from: usize,
+        to: usize,
+        skip: usize,
+    ) -> Option<[u64; SENDERS_AT_ONCE]> {
+        let mut units = [0u64; SENDERS_AT_ONCE];
+        // Bit k: sender `from + k` still awaited.
+        let mut awaited = 0u32;
+        for k in 0..SENDERS_AT_ONCE {
+            if from + k < to && from + k != skip {
+                awaited |= 1 << k;
+            }
+        }
         let mut polls = 0u32;
-        let mut lo = None;
         loop {
-            // SAFETY: the lines are this rank's (contract), accessed atomically only.
-            unsafe {
-                if lo.is_none() {
-                    let l = atomic::load(lines, LoadOrder::Relaxed, Scope::Sys);
-                    if (l >> 32) as u32 == self.flag {
-                        lo = Some(l & 0xffff_ffff);
-                    }
+            let mut seen = [[0u64; 2]; SENDERS_AT_ONCE];
+            for (k, pair) in seen.iter_mut().enumerate() {
+                if awaited & (1 << k) != 0 {
+                    // SAFETY: the sender's lines in this rank's buffer, accessed atomically
+                    // only (contract); 16-byte aligned (units are 16 bytes from an aligned base).
+                    *pair = unsafe { atomic::load_u64x2_relaxed(lines(from + k), Scope::Sys) };
                 }
-                if let Some(lo) = lo {
-                    let h = atomic::load(lines.add(1), LoadOrder::Relaxed, Scope::Sys);
-                    if (h >> 32) as u32 == self.flag {
-                        return Some(lo | (h << 32));
-                    }
+            }
+            for (k, &[lo, hi]) in seen.iter().enumerate() {
+                if awaited & (1 << k) != 0 && (lo >> 32) as u32 == self.flag && (hi >> 32) as u32 == self.flag {
+                    units[k] = (lo & 0xffff_ffff) | (hi << 32);
+                    awaited &= !(1 << k);
                 }
+            }
+            if awaited == 0 {
+                return Some(units);
             }
             // Wrapping (see the barrier's poll loop): abort checks go on however long it waits.
             polls = polls.wrapping_add(1);
@@ -244,18 +273,16 @@ impl Waits<'_, '_> {
     }
 }
 
-/// Stores `v` as the two lines at `lines` (a peer's buffer) with `flag`.
+/// Stores `v` as the two lines at `lines` (a peer's buffer) with `flag`, in one instruction
+/// (each line atomic on its own).
 ///
 /// # Safety
 /// `lines` is a unit of a peer's LL buffer that no one else writes in this call.
 #[inline(always)]
-unsafe fn send_unit(lines: *mut u64, v: u64, flag: u32) {
+unsafe fn send_unit(lines: *mut [u64; 2], v: u64, flag: u32) {
     let f = u64::from(flag) << 32;
-    // SAFETY: forwarded contract; 8-byte aligned (units are 16 bytes in a window).
-    unsafe {
-        atomic::store(lines, (v & 0xffff_ffff) | f, StoreOrder::Relaxed, Scope::Sys);
-        atomic::store(lines.add(1), (v >> 32) | f, StoreOrder::Relaxed, Scope::Sys);
-    }
+    // SAFETY: forwarded contract; 16-byte aligned (units are 16 bytes from an aligned base).
+    unsafe { atomic::store_u64x2_relaxed(lines, [(v & 0xffff_ffff) | f, (v >> 32) | f], Scope::Sys) };
 }
 
 /// The receiving side of a reduction: for each of this thread's units, the sources in LSA
@@ -275,7 +302,7 @@ struct ReceiveReduction<'a, 's, 'c, L> {
     n: usize,
 }
 
-impl<L: Fn(usize, usize) -> *const u64> ReductionBody for ReceiveReduction<'_, '_, '_, L> {
+impl<L: Fn(usize, usize) -> *const [u64; 2]> ReductionBody for ReceiveReduction<'_, '_, '_, L> {
     #[inline(always)]
     unsafe fn run<T: CollElem, O: Op>(self, avg: bool) {
         let size = core::mem::size_of::<T>();
@@ -284,20 +311,28 @@ impl<L: Fn(usize, usize) -> *const u64> ReductionBody for ReceiveReduction<'_, '
         let mut u = self.units.0 + coop.thread_rank();
         while u < self.units.1 {
             let mut acc = 0u64;
-            for s in 0..n {
-                let v = if s == self.me {
-                    // SAFETY: the input's block holds `block` bytes (caller's contract).
-                    unsafe { load_unit(self.own, self.block, u, size) }
-                } else {
-                    // SAFETY: the sender's lines of this unit in this rank's buffer.
-                    match unsafe { self.waits.wait_unit((self.lines)(s, u)) } {
-                        Some(v) => v,
-                        // Aborted: the host reports it.
-                        None => return,
-                    }
+            let mut from = 0;
+            while from < n {
+                // SAFETY: the senders' lines of this unit in this rank's buffer.
+                let Some(units) = (unsafe { self.waits.wait_units(|s| (self.lines)(s, u), from, n, self.me) }) else {
+                    // Aborted: the host reports it.
+                    return;
                 };
-                let v = if avg { lanes64::<T>(v, v, |x, _| x.avg_pre(n as u32)) } else { v };
-                acc = if s == 0 { v } else { lanes64::<T>(acc, v, O::apply) };
+                for (k, &unit) in units.iter().enumerate() {
+                    let s = from + k;
+                    if s >= n {
+                        break;
+                    }
+                    let v = if s == self.me {
+                        // SAFETY: the input's block holds `block` bytes (caller's contract).
+                        unsafe { load_unit(self.own, self.block, u, size) }
+                    } else {
+                        unit
+                    };
+                    let v = if avg { lanes64::<T>(v, v, |x, _| x.avg_pre(n as u32)) } else { v };
+                    acc = if s == 0 { v } else { lanes64::<T>(acc, v, O::apply) };
+                }
+                from += SENDERS_AT_ONCE;
             }
             if avg {
                 acc = lanes64::<T>(acc, acc, |x, _| x.avg_post(n as u32));
@@ -343,6 +378,7 @@ pub(super) unsafe fn run(
         || parts < grid(block)
         || block > MAX_BYTES
         || args.input == 0
+        || !base.is_multiple_of(16)
         || (ll_win.size as usize) < base.saturating_add(buffer_bytes(n))
     {
         comm.fail(
@@ -378,7 +414,7 @@ pub(super) unsafe fn run(
                 // peer p's buffer are this rank's, CTA `part`'s, this thread's.
                 unsafe {
                     let v = if same_block { own_unit } else { load_unit(input.add(block_for(p)), block, u, size) };
-                    send_unit(ll_win.lsa_ptr::<u64>(at(me, u), p as u32), v, flag);
+                    send_unit(ll_win.lsa_ptr::<[u64; 2]>(at(me, u), p as u32), v, flag);
                 }
             }
         }
@@ -387,7 +423,7 @@ pub(super) unsafe fn run(
     // Relaxed: the lines carry their own flags; the arrival only tells the watchdog.
     bar.arrive_with(BarrierOrder::Relaxed);
     let mut waits = Waits { bar: &bar, comm, flag, published: false };
-    let lines = |s: usize, unit: usize| ll_win.local_ptr::<u64>(at(s, unit)) as *const u64;
+    let lines = |s: usize, unit: usize| ll_win.local_ptr::<[u64; 2]>(at(s, unit)) as *const [u64; 2];
     match kind {
         CollKind::AllReduce | CollKind::ReduceScatter => {
             let body = ReceiveReduction {
@@ -410,25 +446,33 @@ pub(super) unsafe fn run(
             let dst = |s: usize| unsafe { recv.add(s * block) };
             let mut u = first + coop.thread_rank();
             while u < last {
-                for s in 0..n {
-                    if s == me {
-                        // This rank's own block, unless it is already there (in place).
-                        // SAFETY: (the pointer) the input holds the block (contract).
-                        let src = unsafe { input.add(block_for(me)) };
-                        if !core::ptr::eq(src, dst(me)) {
-                            // SAFETY: input and output hold the block; this thread alone
-                            // reads and writes unit `u` of it.
-                            unsafe { store_unit(dst(me), block, u, size, load_unit(src, block, u, size)) };
+                let mut from = 0;
+                while from < n {
+                    // SAFETY: the senders' lines of this unit in this rank's buffer.
+                    let Some(units) = (unsafe { waits.wait_units(|s| lines(s, u), from, n, me) }) else {
+                        return;
+                    };
+                    for (k, &v) in units.iter().enumerate() {
+                        let s = from + k;
+                        if s >= n {
+                            break;
                         }
-                    } else {
-                        // SAFETY: the sender's lines in this rank's buffer.
-                        let Some(v) = (unsafe { waits.wait_unit(lines(s, u)) }) else {
-                            return;
-                        };
-                        // SAFETY: the output holds sender s's block; this thread alone
-                        // writes unit `u` of it.
-                        unsafe { store_unit(dst(s), block, u, size, v) };
+                        if s == me {
+                            // This rank's own block, unless it is already there (in place).
+                            // SAFETY: (the pointer) the input holds the block (contract).
+                            let src = unsafe { input.add(block_for(me)) };
+                            if !core::ptr::eq(src, dst(me)) {
+                                // SAFETY: input and output hold the block; this thread alone
+                                // reads and writes unit `u` of it.
+                                unsafe { store_unit(dst(me), block, u, size, load_unit(src, block, u, size)) };
+                            }
+                        } else {
+                            // SAFETY: the output holds sender s's block; this thread alone
+                            // writes unit `u` of it.
+                            unsafe { store_unit(dst(s), block, u, size, v) };
+                        }
                     }
+                    from += SENDERS_AT_ONCE;
                 }
                 u += coop.size();
             }
