@@ -527,6 +527,11 @@ fn coll(dev: &Device, kind: perf::BenchOp, c: CollCli) -> ferrolink::Result<()> 
     }
     let avg = rows.iter().map(|r| r.out_of_place.2).sum::<f64>() / rows.len().max(1) as f64;
     println!("# Avg bus bandwidth    : {avg:.3}");
+    // With FERROLINK_HOST_PHASES=1: where the rank threads' time in the calls went (the
+    // last timed loop's: in place, or out of place, at the largest size).
+    for p in ferrolink::coll::host_phases().iter().filter(|p| p.calls > 0) {
+        println!("# host phase {:>12}: {:9} calls, {:8.2} us per call", p.name, p.calls, p.mean_us());
+    }
     if rows.iter().any(|r| r.out_of_place.3.is_some_and(|w| w > 0)) {
         return Err(ferrolink::Error::InvalidArgument(format!("{name}: wrong results (#wrong > 0)")));
     }

@@ -46,6 +46,7 @@
 //! (its completion, kept per slot, is waited for). The device side's argument is at
 //! `ferrolink_device::coll::group::serve`.
 
+use super::phases::{self, Phase};
 use crate::comm::Communicator;
 use crate::mem::window::Window;
 use crate::runtime::host_mapped::HostMapped;
@@ -383,6 +384,7 @@ impl GpuGroup {
             for e in &g.events {
                 stream.wait_for(e)?;
             }
+            phases::mark(Phase::StreamWaits);
             match work {
                 Work::Launch { module, threads } => {
                     let cfg = kernel_config(g.launch.count * g.launch.ctas_per_rank, threads);
@@ -438,6 +440,7 @@ impl GpuGroup {
             }
         }
         g.publish(&result);
+        phases::mark(Phase::Publish);
         result.map(drop)
     }
 
@@ -568,6 +571,7 @@ impl GpuGroup {
             }
             m.events.extend(arrival);
             let last = m.arrived.len() == self.members.len();
+            phases::mark(Phase::Arrive);
             if !last {
                 match wait {
                     Some(comm) => (comm, m.outcome.clone()),
@@ -596,6 +600,7 @@ impl GpuGroup {
         };
         let done = self.await_outcome(comm, purpose, seq, &outcome)?;
         stream.expect("a waiting member has a stream").follow(done);
+        phases::mark(Phase::AwaitLast);
         Ok(None)
     }
 

@@ -54,11 +54,14 @@ use ferrolink_device::kernels::copy::ferrolink_copy;
 pub use half::{bf16, f16};
 pub use p2p::{MAX_GROUP_OPS, P2pConfig, P2pGroup};
 pub use persistent::{DEFAULT_PERSISTENT_CTAS, PersistentConfig};
+use phases::Phase;
+pub use phases::{HostPhase, host_phases, reset_host_phases};
 use std::sync::Arc;
 
 pub(crate) mod group;
 pub mod p2p;
 pub mod persistent;
+pub(crate) mod phases;
 
 /// Up to how many bytes of `count` elements per sender the tuner picks the LL protocol
 /// inside one LSA domain (see [`Collective::proto`]).
@@ -323,6 +326,7 @@ impl Communicator {
     /// count, type, op and root; in debug builds, or with `FERROLINK_COLL_CHECK=1`, a mismatch
     /// is an error naming the ranks). Returns when the work is queued.
     pub fn collective<T: CollElem>(&self, coll: &Collective, input: Input<'_, T>, output: Output<'_, T>) -> Result<()> {
+        phases::begin();
         let n = self.nranks();
         let name = coll.name();
         // Across LSA domains: one-shot through GIN (`coll_gin`).
@@ -597,6 +601,7 @@ impl Communicator {
                     }
                 }
             };
+            phases::mark(Phase::Prepare);
             if persistent_ctas.is_some() {
                 // Persistent mode: the GPU's persistent kernel runs it.
                 let queued = self.enqueue_persistent(op, uses)?;
@@ -643,6 +648,7 @@ impl Communicator {
                 launch_own()?;
             }
         }
+        phases::begin();
         // (A reduce leaves non-root outputs as they are.)
         if out_via_recv && !(coll.kind == CollKind::Reduce && coll.root != self.rank()) {
             let r = recv_staging.expect("grown above");
@@ -654,6 +660,7 @@ impl Communicator {
             };
             launch_copy(stream, &ferrolink_copy, dst, src, out_bytes, copy_cfg(out_bytes))?;
         }
+        phases::mark(Phase::Finish);
         Ok(())
     }
 

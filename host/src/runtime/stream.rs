@@ -346,9 +346,13 @@ impl Stream {
             return Ok(Completion::new(reached, id));
         }
         self.core.wait_foreign(&*backend, &t)?;
+        // (Host-time phases of collective calls, with FERROLINK_HOST_PHASES=1.)
+        crate::coll::phases::mark(crate::coll::phases::Phase::Track);
         op(&*backend)?;
+        crate::coll::phases::mark(crate::coll::phases::Phase::Driver);
         let c = Completion::new(backend.record(false)?, id);
         self.core.record_uses(&self.dev, t, &c);
+        crate::coll::phases::mark(crate::coll::phases::Phase::Record);
         Ok(c)
     }
 

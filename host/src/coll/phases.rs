@@ -1,0 +1,173 @@
+//! Where the host's time in collective calls goes, by phase (`FERROLINK_HOST_PHASES=1`; see
+//! [`host_phases`]). A thread's phases are consecutive: [`begin`] starts the first, each
+//! [`mark`] ends one and starts the next.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// A phase of a collective call on the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// From the call to the meeting (or its own launch): checks, state, staging.
+    Prepare,
+    /// Bringing its entry to the meeting (arrival, the meeting's lock).
+    Arrive,
+    /// A member that is not last: waiting for the last one's launch.
+    AwaitLast,
+    /// The last member: making the work stream wait for the others' arrivals.
+    StreamWaits,
+    /// Ordering the launch after other streams' uses of what it uses (event waits).
+    Track,
+    /// The driver's launch (or hand-over) itself.
+    Driver,
+    /// Recording the launch's completion event and noting it in what it uses.
+    Record,
+    /// The last member: publishing the completion to the others.
+    Publish,
+    /// After the work is queued, to the call's return (copies out, the stream's following).
+    Finish,
+}
+
+const PHASES: [Phase; 9] = [
+    Phase::Prepare,
+    Phase::Arrive,
+    Phase::AwaitLast,
+    Phase::StreamWaits,
+    Phase::Track,
+    Phase::Driver,
+    Phase::Record,
+    Phase::Publish,
+    Phase::Finish,
+];
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Prepare => "prepare",
+            Phase::Arrive => "arrive",
+            Phase::AwaitLast => "await-last",
+            Phase::StreamWaits => "stream-waits",
+            Phase::Track => "track",
+            Phase::Driver => "driver",
+            Phase::Record => "record",
+            Phase::Publish => "publish",
+            Phase::Finish => "finish",
+        }
+    }
+}
+
+struct Sums {
+    nanos: [AtomicU64; PHASES.len()],
+    calls: [AtomicU64; PHASES.len()],
+}
+
+static SUMS: Sums = Sums { nanos: [const { AtomicU64::new(0) }; 9], calls: [const { AtomicU64::new(0) }; 9] };
+
+fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERROLINK_HOST_PHASES").ok().as_deref() == Some("1"))
+}
+
+thread_local! {
+    /// When this thread's current phase began (timing on).
+    static SINCE: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Starts timing this thread's next phase (the start of a call, or of its tail).
+pub(crate) fn begin() {
+    if enabled() {
+        SINCE.with(|s| s.set(Some(Instant::now())));
+    }
+}
+
+/// Ends this thread's current phase as `phase` (the time since [`begin`] or the last mark)
+/// and starts the next; nothing when timing is off or nothing began.
+pub(crate) fn mark(phase: Phase) {
+    if !enabled() {
+        return;
+    }
+    SINCE.with(|s| {
+        if let Some(t) = s.get() {
+            let now = Instant::now();
+            let i = phase as usize;
+            SUMS.nanos[i].fetch_add((now - t).as_nanos() as u64, Ordering::Relaxed);
+            SUMS.calls[i].fetch_add(1, Ordering::Relaxed);
+            s.set(Some(now));
+        }
+    });
+}
+
+/// One phase's sums ([`host_phases`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostPhase {
+    /// The phase: `prepare` (checks, state and staging before the meeting or launch),
+    /// `arrive` (bringing the entry to the GPU group's meeting), `await-last` (a member
+    /// waiting for the last one's launch), `stream-waits` (the last member's), `track`,
+    /// `driver` and `record` (a launch: ordering after other streams, the driver call, the
+    /// completion event), `publish` (the last member's), `finish` (after the work is queued).
+    pub name: &'static str,
+    /// Times it was timed (summed over every rank thread).
+    pub calls: u64,
+    /// Microseconds spent in it, summed.
+    pub total_us: f64,
+}
+
+impl HostPhase {
+    /// Mean microseconds per timed call (0 when never timed).
+    pub fn mean_us(&self) -> f64 {
+        if self.calls == 0 { 0.0 } else { self.total_us / self.calls as f64 }
+    }
+}
+
+/// The process's sums per phase of collective calls since the start or the last
+/// [`reset_host_phases`], all zero unless `FERROLINK_HOST_PHASES=1`. When ranks share a
+/// GPU, each call passes through a meeting of its members and one launch for all; whether
+/// a call's host time is its own preparation, the meeting, or the launch is what decides
+/// what to make faster. With the variable set, every collective call adds the time of each
+/// of its phases to process-wide sums (the perf tool prints them after its table); unset, a
+/// call costs one relaxed load more per phase.
+///
+/// ```
+/// use ferrolink::coll::{host_phases, reset_host_phases};
+/// reset_host_phases();
+/// let phases = host_phases();
+/// assert_eq!(phases[0].name, "prepare");
+/// // Nothing was timed since the reset (no call, and timing is off unless the variable is set).
+/// assert!(phases.iter().all(|p| p.calls == 0 && p.mean_us() == 0.0));
+/// ```
+pub fn host_phases() -> Vec<HostPhase> {
+    PHASES
+        .iter()
+        .map(|&p| HostPhase {
+            name: p.name(),
+            calls: SUMS.calls[p as usize].load(Ordering::Relaxed),
+            total_us: SUMS.nanos[p as usize].load(Ordering::Relaxed) as f64 / 1e3,
+        })
+        .collect()
+}
+
+/// Sets every phase's sums back to zero.
+pub fn reset_host_phases() {
+    for i in 0..PHASES.len() {
+        SUMS.nanos[i].store(0, Ordering::Relaxed);
+        SUMS.calls[i].store(0, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_are_named_in_order_and_means_divide() {
+        let names: Vec<_> = host_phases().iter().map(|p| p.name).collect();
+        assert_eq!(
+            names,
+            ["prepare", "arrive", "await-last", "stream-waits", "track", "driver", "record", "publish", "finish"]
+        );
+        let p = HostPhase { name: "launch", calls: 4, total_us: 10.0 };
+        assert_eq!(p.mean_us(), 2.5);
+        assert_eq!(HostPhase { calls: 0, ..p }.mean_us(), 0.0);
+    }
+}
