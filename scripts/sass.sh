@@ -33,4 +33,4 @@ PY
   rm -rf "$root/.tools/wheels"
 done
 echo "# $kernel in $cubin" >&2
-PATH="$bin:$PATH" "$bin/cuobjdump" -sass -fun "$kernel" "$cubin" | grep -E '/\*[0-9a-f]{4,5}\*/' | sed -E 's@ */\* 0x[0-9a-f]+ \*/@@; s/ +$//'
+PATH="$bin:$PATH" "$bin/cuobjdump" -sass -fun "$kernel" "$cubin" | grep -E '/\*[0-9a-f]{4,}\*/' | sed -E 's@ */\* 0x[0-9a-f]+ \*/@@; s/ +$//'

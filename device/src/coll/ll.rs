@@ -40,9 +40,13 @@
 //!   everything before it anyway.
 //! * *Freshness*: a line not written in this call holds the flag of an earlier call of the
 //!   same CTA index (or 0, never written), which differs from this call's flag until the
-//!   32-bit epoch wraps (2^32 arrivals on one index: about a day of back-to-back 20 µs
-//!   calls; a known limit). `recover` resets the epochs, so the host zeroes every LL buffer
-//!   then (a captured graph may replay a call on an old one).
+//!   32-bit epoch wraps (2^32 arrivals on one index). The host never lets it: it counts an
+//!   upper bound of the epochs (two per call, one per LL call), and an LL call that could
+//!   take it to 2^31 first renews the device communicator and the LL buffer (fresh barriers
+//!   from epoch 0, zeroed lines), on every rank in the same call. Replays of a captured
+//!   graph are not counted (a known limit: 2^31 replays of LL calls). `recover` resets the
+//!   epochs, so the host zeroes every LL buffer then (a captured graph may replay a call on
+//!   an old one).
 //! * *Diagnosis*: after its stores each sender arrives at barrier `b` (relaxed: it publishes
 //!   nothing: it is the index's only arrival in this kernel, and earlier rounds' writes were
 //!   performed when their kernels ended, see `crate::barrier`). A receiver whose data is

@@ -181,6 +181,16 @@ pub(crate) struct CollState {
     /// each is zeroed then (see [`after_recover`]). One per renewal of the device
     /// communicator, 2 MiB each at 8 ranks.
     ll_made: Vec<Window>,
+    /// An upper bound on the epoch that any collective barrier of the current device
+    /// communicator has reached (each call advances its barriers by two, an LL call by one):
+    /// an LL call that could take it to [`CollState::ll_epoch_limit`] renews the device
+    /// communicator and the LL buffer first, so that a flag never wraps to one that a stale
+    /// line still carries (`ferrolink_device::coll::ll`, *Freshness*). Every rank counts the
+    /// same calls, so every rank renews in the same call. Replays of a captured graph are
+    /// not counted.
+    ll_epochs: u64,
+    /// See [`CollState::ll_epochs`]: [`LL_EPOCH_LIMIT`] (lowered by tests).
+    ll_epoch_limit: u64,
     /// The ranks of this communicator on this rank's GPU in this process.
     pub(crate) group: Arc<group::GpuGroup>,
 }
@@ -193,13 +203,24 @@ impl CollState {
             // The ring now, before any of the group's kernels runs.
             group.prepare(comm.device())?;
         }
-        Ok(CollState { handle: None, send: None, recv: None, gather: None, ll: None, ll_made: Vec::new(), group })
+        Ok(CollState {
+            handle: None,
+            send: None,
+            recv: None,
+            gather: None,
+            ll: None,
+            ll_made: Vec::new(),
+            ll_epochs: 0,
+            ll_epoch_limit: LL_EPOCH_LIMIT,
+            group,
+        })
     }
 
     /// Replaces the device communicator (after the staging windows changed), with a new,
     /// zeroed LL buffer if `with_ll` (else none: see [`CollState::ll`]).
     fn renew_handle(&mut self, comm: &Communicator, with_ll: bool) -> Result<()> {
         self.ll = None;
+        self.ll_epochs = 0;
         if with_ll {
             let bytes = ll::buffer_bytes(comm.lsa_size());
             // Zero-filled (`mem_alloc`): no line carries a flag yet.
@@ -218,6 +239,12 @@ impl CollState {
         Ok(())
     }
 }
+
+/// The epoch bound at which an LL call renews the device communicator and its LL buffer
+/// ([`CollState::ll_epochs`]): half the 32-bit flag's range, far from its wrap, and about 10^9
+/// calls (hours of back-to-back calls) between renewals, which cost one collective window
+/// registration.
+const LL_EPOCH_LIMIT: u64 = 1 << 31;
 
 /// The collectives' state of `comm`, made by the first call.
 pub(crate) fn coll_state<'a>(comm: &Communicator, guard: &'a mut Option<CollState>) -> Result<&'a mut CollState> {
@@ -422,10 +449,13 @@ impl Communicator {
         // The device communicator after the windows (windows first, as for every device
         // communicator); a replaced one stays alive until its kernels have run. An LL call
         // without an LL buffer makes one, and a new device communicator with it (the
-        // flags restart: see `CollState::ll`); any other renewal drops it.
-        if grew || state.handle.is_none() || (ll && state.ll.is_none()) {
+        // flags restart: see `CollState::ll`), as does one whose flags could come near their
+        // wrap (`CollState::ll_epochs`); any other renewal drops it.
+        let ll_renews = ll && state.ll_epochs + 1 >= state.ll_epoch_limit;
+        if grew || state.handle.is_none() || (ll && state.ll.is_none()) || ll_renews {
             state.renew_handle(self, ll)?;
         }
+        state.ll_epochs += if ll { 1 } else { 2 };
         let handle = state.handle.as_ref().expect("made above");
         let copy_cfg = |bytes: usize| crate::ops::staging_copy_config(dev, bytes);
         // Split the output (no borrow of `output` outlives this).
@@ -960,4 +990,48 @@ fn gin_grid(bytes: usize) -> Result<u32> {
 /// up to 254 registers per thread on sm_90: 256 threads is the most a CTA can hold).
 pub(crate) fn threads(dev: &crate::Device) -> u32 {
     dev.launch_profile().coll_threads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::lifetime::lock;
+    use crate::testing::for_each_backend;
+    use crate::{Communicator, run_ranks};
+
+    /// An LL call that could take the barrier epochs to the limit renews the device
+    /// communicator and the LL buffer (a new, zeroed one: the flags restart), on every rank
+    /// in the same call, and results stay right across renewals; calls of the simple
+    /// protocol count twice.
+    #[test]
+    fn ll_renews_its_buffer_before_the_flags_could_wrap() {
+        for_each_backend("ll_renews_its_buffer_before_the_flags_could_wrap", |dev| {
+            let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+            let made = run_ranks(&comms, |c| {
+                let ll = Collective { proto: Some(proto::LL), ..Collective::new(CollKind::AllReduce, 300) };
+                let simple = Collective { proto: Some(proto::SIMPLE), ..ll };
+                let send = c.device().alloc_from(&vec![c.rank() as f32 + 1.0; 300])?;
+                let mut recv = c.device().alloc::<f32>(300)?;
+                c.collective(&ll, Input::Buffer(&send), Output::Buffer(&mut recv))?;
+                let made = |c: &Communicator| lock(&c.shared.coll).as_ref().map_or(0, |s| s.ll_made.len());
+                assert_eq!(made(c), 1, "the first LL call makes the buffer");
+                // From here: 1 (the call above), then renew when an LL call would reach 6.
+                lock(&c.shared.coll).as_mut().expect("made").ll_epoch_limit = 6;
+                let mut made_after = Vec::new();
+                for i in 0..8 {
+                    let c_ = if i == 3 { &simple } else { &ll };
+                    recv.copy_from_host(&[0.0; 300])?;
+                    c.collective(c_, Input::Buffer(&send), Output::Buffer(&mut recv))?;
+                    assert_eq!(recv.to_vec()?, vec![3.0f32; 300], "call {i}");
+                    made_after.push(made(c));
+                }
+                Ok(made_after)
+            })?;
+            // Epochs: 1 after the first call; LL calls 0..2 reach 2, 3, 4; the simple call 3
+            // reaches 6; LL call 4 would reach 7 >= 6: renewed (then 1); calls 5..7 reach 2, 3, 4.
+            let expected = vec![1, 1, 1, 1, 2, 2, 2, 2];
+            assert_eq!(made, vec![expected.clone(), expected], "both ranks renew in the same call");
+            Ok(())
+        });
+    }
 }
