@@ -70,8 +70,15 @@ use std::time::{Duration, Instant};
 pub(crate) const RING_SLOTS: usize = 32;
 
 /// How long a waiting member spins before it sleeps on the condition variable: a meeting of
-/// threads that call together ends within microseconds.
-const SPIN: Duration = Duration::from_micros(200);
+/// threads that call together ends within microseconds. `FERROLINK_GROUP_SPIN_US` sets it
+/// (0: sleep at once, leaving the CPUs to the member that launches).
+fn spin() -> Duration {
+    static SPIN: OnceLock<Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("FERROLINK_GROUP_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+        Duration::from_micros(us)
+    })
+}
 
 /// The group's ring of operation slots: written by the host in host-mapped memory, copied
 /// slot by slot into device memory by the stream that hands the operation to the persistent
@@ -174,18 +181,23 @@ impl Outcome {
     }
 }
 
-struct Meeting {
-    arrived: Vec<usize>,
-    ranks: LocalRanks,
-    /// The entries of a [`Purpose::Launch`].
-    launch: Box<GroupLaunch>,
-    ctas: u32,
-    mismatch: bool,
-    events: Vec<Completion>,
-    uses: Option<LaunchTracking>,
+/// One member's share of a meeting, made before it takes the meetings' lock (under which it
+/// is only pushed: 8 members arriving together queue on that lock).
+struct Arrival {
+    part: usize,
+    entry: Option<RankOp>,
+    served: bool,
+    control: u64,
     sync: Option<(Window, u64)>,
+    ctas: u32,
+    uses: LaunchTracking,
     /// Part 0's stream, when part 0 waits for the work: the work goes there.
     launch_stream: Option<Stream>,
+    event: Option<Completion>,
+}
+
+struct Meeting {
+    arrivals: Vec<Arrival>,
     outcome: Arc<Outcome>,
 }
 
@@ -265,7 +277,10 @@ pub(crate) struct GpuGroup {
     /// How many CTAs of the group's kernel the GPU holds at once (occupancy API; `None`: no
     /// limit), once asked.
     pub(crate) resident: OnceLock<Option<u64>>,
-    ring: Mutex<Option<Arc<Ring>>>,
+    /// Made once, by the first member to need it (it may allocate: before any kernel runs).
+    ring: OnceLock<Arc<Ring>>,
+    /// Serializes the ring's making (a failed attempt leaves it unmade).
+    ring_making: Mutex<()>,
     meetings: Mutex<HashMap<(Purpose, u64), Meeting>>,
     /// The persistent kernel's sync block and its device address, while it runs.
     pub(crate) persistent_sync: Mutex<Option<(Window, u64)>>,
@@ -333,7 +348,8 @@ impl GpuGroup {
     fn new(members: Vec<usize>) -> GpuGroup {
         GpuGroup {
             resident: OnceLock::new(),
-            ring: Mutex::new(None),
+            ring: OnceLock::new(),
+            ring_making: Mutex::new(()),
             meetings: Mutex::new(HashMap::new()),
             persistent_sync: Mutex::new(None),
             side: Mutex::new(None),
@@ -401,10 +417,10 @@ impl GpuGroup {
                 Work::Persistent { sync, wait } => {
                     let mut uses = uses;
                     (&sync.0).track(&mut uses);
-                    let copy = lock(&self.ring)
-                        .as_ref()
-                        .map(|r| r.slot_copy(seq))
-                        .ok_or_else(|| Error::InvalidArgument("persistent mode: the GPU group has no ring".into()))?;
+                    let copy =
+                        self.ring.get().map(|r| r.slot_copy(seq)).ok_or_else(|| {
+                            Error::InvalidArgument("persistent mode: the GPU group has no ring".into())
+                        })?;
                     let sync = sync.1;
                     let (seq_word, completed_word) = (sync + SEQ_OFFSET as u64, sync + COMPLETED_OFFSET as u64);
                     let writes = [(seq_word, seq, 8u32)];
@@ -450,12 +466,16 @@ impl GpuGroup {
         self.ring(dev).map(drop)
     }
 
-    fn ring(&self, dev: &crate::Device) -> Result<Arc<Ring>> {
-        let mut ring = lock(&self.ring);
-        if ring.is_none() {
-            *ring = Some(Arc::new(Ring::new(dev, self.members.len())?));
+    fn ring(&self, dev: &crate::Device) -> Result<&Arc<Ring>> {
+        if let Some(r) = self.ring.get() {
+            return Ok(r);
         }
-        Ok(ring.as_ref().expect("made above").clone())
+        let _making = lock(&self.ring_making);
+        if self.ring.get().is_none() {
+            let r = Arc::new(Ring::new(dev, self.members.len())?);
+            let _ = self.ring.set(r);
+        }
+        Ok(self.ring.get().expect("made above"))
     }
 
     /// A stream of the group's for launches that cannot go on the caller's stream (it is
@@ -480,7 +500,7 @@ impl GpuGroup {
 
     /// Tracks the ring in `t` as held by the work (it reads it).
     pub(crate) fn hold_ring(&self, t: &mut LaunchTracking) {
-        if let Some(r) = lock(&self.ring).as_ref() {
+        if let Some(r) = self.ring.get() {
             t.holds.push(r.mem.uses.clone());
             t.holds.push(r.device.uses().clone());
         }
@@ -488,7 +508,7 @@ impl GpuGroup {
 
     /// Tracks the ring in `t` as kept by long-lived work (the persistent kernel).
     pub(crate) fn keep_ring(&self, t: &mut LaunchTracking) {
-        if let Some(r) = lock(&self.ring).as_ref() {
+        if let Some(r) = self.ring.get() {
             t.keeps.push(r.mem.uses.clone());
             t.keeps.push(r.device.uses().clone());
         }
@@ -518,59 +538,23 @@ impl GpuGroup {
         // The arrival, outside the meeting's lock (the members record theirs at once; in a
         // loop of collectives it is the previous one's completion, recorded already). The
         // last member's counts too: the work may go on another member's stream.
-        let arrival = match stream {
+        let event = match stream {
             Some(s) if self.members.len() > 1 => Some(s.arrival()?),
             _ => None,
         };
+        let launch_stream = match stream {
+            Some(s) if p == 0 && wait.is_some() => Some(s.share()),
+            _ => None,
+        };
+        let arrival = Arrival { part: p, entry, served, control, sync, ctas, uses, launch_stream, event };
         let (comm, outcome) = {
             let mut meetings = lock(&self.meetings);
             let m = meetings.entry((purpose, seq)).or_insert_with(|| Meeting {
-                arrived: Vec::new(),
-                ranks: LocalRanks {
-                    ring: ring.device.addr(),
-                    slots: RING_SLOTS as u32,
-                    count: self.members.len() as u32,
-                    ..LocalRanks::default()
-                },
-                launch: Box::default(),
-                ctas,
-                mismatch: false,
-                events: Vec::new(),
-                uses: None,
-                sync: None,
-                launch_stream: None,
+                arrivals: Vec::with_capacity(self.members.len()),
                 outcome: Arc::default(),
             });
-            m.arrived.push(p);
-            m.ranks.controls[p] = control;
-            if let Some(e) = &entry
-                && purpose == Purpose::Launch
-            {
-                m.launch.set(p, e);
-            }
-            if !served {
-                m.ranks.skip |= 1 << p;
-            }
-            if let Some((window, addr)) = sync
-                && (m.sync.is_none() || p == 0)
-            {
-                m.ranks.sync = addr;
-                m.sync = Some((window, addr));
-            }
-            m.mismatch |= m.ctas != ctas;
-            m.ctas = m.ctas.max(ctas);
-            match m.uses.as_mut() {
-                Some(u) => u.absorb(uses),
-                None => m.uses = Some(uses),
-            }
-            if p == 0
-                && wait.is_some()
-                && let Some(s) = stream
-            {
-                m.launch_stream = Some(s.share());
-            }
-            m.events.extend(arrival);
-            let last = m.arrived.len() == self.members.len();
+            m.arrivals.push(arrival);
+            let last = m.arrivals.len() == self.members.len();
             phases::mark(Phase::Arrive);
             if !last {
                 match wait {
@@ -579,23 +563,8 @@ impl GpuGroup {
                 }
             } else {
                 let m = meetings.remove(&(purpose, seq)).expect("present");
-                if m.mismatch {
-                    tracing::error!(target: "ferrolink::coll", ?purpose, seq, "ranks sharing a GPU asked for different grids");
-                }
-                let mut ranks = m.ranks;
-                ranks.ctas_per_rank = m.ctas;
-                let mut launch = m.launch;
-                (launch.count, launch.ctas_per_rank, launch.skip) = (ranks.count, ranks.ctas_per_rank, ranks.skip);
-                let uses = m.uses.expect("set by the first member");
-                return Ok(Some(Gathered {
-                    ranks,
-                    launch,
-                    events: m.events,
-                    launch_stream: m.launch_stream,
-                    uses,
-                    sync: m.sync,
-                    outcome: Some(m.outcome),
-                }));
+                drop(meetings);
+                return Ok(Some(self.gather(purpose, seq, ring, m)));
             }
         };
         let done = self.await_outcome(comm, purpose, seq, &outcome)?;
@@ -604,10 +573,64 @@ impl GpuGroup {
         Ok(None)
     }
 
+    /// The last member's gathering of meeting `(purpose, seq)`'s arrivals into the work's
+    /// parameters (outside the meetings' lock).
+    fn gather(&self, purpose: Purpose, seq: u64, ring: &Ring, m: Meeting) -> Gathered {
+        let mut ranks = LocalRanks {
+            ring: ring.device.addr(),
+            slots: RING_SLOTS as u32,
+            count: self.members.len() as u32,
+            ..LocalRanks::default()
+        };
+        let mut launch = Box::<GroupLaunch>::default();
+        let mut events = Vec::with_capacity(m.arrivals.len());
+        let (mut uses, mut sync, mut launch_stream): (Option<LaunchTracking>, Option<(Window, u64)>, _) =
+            (None, None, None);
+        let ctas = m.arrivals.iter().map(|a| a.ctas).max().unwrap_or(0);
+        if m.arrivals.iter().any(|a| a.ctas != ctas) {
+            tracing::error!(target: "ferrolink::coll", ?purpose, seq, "ranks sharing a GPU asked for different grids");
+        }
+        for a in m.arrivals {
+            ranks.controls[a.part] = a.control;
+            if let Some(e) = &a.entry
+                && purpose == Purpose::Launch
+            {
+                launch.set(a.part, e);
+            }
+            if !a.served {
+                ranks.skip |= 1 << a.part;
+            }
+            // The sync block: part 0's, else the first brought.
+            if let Some((window, addr)) = a.sync
+                && (sync.is_none() || a.part == 0)
+            {
+                ranks.sync = addr;
+                sync = Some((window, addr));
+            }
+            match uses.as_mut() {
+                Some(u) => u.absorb(a.uses),
+                None => uses = Some(a.uses),
+            }
+            launch_stream = launch_stream.or(a.launch_stream);
+            events.extend(a.event);
+        }
+        ranks.ctas_per_rank = ctas;
+        (launch.count, launch.ctas_per_rank, launch.skip) = (ranks.count, ranks.ctas_per_rank, ranks.skip);
+        Gathered {
+            ranks,
+            launch,
+            events,
+            launch_stream,
+            uses: uses.expect("the last member's at least"),
+            sync,
+            outcome: Some(m.outcome),
+        }
+    }
+
     /// Notes that the work `c` read the ring slot of operation `seq` (the slot is rewritten
     /// only after it).
     pub(crate) fn slot_used(&self, seq: u64, c: &Completion) {
-        if let Some(r) = lock(&self.ring).as_ref() {
+        if let Some(r) = self.ring.get() {
             lock(&r.last_use)[(seq % RING_SLOTS as u64) as usize] = Some(c.clone());
         }
     }
@@ -615,7 +638,7 @@ impl GpuGroup {
     /// Waits on the host for the last member's outcome of meeting `(purpose, seq)`.
     fn await_outcome(&self, comm: &Communicator, purpose: Purpose, seq: u64, o: &Outcome) -> Result<Completion> {
         let start = Instant::now();
-        while !o.ready.load(Ordering::Acquire) && start.elapsed() < SPIN {
+        while !o.ready.load(Ordering::Acquire) && start.elapsed() < spin() {
             std::hint::spin_loop();
         }
         let config = comm.config();
@@ -654,7 +677,8 @@ impl GpuGroup {
     /// The members that have not arrived at meeting `(purpose, seq)` (world ranks).
     fn missing(&self, purpose: Purpose, seq: u64) -> Vec<usize> {
         let meetings = lock(&self.meetings);
-        let arrived = meetings.get(&(purpose, seq)).map(|m| m.arrived.clone()).unwrap_or_default();
+        let arrived: Vec<usize> =
+            meetings.get(&(purpose, seq)).map(|m| m.arrivals.iter().map(|a| a.part).collect()).unwrap_or_default();
         (0..self.members.len()).filter(|p| !arrived.contains(p)).map(|p| self.members[p]).collect()
     }
 
