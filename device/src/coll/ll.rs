@@ -198,10 +198,11 @@ fn lanes64<T: CollElem>(a: u64, b: u64, f: impl Fn(T, T) -> T) -> u64 {
     r
 }
 
-/// Senders whose lines of one unit a thread loads together ([`Waits::wait_units`]): one
+/// Senders whose lines of one unit a thread loads together (`Waits::wait_units`): one
 /// round trip to memory for up to this many (an LSA domain of 8 GPUs, or 8 virtual ranks,
-/// in one), where a unit at a time paid one per sender (on the H200, 8 virtual ranks spent
-/// most of a 4 KiB all-reduce in those serial loads: PERF.md, issue 12 fourteenth part).
+/// in one), where a unit at a time paid one per sender (on the H200, the warps of the 8
+/// virtual ranks' 4 KiB all-reduce kernel stalled mostly on those serial loads: PERF.md,
+/// issue 12 fourteenth part).
 pub const SENDERS_AT_ONCE: usize = 8;
 
 /// One thread's view of the call's waits: the flag they look for and whether it has
