@@ -14,7 +14,8 @@ bash scripts/check-ptx.sh
 bundle="$root/gpu-bundle"
 rm -rf "$bundle" && mkdir -p "$bundle/bin"
 
-# Test executables of the workspace's integration tests, as cargo reports them.
+# Test executables of the workspace's integration tests, as cargo reports them, and the host
+# crate's unit tests (`test-lib`: some run on both backends, as `for_each_backend` does).
 cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys
@@ -24,6 +25,9 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"] \
        and m["profile"]["test"]:
         print(m["target"]["name"], m["executable"])
+    elif m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "ferrolink" \
+       and m["target"]["kind"] == ["lib"] and m["profile"]["test"]:
+        print("lib", m["executable"])
 ' | while read -r name exe; do
   # The launcher's tests start the binary at its build path: they run in CI, not on the GPU.
   [ "$name" = launcher ] && continue
