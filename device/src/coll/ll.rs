@@ -212,12 +212,16 @@ struct Waits<'s, 'c> {
     comm: &'c DevComm,
     flag: u32,
     published: bool,
+    /// The units of the last [`Waits::wait_units`]. Here, not returned: one array for every
+    /// element type and reduction the call's code has (returned, each of the 35 reduction
+    /// bodies kept an array of its own in the kernels' stack frames, about 2 KB more).
+    units: [u64; SENDERS_AT_ONCE],
 }
 
 impl Waits<'_, '_> {
-    /// The units from senders `from .. from + SENDERS_AT_ONCE` (those below `to`, except
-    /// `skip`, whose entries stay 0), once both lines of each carry the flag; `None` if the
-    /// communicator was aborted meanwhile. `lines(s)` is sender `s`'s two lines of the unit
+    /// Puts the units from senders `from .. from + SENDERS_AT_ONCE` (those below `to`,
+    /// except `skip`, whose entries are left as they are) into `self.units`, once both lines
+    /// of each carry the flag; false if the communicator was aborted meanwhile. `lines(s)` is sender `s`'s two lines of the unit
     /// in this rank's buffer. Every poll loads the lines still awaited, all of them before
     /// it looks at any, so that their round trips overlap.
     ///
@@ -231,8 +235,7 @@ impl Waits<'_, '_> {
         from: usize,
         to: usize,
         skip: usize,
-    ) -> Option<[u64; SENDERS_AT_ONCE]> {
-        let mut units = [0u64; SENDERS_AT_ONCE];
+    ) -> bool {
         // Bit k: sender `from + k` still awaited.
         let mut awaited = 0u32;
         for k in 0..SENDERS_AT_ONCE {
@@ -252,12 +255,12 @@ impl Waits<'_, '_> {
             }
             for (k, &[lo, hi]) in seen.iter().enumerate() {
                 if awaited & (1 << k) != 0 && (lo >> 32) as u32 == self.flag && (hi >> 32) as u32 == self.flag {
-                    units[k] = (lo & 0xffff_ffff) | (hi << 32);
+                    self.units[k] = (lo & 0xffff_ffff) | (hi << 32);
                     awaited &= !(1 << k);
                 }
             }
             if awaited == 0 {
-                return Some(units);
+                return true;
             }
             // Wrapping (see the barrier's poll loop): abort checks go on however long it waits.
             polls = polls.wrapping_add(1);
@@ -270,7 +273,7 @@ impl Waits<'_, '_> {
                 if (polls - SPINS_BEFORE_BACKOFF).is_multiple_of(BACKOFFS_PER_ABORT_CHECK)
                     && self.comm.abort_requested()
                 {
-                    return None;
+                    return false;
                 }
                 arch::spin_wait_hint(64);
             }
@@ -319,11 +322,11 @@ impl<L: Fn(usize, usize) -> *const [u64; 2]> ReductionBody for ReceiveReduction<
             let mut from = 0;
             while from < n {
                 // SAFETY: the senders' lines of this unit in this rank's buffer.
-                let Some(units) = (unsafe { self.waits.wait_units(|s| (self.lines)(s, u), from, n, self.me) }) else {
+                if !unsafe { self.waits.wait_units(|s| (self.lines)(s, u), from, n, self.me) } {
                     // Aborted: the host reports it.
                     return;
-                };
-                for (k, &unit) in units.iter().enumerate() {
+                }
+                for (k, &unit) in self.waits.units.iter().enumerate() {
                     let s = from + k;
                     if s >= n {
                         break;
@@ -427,7 +430,7 @@ pub(super) unsafe fn run(
     }
     // Relaxed: the lines carry their own flags; the arrival only tells the watchdog.
     bar.arrive_with(BarrierOrder::Relaxed);
-    let mut waits = Waits { bar: &bar, comm, flag, published: false };
+    let mut waits = Waits { bar: &bar, comm, flag, published: false, units: [0; SENDERS_AT_ONCE] };
     let lines = |s: usize, unit: usize| ll_win.local_ptr::<[u64; 2]>(at(s, unit)) as *const [u64; 2];
     match kind {
         CollKind::AllReduce | CollKind::ReduceScatter => {
@@ -454,10 +457,10 @@ pub(super) unsafe fn run(
                 let mut from = 0;
                 while from < n {
                     // SAFETY: the senders' lines of this unit in this rank's buffer.
-                    let Some(units) = (unsafe { waits.wait_units(|s| lines(s, u), from, n, me) }) else {
+                    if !unsafe { waits.wait_units(|s| lines(s, u), from, n, me) } {
                         return;
-                    };
-                    for (k, &v) in units.iter().enumerate() {
+                    }
+                    for (k, &v) in waits.units.iter().enumerate() {
                         let s = from + k;
                         if s >= n {
                             break;
