@@ -221,9 +221,10 @@ struct Waits<'s, 'c> {
 impl Waits<'_, '_> {
     /// Puts the units from senders `from .. from + SENDERS_AT_ONCE` (those below `to`,
     /// except `skip`, whose entries are left as they are) into `self.units`, once both lines
-    /// of each carry the flag; false if the communicator was aborted meanwhile. `lines(s)` is sender `s`'s two lines of the unit
-    /// in this rank's buffer. Every poll loads the lines still awaited, all of them before
-    /// it looks at any, so that their round trips overlap.
+    /// of each carry the flag; false if the communicator was aborted meanwhile. `lines(s)`
+    /// is sender `s`'s two lines of the unit in this rank's buffer. Every poll loads the
+    /// lines still awaited, all of them before it looks at any, so that their round trips
+    /// overlap.
     ///
     /// # Safety
     /// Each `lines(s)` is a unit of this rank's LL buffer, written by senders only with

@@ -46,7 +46,6 @@
 //! (its completion, kept per slot, is waited for). The device side's argument is at
 //! `ferrolink_device::coll::group::serve`.
 
-use super::phases::{self, Phase};
 use crate::comm::Communicator;
 use crate::mem::window::Window;
 use crate::runtime::host_mapped::HostMapped;
@@ -55,6 +54,7 @@ use crate::runtime::launch::{LaunchArg, LaunchTracking};
 use crate::runtime::lifetime::{Completion, lock};
 use crate::runtime::memory::DeviceBuffer;
 use crate::runtime::module::Module;
+use crate::runtime::phases::{self, Phase};
 use crate::runtime::stream::Stream;
 use crate::{Error, Result};
 use ferrolink_device::coll::group::{

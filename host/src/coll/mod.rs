@@ -44,6 +44,8 @@ use crate::ops::launch_copy;
 use crate::runtime::launch::LaunchArg;
 use crate::runtime::launch::LaunchConfig;
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
+use crate::runtime::phases::{self, Phase};
+pub use crate::runtime::phases::{HostPhase, host_phases, reset_host_phases};
 use crate::{Error, Result};
 use ferrolink_device::coll::CollArgs;
 use ferrolink_device::coll::group::{CollOp, RankOp};
@@ -54,14 +56,11 @@ use ferrolink_device::kernels::copy::ferrolink_copy;
 pub use half::{bf16, f16};
 pub use p2p::{MAX_GROUP_OPS, P2pConfig, P2pGroup};
 pub use persistent::{DEFAULT_PERSISTENT_CTAS, PersistentConfig};
-use phases::Phase;
-pub use phases::{HostPhase, host_phases, reset_host_phases};
 use std::sync::Arc;
 
 pub(crate) mod group;
 pub mod p2p;
 pub mod persistent;
-pub(crate) mod phases;
 
 /// Up to how many bytes of `count` elements per sender the tuner picks the LL protocol
 /// inside one LSA domain (see [`Collective::proto`]).

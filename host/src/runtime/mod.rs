@@ -15,6 +15,7 @@ pub mod launch;
 pub mod lifetime;
 pub mod memory;
 pub mod module;
+pub(crate) mod phases;
 pub mod stream;
 
 pub use backend_kind::Backend;

@@ -347,12 +347,12 @@ impl Stream {
         }
         self.core.wait_foreign(&*backend, &t)?;
         // (Host-time phases of collective calls, with FERROLINK_HOST_PHASES=1.)
-        crate::coll::phases::mark(crate::coll::phases::Phase::Track);
+        super::phases::mark(super::phases::Phase::Track);
         op(&*backend)?;
-        crate::coll::phases::mark(crate::coll::phases::Phase::Driver);
+        super::phases::mark(super::phases::Phase::Driver);
         let c = Completion::new(backend.record(false)?, id);
         self.core.record_uses(&self.dev, t, &c);
-        crate::coll::phases::mark(crate::coll::phases::Phase::Record);
+        super::phases::mark(super::phases::Phase::Record);
         Ok(c)
     }
 

@@ -1,5 +1,6 @@
 //! Where the host's time in collective calls goes, by phase (`FERROLINK_HOST_PHASES=1`; see
-//! [`host_phases`]). A thread's phases are consecutive: [`begin`] starts the first, each
+//! [`host_phases`], public as `ferrolink::coll::host_phases`). Here, in the runtime, because
+//! the launch path's phases (track, driver, record) are marked in `Stream`. A thread's phases are consecutive: [`begin`] starts the first, each
 //! [`mark`] ends one and starts the next.
 
 use std::sync::OnceLock;
@@ -15,7 +16,8 @@ pub(crate) enum Phase {
     Arrive,
     /// A member that is not last: waiting for the last one's launch.
     AwaitLast,
-    /// The last member: making the work stream wait for the others' arrivals.
+    /// The last member: gathering the members' entries into the launch, and making the work
+    /// stream wait for their arrivals.
     StreamWaits,
     /// Ordering the launch after other streams' uses of what it uses (event waits).
     Track,
@@ -62,7 +64,8 @@ struct Sums {
     calls: [AtomicU64; PHASES.len()],
 }
 
-static SUMS: Sums = Sums { nanos: [const { AtomicU64::new(0) }; 9], calls: [const { AtomicU64::new(0) }; 9] };
+static SUMS: Sums =
+    Sums { nanos: [const { AtomicU64::new(0) }; PHASES.len()], calls: [const { AtomicU64::new(0) }; PHASES.len()] };
 
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
@@ -103,7 +106,8 @@ pub(crate) fn mark(phase: Phase) {
 pub struct HostPhase {
     /// The phase: `prepare` (checks, state and staging before the meeting or launch),
     /// `arrive` (bringing the entry to the GPU group's meeting), `await-last` (a member
-    /// waiting for the last one's launch), `stream-waits` (the last member's), `track`,
+    /// waiting for the last one's launch), `stream-waits` (the last member's: gathering the entries, its stream's
+    /// waits), `track`,
     /// `driver` and `record` (a launch: ordering after other streams, the driver call, the
     /// completion event), `publish` (the last member's), `finish` (after the work is queued).
     pub name: &'static str,
