@@ -106,10 +106,10 @@ pub(crate) fn mark(phase: Phase) {
 pub struct HostPhase {
     /// The phase: `prepare` (checks, state and staging before the meeting or launch),
     /// `arrive` (bringing the entry to the GPU group's meeting), `await-last` (a member
-    /// waiting for the last one's launch), `stream-waits` (the last member's: gathering the entries, its stream's
-    /// waits), `track`,
-    /// `driver` and `record` (a launch: ordering after other streams, the driver call, the
-    /// completion event), `publish` (the last member's), `finish` (after the work is queued).
+    /// waiting for the last one's launch), `stream-waits` (the last member's: gathering the
+    /// entries, its stream's waits), `track`, `driver` and `record` (a launch: ordering after
+    /// other streams, the driver call, the completion event), `publish` (the last member's),
+    /// `finish` (after the work is queued).
     pub name: &'static str,
     /// Times it was timed (summed over every rank thread).
     pub calls: u64,
