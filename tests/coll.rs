@@ -835,9 +835,10 @@ fn an_abort_ends_a_call_waiting_for_the_other_ranks_of_its_gpu() {
     });
 }
 
-/// Ranks sharing a GPU meet on the host: rank 0 called from the only thread waits for rank 1,
-/// and after the communicator's timeout the call fails naming rank 1 and saying why (no hang);
-/// after `recover` both ranks' calls meet again.
+/// Ranks sharing a GPU meet on the host: rank 0's call returns before the shared launch is
+/// queued (rank 1, the last to call, would queue it), and waiting for its stream waits for
+/// rank 1; after the communicator's timeout that wait fails naming rank 1 and saying why (no
+/// hang), and the launch never runs; after `recover` both ranks' calls meet again.
 #[test]
 fn a_rank_whose_gpu_partner_never_calls_times_out_naming_it() {
     ferrolink::testing::for_each_backend("shared_gpu_timeout", |dev| {
@@ -851,9 +852,8 @@ fn a_rank_whose_gpu_partner_never_calls_times_out_naming_it() {
         let single = Collective { check: Some(false), ..Collective::new(CollKind::AllReduce, 16) };
         // Both ranks make the collectives' resources (collective), then rank 0 calls alone.
         reductions_in::<f32>(&comms, &[16], &[Form::Buffers])?;
-        let err = comms[0]
-            .collective::<f32>(&single, Input::Buffer(&send), Output::Buffer(&mut recv))
-            .expect_err("rank 1 never calls");
+        comms[0].collective::<f32>(&single, Input::Buffer(&send), Output::Buffer(&mut recv))?;
+        let err = comms[0].synchronize().expect_err("rank 1 never calls");
         let text = err.to_string();
         check(text.contains("rank 0 waits on the host for ranks [1]") && text.contains("thread of its own"), || {
             format!("the timeout: {text}")
@@ -863,6 +863,44 @@ fn a_rank_whose_gpu_partner_never_calls_times_out_naming_it() {
         // their calls meet again (every result checked).
         ferrolink::recover(&comms)?;
         reductions_in::<f32>(&comms, &[16, 37], &[Form::Buffers, Form::InPlace])
+    });
+}
+
+/// A host-launched collective of ranks sharing a GPU returns before the shared launch is
+/// queued (the last rank to call queues it), so one thread may call each rank in turn once
+/// the collectives' resources are made; what a call uses stays alive until the launch has
+/// run even when dropped at once (each rank's input here, dropped before the next rank
+/// calls), and every result is checked, for both protocols, round after round.
+#[test]
+fn ranks_sharing_a_gpu_called_in_turn_from_one_thread() {
+    ferrolink::testing::for_each_backend("shared_gpu_in_turn", |dev| {
+        let n = 3;
+        let comms = comms_of(dev, n)?;
+        for (count, proto) in [(1000usize, proto::LL), (20_000, proto::SIMPLE)] {
+            // The resources first (a collective call that may allocate: every rank at once).
+            reductions_in::<f32>(&comms, &[count], &[Form::Buffers])?;
+            let call =
+                Collective { check: Some(false), proto: Some(proto), ..Collective::new(CollKind::AllReduce, count) };
+            let mut outs = (0..n).map(|_| dev.alloc::<f32>(count)).collect::<ferrolink::Result<Vec<_>>>()?;
+            let input = |rank: usize, round: usize, i: usize| ((rank * 7 + round * 3 + i) % 1024) as f32;
+            for round in 0..3 {
+                for (rank, (c, out)) in comms.iter().zip(&mut outs).enumerate() {
+                    let values: Vec<f32> = (0..count).map(|i| input(rank, round, i)).collect();
+                    let send = dev.alloc_from(&values)?;
+                    c.collective::<f32>(&call, Input::Buffer(&send), Output::Buffer(out))?;
+                    drop(send);
+                }
+                for (rank, (c, out)) in comms.iter().zip(&outs).enumerate() {
+                    c.synchronize()?;
+                    let got = out.to_vec()?;
+                    let bad = (0..count).find(|&i| got[i] != (0..n).map(|r| input(r, round, i)).sum::<f32>());
+                    check(bad.is_none(), || {
+                        format!("{proto:?} round {round}: rank {rank}'s element {bad:?} is {:?}", bad.map(|i| got[i]))
+                    })?;
+                }
+            }
+        }
+        Ok(())
     });
 }
 

@@ -7,19 +7,39 @@
 //! CTA reads host memory: one read of host memory from an SM took about 18 µs on the H200);
 //! for the persistent kernel each member writes its entry into the group's ring slot for
 //! the call (host-mapped memory: no stream work to hand it over). Each member marks its
-//! *arrival* on its stream (after its earlier work, such as staging copies: an event) and,
-//! unless it is the last, waits on the host. The last makes the *work stream* wait for the
-//! arrivals, then either launches the kernel for every member (one launch for the GPU
-//! instead of one per rank) or, in persistent mode, hands the operation to the running kernel
-//! with a copy of the ring slot, a stream write of its sequence number and a stream wait for
-//! its completion word; it publishes the completion of that work, and every member's stream
-//! *follows* it (`Stream::follow`).
+//! *arrival* on its stream (after its earlier work, such as staging copies: an event). The
+//! last to arrive makes the stream doing the work wait for the arrivals, then either
+//! launches the kernel for every member (one launch for the GPU instead of one per rank) or,
+//! in persistent mode, hands the operation to the running kernel with a copy of the ring
+//! slot, a stream write of its sequence number and a stream wait for its completion word; it
+//! publishes the completion of that work, and every member's stream *follows* it
+//! (`Stream::follow`).
 //!
-//! The work stream is part 0's stream when part 0 waits for the work, so that consecutive
-//! calls use one stream; following is lazy (a stream queues the event wait only before
-//! other work), and a member whose stream queued nothing since the last call arrives with
-//! that call's completion (no new event). In a loop of collectives the host then makes one
-//! launch per call and no event calls at all: with an event recorded and waited for per
+//! # Members return before the shared launch
+//! A shared launch goes on the group's own *launch stream*, so every member knows where its
+//! call's launch will go before it is queued. A member that is not the last returns at once:
+//! it records a [`PendingLaunch`] completion, under the launch stream's id, into everything
+//! its part uses (before it returns, so nothing it uses is freed before the launch that
+//! uses it), and its stream follows it. That completion is pending until the last member has
+//! queued the launch, then stands for the launch's event; a stream that waits for it (the
+//! member's next other work, or another stream using the same memory) or a host wait first
+//! waits on the host for the launch to be queued. The members' next calls arrive with it and
+//! the launch stream already follows it: in a loop of collectives the host makes one launch
+//! per call and no event calls, and no member waits for another's launch. Errors of the
+//! launch surface as the communicator's asynchronous error (it is aborted), at the members'
+//! `synchronize`, as NCCL reports a failed group call. On the H200, 8 ranks whose members
+//! waited on the host for the launch spent about 31 µs per call waiting (2026-12-03).
+//!
+//! A member that waits (a hand-over to the persistent kernel) or one whose pending
+//! completion is waited for gives the work up on the communicator's timeout (an error naming
+//! the ranks that did not come, which aborts the communicator) or on an abort, but only while
+//! the last member has not taken it: [`Outcome`] decides under one mutex whether the work runs
+//! with every member's part or never runs, so a given-up launch's memory may go.
+//!
+//! The work stream of a hand-over is part 0's stream when part 0 waits for the work, so that
+//! consecutive calls use one stream; following is lazy (a stream queues the event wait only
+//! before other work), and a member whose stream queued nothing since the last call arrives
+//! with that call's completion (no new event). With an event recorded and waited for per
 //! member, 8 ranks on the H200 spent about 70 µs of driver calls per collective.
 //!
 //! Why events and a meeting on the host: every dependency between the members' streams is
@@ -30,24 +50,29 @@
 //! with 8 or 32 queues. Here the only value wait follows its own write on one stream, and the
 //! persistent kernel it waits for is already running.
 //!
-//! The members wait on the host for the last to arrive: ranks sharing a GPU must call from
-//! threads of their own (as [`crate::run_ranks`] does). A wait past the communicator's
-//! timeout is an error naming the ranks that did not come, and aborts the communicator; an
-//! abort ends every wait; a wait logs who it waits for at the progress interval.
+//! Members that wait meet on the host: ranks sharing a GPU must call from threads of their
+//! own (as [`crate::run_ranks`] does). A wait past the communicator's timeout is an error
+//! naming the ranks that did not come, and aborts the communicator; an abort ends every wait;
+//! a wait logs who it waits for at the progress interval.
 //!
 //! # Ordering
 //! A shared launch's entries are gathered under the meeting's mutex and copied into the
-//! launch's parameter by the driver at the launch. In persistent mode, a member writes its
-//! ring entry (plain stores to host memory) before it arrives, under the meeting's mutex;
-//! the last member, after taking that mutex, submits the copy of the slot into the kernel's
-//! ring and then the write of the sequence number, so every entry was written before the
-//! copy that reads it was submitted, and the GPU reads host memory as the host wrote it
-//! before a submission. A slot is rewritten only after the work that read it has completed
-//! (its completion, kept per slot, is waited for). The device side's argument is at
-//! `ferrolink_device::coll::group::serve`.
+//! launch's parameter by the driver at the launch. A member's pending completion is noted in
+//! its resources before its call returns; the launch stream orders every launch after the
+//! members' arrivals (event waits), and work of another stream on a member's memory waits
+//! for the launch's event (the pending completion settles to it). In persistent mode, a
+//! member writes its ring entry (plain stores to host memory) before it arrives, under the
+//! meeting's mutex; the last member, after taking that mutex, submits the copy of the slot
+//! into the kernel's ring and then the write of the sequence number, so every entry was
+//! written before the copy that reads it was submitted, and the GPU reads host memory as the
+//! host wrote it before a submission. A slot is rewritten only after the work that read it
+//! has completed (its completion, kept per slot, is waited for). The device side's argument
+//! is at `ferrolink_device::coll::group::serve`.
 
 use crate::comm::Communicator;
+use crate::comm::control::CommControl;
 use crate::mem::window::Window;
+use crate::runtime::backend::{EventBackend, EventState};
 use crate::runtime::host_mapped::HostMapped;
 use crate::runtime::launch::LaunchConfig;
 use crate::runtime::launch::{LaunchArg, LaunchTracking};
@@ -164,20 +189,147 @@ pub(crate) struct Part<'a> {
     pub(crate) wait: Option<&'a Communicator>,
 }
 
-/// What a waiting member learns from the last: the completion of the work, or why there is
-/// none.
+/// Where a meeting's work stands ([`Outcome`]).
+#[derive(Default)]
+enum Progress {
+    /// The last member has not taken it yet.
+    #[default]
+    Waiting,
+    /// The last member is queuing it (a bounded stretch of host work: no one gives up now).
+    Launching,
+    /// Queued: its completion.
+    Queued(Completion),
+    /// It will not run: why (the last member failed, or a waiting member gave up on a
+    /// timeout or an abort before the last took it).
+    Failed(Error),
+}
+
+/// What the members learn from the last: the completion of the work, or why there is none.
+///
+/// A member that gives up (timeout, abort) does so only while the work is `Waiting`, under
+/// the same mutex under which the last member takes it (`Launching`): so either the work is
+/// queued with every member's part, or it never runs, and a member that returned before it
+/// was queued ([`PendingLaunch`]) can tell which before its memory is freed.
 #[derive(Default)]
 struct Outcome {
     ready: AtomicBool,
-    value: Mutex<Option<std::result::Result<Completion, Error>>>,
+    progress: Mutex<Progress>,
     published: Condvar,
 }
 
+/// One look at an [`Outcome`].
+enum Look {
+    Waiting,
+    Launching,
+    Done(Result<Completion>),
+}
+
 impl Outcome {
-    fn set(&self, value: std::result::Result<Completion, Error>) {
-        *lock(&self.value) = Some(value);
+    fn look(&self) -> Look {
+        match &*lock(&self.progress) {
+            Progress::Waiting => Look::Waiting,
+            Progress::Launching => Look::Launching,
+            Progress::Queued(c) => Look::Done(Ok(c.clone())),
+            Progress::Failed(e) => Look::Done(Err(e.clone())),
+        }
+    }
+
+    /// The last member takes the work; an error if a waiting member gave up on it already.
+    fn claim(&self) -> Result<()> {
+        let mut p = lock(&self.progress);
+        match &*p {
+            Progress::Waiting => {
+                *p = Progress::Launching;
+                Ok(())
+            }
+            Progress::Failed(e) => Err(e.clone()),
+            Progress::Launching | Progress::Queued(_) => {
+                Err(Error::InvalidArgument("a GPU group's meeting was taken twice".into()))
+            }
+        }
+    }
+
+    fn set(&self, value: Result<Completion>) {
+        *lock(&self.progress) = match value {
+            Ok(c) => Progress::Queued(c),
+            Err(e) => Progress::Failed(e),
+        };
         self.ready.store(true, Ordering::Release);
         self.published.notify_all();
+    }
+
+    /// Gives the work up with `why` unless the last member has taken it: whether this call
+    /// gave it up.
+    fn abandon(&self, why: &Error) -> bool {
+        let mut p = lock(&self.progress);
+        if !matches!(*p, Progress::Waiting) {
+            return false;
+        }
+        *p = Progress::Failed(why.clone());
+        drop(p);
+        self.ready.store(true, Ordering::Release);
+        self.published.notify_all();
+        true
+    }
+
+    /// Sleeps until the outcome changes or `d` passes.
+    fn sleep(&self, d: Duration) {
+        let p = lock(&self.progress);
+        if matches!(*p, Progress::Waiting | Progress::Launching) {
+            drop(self.published.wait_timeout(p, d).unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+}
+
+/// The completion that a member of a shared launch returns with before the last member has
+/// queued the launch ([`GpuGroup::meet`]): recorded into everything the member's part uses
+/// and followed by its stream, under the group's launch stream's id. It is pending until the
+/// launch is queued, then that launch's event; a stream or host wait for it first waits on
+/// the host for the launch to be queued (at most the communicator's timeout: then the
+/// member gives the work up, which aborts the communicator with the ranks it waited for).
+/// If the work does not run (the last member failed, or a member gave up), it counts as
+/// failed: the memory may go, since nothing will use it.
+struct PendingLaunch {
+    group: Arc<GpuGroup>,
+    rank: usize,
+    seq: u64,
+    outcome: Arc<Outcome>,
+    since: Instant,
+}
+
+impl PendingLaunch {
+    fn outcome(&self, block: bool) -> Option<Result<Completion>> {
+        self.group.await_outcome(self.rank, Purpose::Launch, self.seq, &self.outcome, self.since, block)
+    }
+}
+
+impl EventBackend for PendingLaunch {
+    fn query(&self) -> EventState {
+        match self.outcome(false) {
+            None => EventState::Pending,
+            Some(Ok(c)) => c.event().query(),
+            Some(Err(_)) => EventState::Failed,
+        }
+    }
+    fn synchronize(&self) -> Result<()> {
+        match self.outcome(true) {
+            Some(Ok(c)) => c.event().synchronize(),
+            Some(Err(e)) => Err(e),
+            None => unreachable!("a blocking wait returns an outcome"),
+        }
+    }
+    fn elapsed_ms_since(&self, _start: &dyn EventBackend) -> Result<f32> {
+        Err(Error::InvalidArgument("a collective's completion carries no time".into()))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn stand_in(&self) -> Option<Result<Option<Arc<dyn EventBackend>>>> {
+        Some(match self.outcome(true) {
+            Some(Ok(c)) => Ok(Some(c.event().clone())),
+            // The work will not run (the communicator is aborted: its error says why).
+            _ => Ok(None),
+        })
     }
 }
 
@@ -193,7 +345,9 @@ struct Arrival {
     uses: LaunchTracking,
     /// Part 0's stream, when part 0 waits for the work: the work goes there.
     launch_stream: Option<Stream>,
-    event: Option<Completion>,
+    /// What the work waits for: the member's arrival and, for a shared launch, other
+    /// streams' uses of its part's resources.
+    events: Vec<Completion>,
 }
 
 struct Meeting {
@@ -219,6 +373,9 @@ pub(crate) struct Gathered {
     /// The sync block the members brought (start of persistent mode), part 0's.
     pub(crate) sync: Option<(Window, u64)>,
     outcome: Option<Arc<Outcome>>,
+    /// The members' communicator's control (aborted when the work fails unqueued: members
+    /// may have returned expecting it).
+    control: Arc<CommControl>,
 }
 
 impl Gathered {
@@ -238,6 +395,13 @@ impl Gathered {
         (self.ranks, uses, self.sync.take())
     }
 
+    /// Drops the work that nobody needs (no member is served): no error.
+    pub(crate) fn discard(mut self) {
+        if let Some(o) = self.outcome.take() {
+            o.set(Err(Error::Aborted("no rank of this GPU needed the shared collective".into())));
+        }
+    }
+
     /// Whether no member is served (every one runs the call otherwise): nothing to run.
     pub(crate) fn nothing_served(&self) -> bool {
         let count = (self.ranks.count as usize).min(MAX_LOCAL_RANKS);
@@ -248,9 +412,9 @@ impl Gathered {
 impl Drop for Gathered {
     fn drop(&mut self) {
         if let Some(o) = self.outcome.take() {
-            o.set(Err(Error::Aborted(
-                "the rank that ran this GPU's shared collective failed before queuing it".into(),
-            )));
+            let e = Error::Aborted("the rank that ran this GPU's shared collective failed before queuing it".into());
+            o.set(Err(e.clone()));
+            self.control.abort(e);
         }
     }
 }
@@ -279,12 +443,15 @@ pub(crate) struct GpuGroup {
     pub(crate) resident: OnceLock<Option<u64>>,
     /// Made once, by the first member to need it (it may allocate: before any kernel runs).
     ring: OnceLock<Arc<Ring>>,
-    /// Serializes the ring's making (a failed attempt leaves it unmade).
-    ring_making: Mutex<()>,
     meetings: Mutex<HashMap<(Purpose, u64), Meeting>>,
+    /// The members' communicator's control (its timeout, its abort).
+    control: Arc<CommControl>,
     /// The persistent kernel's sync block and its device address, while it runs.
     pub(crate) persistent_sync: Mutex<Option<(Window, u64)>>,
-    side: Mutex<Option<Stream>>,
+    /// Where shared launches go ([`GpuGroup::launch_stream`]), once made.
+    launch_stream: OnceLock<Stream>,
+    /// Serializes the making of the ring and of the launch stream.
+    making: Mutex<()>,
     /// Each member's next sequence number (its calls' count: the same on every member).
     seqs: Vec<AtomicU64>,
 }
@@ -340,19 +507,20 @@ impl GpuGroup {
         if let Some(g) = groups.iter().find(|(k, _)| *k == key).and_then(|(_, g)| g.upgrade()) {
             return g;
         }
-        let g = Arc::new(GpuGroup::new(members));
+        let g = Arc::new(GpuGroup::new(members, comm.shared.control.clone()));
         groups.push((key, Arc::downgrade(&g)));
         g
     }
 
-    fn new(members: Vec<usize>) -> GpuGroup {
+    fn new(members: Vec<usize>, control: Arc<CommControl>) -> GpuGroup {
         GpuGroup {
             resident: OnceLock::new(),
             ring: OnceLock::new(),
-            ring_making: Mutex::new(()),
             meetings: Mutex::new(HashMap::new()),
+            control,
             persistent_sync: Mutex::new(None),
-            side: Mutex::new(None),
+            launch_stream: OnceLock::new(),
+            making: Mutex::new(()),
             seqs: (0..members.len()).map(|_| AtomicU64::new(1)).collect(),
             members,
         }
@@ -370,27 +538,31 @@ impl GpuGroup {
     /// their last use). Idempotent; called by members while every member is inside
     /// `recover`, between its barriers, so that none meets meanwhile.
     pub(crate) fn resync(&self) {
-        lock(&self.meetings).clear();
+        // A meeting still here was not taken by a last member: its work never runs.
+        let why =
+            Error::Aborted("the communicator was recovered before every rank sharing its GPU made this call".into());
+        for (_, m) in lock(&self.meetings).drain() {
+            m.outcome.abandon(&why);
+        }
         let next = self.seqs.iter().map(|s| s.load(Ordering::Relaxed)).max().unwrap_or(1);
         for s in &self.seqs {
             s.store(next, Ordering::Relaxed);
         }
     }
 
-    /// The last member's share of meeting `seq`: makes `stream` wait for the other members'
-    /// events, runs `work` tracked by everything the members use, notes the slot's use and
-    /// publishes the completion to the waiting members. A failure aborts `comm` (the
-    /// communicator's other ranks would wait for this work).
-    pub(crate) fn run(
-        &self,
-        comm: Option<&Communicator>,
-        mut g: Gathered,
-        caller: &Stream,
-        seq: u64,
-        work: Work<'_>,
-    ) -> Result<()> {
+    /// The last member's share of meeting `seq`: makes the stream that does the work wait for
+    /// the members' arrivals, runs `work` tracked by everything the members use, notes the
+    /// slot's use and publishes the completion to the members. A shared launch goes on the
+    /// group's launch stream; a hand-over to the persistent kernel on part 0's stream when
+    /// part 0 waits for it, else on `caller`'s. `caller` follows the work unless `follow` is
+    /// false (its stream is capturing a graph). A failure aborts the communicator (its other
+    /// ranks would wait for this work).
+    pub(crate) fn run(&self, mut g: Gathered, caller: &Stream, follow: bool, seq: u64, work: Work<'_>) -> Result<()> {
         let mut uses = std::mem::replace(&mut g.uses, LaunchTracking::new(caller.device()));
-        let on = g.launch_stream.take().unwrap_or_else(|| caller.share());
+        let on = match work {
+            Work::Launch { .. } => self.launch_stream(caller.device())?.share(),
+            Work::Persistent { .. } => g.launch_stream.take().unwrap_or_else(|| caller.share()),
+        };
         let stream = &on;
         let launch = matches!(work, Work::Launch { .. });
         if !launch {
@@ -443,17 +615,15 @@ impl GpuGroup {
                 }
             }
         })();
-        if let Ok(c) = &result {
+        if let Ok(c) = &result
+            && follow
+        {
             caller.follow(c.clone());
         }
         match &result {
             Ok(c) if !launch => self.slot_used(seq, c),
             Ok(_) => {}
-            Err(e) => {
-                if let Some(comm) = comm {
-                    comm.shared.control.abort(e.clone());
-                }
-            }
+            Err(e) => self.control.abort(e.clone()),
         }
         g.publish(&result);
         phases::mark(Phase::Publish);
@@ -470,7 +640,7 @@ impl GpuGroup {
         if let Some(r) = self.ring.get() {
             return Ok(r);
         }
-        let _making = lock(&self.ring_making);
+        let _making = lock(&self.making);
         if self.ring.get().is_none() {
             let r = Arc::new(Ring::new(dev, self.members.len())?);
             let _ = self.ring.set(r);
@@ -478,14 +648,25 @@ impl GpuGroup {
         Ok(self.ring.get().expect("made above"))
     }
 
-    /// A stream of the group's for launches that cannot go on the caller's stream (it is
-    /// capturing a graph while other members' calls must run now).
-    pub(crate) fn side_stream(&self, dev: &crate::Device) -> Result<Stream> {
-        let mut side = lock(&self.side);
-        if side.is_none() {
-            *side = Some(dev.create_stream()?);
+    /// The stream that the group's shared launches go on: one stream of the group's, so
+    /// that every member knows where its call's launch goes before the last member queues it
+    /// (its completion is recorded under this stream's id: see [`PendingLaunch`]), and
+    /// consecutive launches follow each other with no event between them. Watched by the
+    /// communicator's watchdog for failures, as a member's stream.
+    pub(crate) fn launch_stream(&self, dev: &crate::Device) -> Result<&Stream> {
+        if let Some(s) = self.launch_stream.get() {
+            return Ok(s);
         }
-        Ok(side.as_ref().expect("made above").share())
+        let _making = lock(&self.making);
+        if self.launch_stream.get().is_none() {
+            let s = dev.create_stream()?;
+            let observer: Weak<dyn crate::runtime::stream::StreamObserver> =
+                Arc::downgrade(&(self.control.clone() as Arc<dyn crate::runtime::stream::StreamObserver>));
+            s.core().add_observer(observer);
+            self.control.watch_stream(self.members[0], Arc::downgrade(s.core()));
+            let _ = self.launch_stream.set(s);
+        }
+        Ok(self.launch_stream.get().expect("made above"))
     }
 
     /// `rank`'s part in the kernel.
@@ -515,18 +696,21 @@ impl GpuGroup {
     }
 
     /// Takes `part` of meeting `(purpose, seq)` (see the [module docs](self)). Returns
-    /// `Some` to the last member to arrive, which does the work and publishes it; the
-    /// others return once their stream waits for that work (or at once, without `wait`).
-    /// Members must agree on `ctas` (every rank computes it from the same call): a mismatch
-    /// is logged as an error and the kernel runs with the largest, so that nothing waits for
-    /// ever (the barriers' timeouts report the mismatched ranks).
+    /// `Some` to the last member to arrive, which does the work and publishes it. The others
+    /// return at once without `wait`; for a shared launch ([`Purpose::Launch`]) at once too,
+    /// their stream following the launch to come and their part's resources holding it
+    /// ([`PendingLaunch`]); else once their stream waits for the work. Members must agree on
+    /// `ctas` (every rank computes it from the same call): a mismatch is logged as an error
+    /// and the kernel runs with the largest, so that nothing waits for ever (the barriers'
+    /// timeouts report the mismatched ranks).
     pub(crate) fn meet(
-        &self,
+        self: &Arc<Self>,
         dev: &crate::Device,
         purpose: Purpose,
         seq: u64,
         part: Part<'_>,
     ) -> Result<Option<Gathered>> {
+        let since = Instant::now();
         let Part { rank, entry, served, control, sync, ctas, uses, stream, wait } = part;
         let p = self.part_of(rank);
         let ring = self.ring(dev)?;
@@ -537,17 +721,37 @@ impl GpuGroup {
         }
         // The arrival, outside the meeting's lock (the members record theirs at once; in a
         // loop of collectives it is the previous one's completion, recorded already). The
-        // last member's counts too: the work may go on another member's stream.
-        let event = match stream {
-            Some(s) if self.members.len() > 1 => Some(s.arrival()?),
-            _ => None,
+        // last member's counts too: the work goes on another stream.
+        let mut events: Vec<Completion> = match stream {
+            Some(s) if self.members.len() > 1 => vec![s.arrival()?],
+            _ => Vec::new(),
         };
         let launch_stream = match stream {
-            Some(s) if p == 0 && wait.is_some() => Some(s.share()),
+            Some(s) if p == 0 && wait.is_some() && purpose != Purpose::Launch => Some(s.share()),
             _ => None,
         };
-        let arrival = Arrival { part: p, entry, served, control, sync, ctas, uses, launch_stream, event };
-        let (comm, outcome) = {
+        // A member of a shared launch returns before it is queued, and does its part's
+        // tracking itself, outside the meeting (the last member's launch then tracks nothing
+        // per member): the launch waits for other streams' uses of its resources (its own
+        // stream's are before its arrival), and it notes the launch's completion to come in
+        // them ([`PendingLaunch`]) before it returns.
+        let (uses, early) = match (purpose, stream, wait) {
+            (Purpose::Launch, Some(s), Some(_)) => {
+                let on = self.launch_stream(dev)?.id();
+                if let Err(e) = uses.check() {
+                    // The others would wait for this member: end their wait.
+                    self.control.abort(e.clone());
+                    return Err(e);
+                }
+                events.extend(uses.foreign_pending(on).into_iter().filter(|c| c.stream() != s.id()));
+                let mut launch = LaunchTracking::new(dev);
+                launch.observers.clone_from(&uses.observers);
+                (launch, Some((s, on, uses)))
+            }
+            _ => (uses, None),
+        };
+        let arrival = Arrival { part: p, entry, served, control, sync, ctas, uses, launch_stream, events };
+        let (outcome, complete) = {
             let mut meetings = lock(&self.meetings);
             let m = meetings.entry((purpose, seq)).or_insert_with(|| Meeting {
                 arrivals: Vec::with_capacity(self.members.len()),
@@ -556,18 +760,33 @@ impl GpuGroup {
             m.arrivals.push(arrival);
             let last = m.arrivals.len() == self.members.len();
             phases::mark(Phase::Arrive);
-            if !last {
-                match wait {
-                    Some(comm) => (comm, m.outcome.clone()),
-                    None => return Ok(None),
-                }
+            if last {
+                (None, meetings.remove(&(purpose, seq)))
+            } else if wait.is_none() {
+                return Ok(None);
             } else {
-                let m = meetings.remove(&(purpose, seq)).expect("present");
-                drop(meetings);
-                return Ok(Some(self.gather(purpose, seq, ring, m)));
+                (Some(m.outcome.clone()), None)
             }
         };
-        let done = self.await_outcome(comm, purpose, seq, &outcome)?;
+        let outcome = outcome.unwrap_or_else(|| complete.as_ref().expect("the last member's").outcome.clone());
+        if let Some((s, launch_stream, mine)) = early {
+            let pending = PendingLaunch { group: self.clone(), rank, seq, outcome: outcome.clone(), since };
+            let c = Completion::new(Arc::new(pending), launch_stream);
+            // Before returning: the caller may drop what the launch uses at once.
+            mine.note(&c);
+            s.follow(c);
+        }
+        if let Some(m) = complete {
+            // Refused when a member gave up on this call already (the communicator is
+            // aborted): then nothing runs.
+            m.outcome.claim()?;
+            return Ok(Some(self.gather(purpose, seq, ring, m)));
+        }
+        if purpose == Purpose::Launch {
+            phases::mark(Phase::AwaitLast);
+            return Ok(None);
+        }
+        let done = self.await_outcome(rank, purpose, seq, &outcome, since, true).expect("a blocking wait ends")?;
         stream.expect("a waiting member has a stream").follow(done);
         phases::mark(Phase::AwaitLast);
         Ok(None)
@@ -612,7 +831,7 @@ impl GpuGroup {
                 None => uses = Some(a.uses),
             }
             launch_stream = launch_stream.or(a.launch_stream);
-            events.extend(a.event);
+            events.extend(a.events);
         }
         ranks.ctas_per_rank = ctas;
         (launch.count, launch.ctas_per_rank, launch.skip) = (ranks.count, ranks.ctas_per_rank, ranks.skip);
@@ -624,6 +843,7 @@ impl GpuGroup {
             uses: uses.expect("the last member's at least"),
             sync,
             outcome: Some(m.outcome),
+            control: self.control.clone(),
         }
     }
 
@@ -635,42 +855,68 @@ impl GpuGroup {
         }
     }
 
-    /// Waits on the host for the last member's outcome of meeting `(purpose, seq)`.
-    fn await_outcome(&self, comm: &Communicator, purpose: Purpose, seq: u64, o: &Outcome) -> Result<Completion> {
-        let start = Instant::now();
-        while !o.ready.load(Ordering::Acquire) && start.elapsed() < spin() {
-            std::hint::spin_loop();
+    /// The outcome of meeting `(purpose, seq)` for `rank`, waiting since `since`: with
+    /// `block`, waits on the host for it (logging who it waits for at the progress
+    /// interval), else `None` while the work is not queued yet. While the last member has not
+    /// taken the work, an abort of the communicator gives it up, and so does the
+    /// communicator's timeout (which also aborts it, naming the ranks that did not come).
+    fn await_outcome(
+        &self,
+        rank: usize,
+        purpose: Purpose,
+        seq: u64,
+        o: &Outcome,
+        since: Instant,
+        block: bool,
+    ) -> Option<Result<Completion>> {
+        if block {
+            let start = Instant::now();
+            while !o.ready.load(Ordering::Acquire) && start.elapsed() < spin() {
+                std::hint::spin_loop();
+            }
         }
-        let config = comm.config();
+        let config = self.control.config();
         let mut next_report = config.progress_interval;
-        let mut value = lock(&o.value);
         loop {
-            if let Some(v) = value.as_ref() {
-                return v.clone();
-            }
-            if comm.shared.control.is_aborted() {
-                return Err(comm.shared.control.error().unwrap_or_else(|| Error::Aborted("the communicator".into())));
-            }
-            let waited = start.elapsed();
-            if config.timeout.is_some_and(|t| waited >= t) || waited >= next_report {
-                let missing = self.missing(purpose, seq);
-                let why = format!(
-                    "rank {} waits on the host for ranks {missing:?} sharing its GPU to make collective call #{seq} \
-                     ({purpose:?}) (waited {:.1}s): ranks sharing a GPU meet on the host, so each must call from a \
-                     thread of its own (as run_ranks does)",
-                    comm.rank(),
-                    waited.as_secs_f64()
-                );
-                if config.timeout.is_some_and(|t| waited >= t) {
-                    let err = Error::WaitTimeout(format!("{why}, over the communicator's timeout (FERROLINK_TIMEOUT)"));
-                    drop(value);
-                    comm.shared.control.abort(err.clone());
-                    return Err(err);
+            match o.look() {
+                Look::Done(r) => return Some(r),
+                Look::Launching => {}
+                Look::Waiting if self.control.is_aborted() => {
+                    let e = self.control.error().unwrap_or_else(|| Error::Aborted("the communicator".into()));
+                    o.abandon(&e);
+                    continue;
                 }
-                tracing::warn!(target: "ferrolink::coll", "{why}");
-                next_report += config.progress_interval;
+                Look::Waiting => {
+                    let waited = since.elapsed();
+                    let over = config.timeout.is_some_and(|t| waited >= t);
+                    if over || (block && waited >= next_report) {
+                        let missing = self.missing(purpose, seq);
+                        let why = format!(
+                            "rank {rank} waits on the host for ranks {missing:?} sharing its GPU to make collective \
+                             call #{seq} ({purpose:?}) (waited {:.1}s): ranks sharing a GPU meet on the host, so \
+                             each must call from a thread of its own (as run_ranks does)",
+                            waited.as_secs_f64()
+                        );
+                        if over {
+                            let err = Error::WaitTimeout(format!(
+                                "{why}, over the communicator's timeout (FERROLINK_TIMEOUT)"
+                            ));
+                            if o.abandon(&err) {
+                                self.control.abort(err);
+                            }
+                            continue;
+                        }
+                        tracing::warn!(target: "ferrolink::coll", "{why}");
+                        while next_report <= waited {
+                            next_report += config.progress_interval;
+                        }
+                    }
+                }
             }
-            value = o.published.wait_timeout(value, Duration::from_millis(20)).unwrap_or_else(|e| e.into_inner()).0;
+            if !block {
+                return None;
+            }
+            o.sleep(Duration::from_millis(20));
         }
     }
 
@@ -702,9 +948,76 @@ impl GpuGroup {
 mod tests {
     use super::*;
 
+    fn control() -> Arc<CommControl> {
+        Arc::new(CommControl::new(7, crate::CommConfig::from_env(crate::Backend::Cpu)))
+    }
+
+    fn pending(group: &Arc<GpuGroup>, outcome: &Arc<Outcome>, since: Instant) -> PendingLaunch {
+        PendingLaunch { group: group.clone(), rank: 1, seq: 5, outcome: outcome.clone(), since }
+    }
+
+    #[test]
+    fn a_meeting_is_either_launched_with_every_part_or_given_up() {
+        // Given up first: the last member may not take it; the pending completion has failed
+        // (nothing will use the members' memory) and a stream waits for nothing.
+        let g = Arc::new(GpuGroup::new(vec![0, 1], control()));
+        let o = Arc::new(Outcome::default());
+        let p = pending(&g, &o, Instant::now());
+        assert!(matches!(p.query(), EventState::Pending));
+        assert!(o.abandon(&Error::Aborted("test".into())));
+        assert!(o.claim().is_err(), "taken after it was given up");
+        assert!(matches!(p.query(), EventState::Failed));
+        assert!(matches!(p.stand_in(), Some(Ok(None))));
+        // Taken first: no member gives it up any more; once queued, the completion is the
+        // launch's.
+        let o = Arc::new(Outcome::default());
+        let p = pending(&g, &o, Instant::now());
+        o.claim().expect("taken while waiting");
+        assert!(!o.abandon(&Error::Aborted("test".into())), "given up while being queued");
+        assert!(matches!(p.query(), EventState::Pending));
+        let flag = Arc::new(crate::runtime::lifetime::HostFlag::default());
+        o.set(Ok(Completion::new(flag.clone(), 3)));
+        assert!(matches!(p.query(), EventState::Pending), "the launch has not run");
+        flag.raise();
+        assert!(matches!(p.query(), EventState::Done));
+        assert!(matches!(p.stand_in(), Some(Ok(Some(_)))));
+        p.synchronize().expect("the launch ran");
+    }
+
+    #[test]
+    fn a_pending_launch_past_the_timeout_is_given_up_naming_the_missing_ranks() {
+        let mut config = crate::CommConfig::from_env(crate::Backend::Cpu);
+        config.timeout = Some(Duration::from_millis(50));
+        let control = Arc::new(CommControl::new(7, config));
+        let g = Arc::new(GpuGroup::new(vec![0, 1, 2], control.clone()));
+        let o = Arc::new(Outcome::default());
+        // Ranks 0 and 1 arrived; rank 2 did not.
+        let arrived = |part| Arrival {
+            part,
+            entry: None,
+            served: true,
+            control: 0,
+            sync: None,
+            ctas: 1,
+            uses: LaunchTracking::new(&crate::Device::open_with(crate::Backend::Cpu, 0).expect("a CPU device")),
+            launch_stream: None,
+            events: Vec::new(),
+        };
+        lock(&g.meetings)
+            .insert((Purpose::Launch, 5), Meeting { arrivals: vec![arrived(0), arrived(1)], outcome: o.clone() });
+        let p = pending(&g, &o, Instant::now());
+        assert!(matches!(p.query(), EventState::Pending), "within the timeout");
+        let late = pending(&g, &o, Instant::now() - Duration::from_millis(60));
+        let err = late.synchronize().expect_err("rank 2 never comes").to_string();
+        assert!(err.contains("rank 1 waits on the host for ranks [2]") && err.contains("FERROLINK_TIMEOUT"), "{err}");
+        assert!(control.is_aborted(), "the timeout aborts the communicator");
+        assert!(matches!(p.query(), EventState::Failed));
+        assert!(o.claim().is_err(), "the last member, arriving now, does not launch");
+    }
+
     #[test]
     fn a_grid_that_cannot_be_resident_is_an_error_naming_the_numbers() {
-        let g = GpuGroup::new((0..8).collect());
+        let g = GpuGroup::new((0..8).collect(), control());
         assert!(g.check_resident(16, Some(132), "all_reduce").is_ok());
         assert!(g.check_resident(1000, None, "all_reduce").is_ok(), "the emulator has no limit");
         let err = g.check_resident(17, Some(132), "all_reduce").unwrap_err().to_string();
@@ -713,8 +1026,8 @@ mod tests {
             "{err}"
         );
         assert!(
-            GpuGroup::new((0..MAX_LOCAL_RANKS).collect()).fits()
-                && !GpuGroup::new((0..=MAX_LOCAL_RANKS).collect()).fits()
+            GpuGroup::new((0..MAX_LOCAL_RANKS).collect(), control()).fits()
+                && !GpuGroup::new((0..=MAX_LOCAL_RANKS).collect(), control()).fits()
         );
     }
 }

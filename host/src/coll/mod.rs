@@ -664,11 +664,13 @@ impl Communicator {
                     stream: (!capturing).then_some(stream),
                     wait: (!capturing).then_some(self),
                 };
-                if let Some(g) = group.meet(dev, group::Purpose::Launch, seq, part)?
-                    && !g.nothing_served()
-                {
-                    let launch_on = if capturing { group.side_stream(dev)? } else { stream.share() };
-                    group.run(Some(self), g, &launch_on, seq, group::Work::Launch { module, threads })?;
+                if let Some(g) = group.meet(dev, group::Purpose::Launch, seq, part)? {
+                    if g.nothing_served() {
+                        g.discard();
+                    } else {
+                        // On the group's launch stream; a capturing stream does not follow it.
+                        group.run(g, stream, !capturing, seq, group::Work::Launch { module, threads })?;
+                    }
                 }
                 if capturing {
                     launch_own()?;

@@ -322,7 +322,7 @@ fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, use
             Some(_) if group.members.len() == 1 => Wait::Deferred,
             Some(_) => Wait::Now,
         };
-        group.run(comm, g, &state.comm_stream, seq, Work::Persistent { sync, wait })?;
+        group.run(g, &state.comm_stream, true, seq, Work::Persistent { sync, wait })?;
         if entry.op.args.kind == device_group::SHUTDOWN {
             *lock(&group.persistent_sync) = None;
         }

@@ -267,7 +267,7 @@ impl CommControl {
         let streams: Vec<(usize, std::sync::Arc<StreamCore>)> =
             lock(&self.streams).iter().filter_map(|(r, w)| w.upgrade().map(|s| (*r, s))).collect();
         for (rank, s) in streams {
-            if let Some(e) = s.backend().failure() {
+            if let Some(e) = s.failure() {
                 self.abort(Error::Aborted(format!("rank {rank}'s stream failed: {e}")));
                 return;
             }

@@ -87,6 +87,7 @@ impl LaunchConfig {
 
 /// What a launch's arguments use; filled by [`LaunchArg::track`]. Opaque: only the runtime
 /// reads it.
+#[derive(Clone)]
 pub struct LaunchTracking {
     device: Device,
     pub(crate) wrong_device: Option<&'static str>,
@@ -146,6 +147,26 @@ impl LaunchTracking {
         self.keeps.extend(other.keeps);
         self.observers.extend(other.observers);
         self.untracked |= other.untracked;
+    }
+
+    /// Notes `c` as a use of everything tracked (reads, writes, holds; keepers; the device's
+    /// untracked work).
+    pub(crate) fn note(&self, c: &Completion) {
+        for u in &self.reads {
+            u.record(c, false);
+        }
+        for u in &self.writes {
+            u.record(c, true);
+        }
+        for u in &self.holds {
+            u.record(c, false);
+        }
+        for u in &self.keeps {
+            u.record_keeper(c);
+        }
+        if self.untracked {
+            self.device.0.untracked.record(c);
+        }
     }
 
     pub(crate) fn check(&self) -> Result<()> {

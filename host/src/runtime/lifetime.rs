@@ -290,7 +290,7 @@ pub(crate) fn retire(waits: Vec<Completion>, payload: Payload, what: &'static st
     // A persistent collective that its stream has not waited for yet: queue that wait now,
     // or the free would wait for the stream's next work.
     for c in &waits {
-        if let Err(e) = crate::runtime::stream::settled(c.event()) {
+        if let Err(e) = crate::runtime::stream::settle_deferred(c.event()) {
             tracing::warn!(target: "ferrolink::runtime", what, error = %e, "could not queue a stream's deferred wait");
         }
     }

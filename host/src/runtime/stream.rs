@@ -89,14 +89,30 @@ impl EventBackend for DeferredEvent {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+    fn stand_in(&self) -> Option<Result<Option<Arc<dyn EventBackend>>>> {
+        Some(self.settled().map(Some))
+    }
 }
 
-/// `event`, or for a deferred event the event of its stream's wait (queued now if needed):
-/// what a stream may wait for.
-pub(crate) fn settled(event: &Arc<dyn EventBackend>) -> Result<Arc<dyn EventBackend>> {
+/// What a stream waits for in `event`'s place: `event` itself, or for one that stands for
+/// work not queued yet ([`EventBackend::stand_in`]: a deferred event, a GPU group's launch
+/// not queued yet) the event of that work, queued or awaited now; `None` when that work will
+/// not run.
+pub(crate) fn settled(event: &Arc<dyn EventBackend>) -> Result<Option<Arc<dyn EventBackend>>> {
+    match event.stand_in() {
+        // A stand-in may itself stand for later work.
+        Some(Ok(Some(e))) if e.stand_in().is_some() => settled(&e),
+        Some(r) => r,
+        None => Ok(Some(event.clone())),
+    }
+}
+
+/// Queues the stream wait that a deferred event stands for, if `event` is one (never waits
+/// for other threads: what retiring memory does, so that its reaper can see it pass).
+pub(crate) fn settle_deferred(event: &Arc<dyn EventBackend>) -> Result<()> {
     match event.as_any().downcast_ref::<DeferredEvent>() {
-        Some(d) => d.settled(),
-        None => Ok(event.clone()),
+        Some(d) => d.settled().map(drop),
+        None => Ok(()),
     }
 }
 
@@ -128,6 +144,11 @@ impl StreamCore {
     /// ([`Stream::follow`]) and for every deferred operation (resolving their events).
     fn settle(&self) -> Result<()> {
         self.settle_follow()?;
+        self.settle_deferred()
+    }
+
+    /// Queues the wait for every deferred operation (resolving their events).
+    fn settle_deferred(&self) -> Result<()> {
         let mut d = lock(&self.deferred);
         let Some(&(last, _)) = d.pending.last() else { return Ok(()) };
         let b = self.raw_backend();
@@ -147,7 +168,7 @@ impl StreamCore {
         // takes that stream's locks); put back if it cannot be queued.
         let followed = lock(&self.follow).take();
         if let Some(c) = followed {
-            let queued = settled(c.event()).and_then(|e| self.raw_backend().wait_event(&e));
+            let queued = settled(c.event()).and_then(|e| e.map_or(Ok(()), |e| self.raw_backend().wait_event(&e)));
             if let Err(e) = queued {
                 lock(&self.follow).get_or_insert(c);
                 return Err(e);
@@ -159,28 +180,16 @@ impl StreamCore {
     /// Makes the stream wait for the other streams' pending uses that `t` conflicts with.
     fn wait_foreign(&self, backend: &dyn StreamBackend, t: &LaunchTracking) -> Result<()> {
         for c in t.foreign_pending(self.id) {
-            backend.wait_event(&settled(c.event())?)?;
+            if let Some(e) = settled(c.event())? {
+                backend.wait_event(&e)?;
+            }
         }
         Ok(())
     }
 
     /// Notes `c` in everything `t` uses, and as the stream's tail.
-    fn record_uses(&self, dev: &Device, t: LaunchTracking, c: &Completion) {
-        for u in &t.reads {
-            u.record(c, false);
-        }
-        for u in &t.writes {
-            u.record(c, true);
-        }
-        for u in &t.holds {
-            u.record(c, false);
-        }
-        for u in &t.keeps {
-            u.record_keeper(c);
-        }
-        if t.untracked {
-            dev.0.untracked.record(c);
-        }
+    fn record_uses(&self, t: LaunchTracking, c: &Completion) {
+        t.note(c);
         for o in t.observers {
             self.add_observer(o);
         }
@@ -209,6 +218,12 @@ impl StreamCore {
         }
     }
 
+    /// The stream's failure, if it has failed; queues nothing and waits for nothing (the
+    /// watchdog's check).
+    pub(crate) fn failure(&self) -> Option<Error> {
+        self.raw_backend().failure()
+    }
+
     pub(crate) fn add_observer(&self, o: Weak<dyn StreamObserver>) {
         let mut list = lock(&self.observers);
         list.retain(|w| w.strong_count() > 0);
@@ -221,7 +236,9 @@ impl StreamCore {
 impl Drop for StreamCore {
     fn drop(&mut self) {
         // Deferred operations' events must resolve: queue their wait (nothing waits here).
-        if let Err(e) = self.settle() {
+        // Not the wait for followed work: no later work of this stream needs it, and it may
+        // wait for other threads (a GPU group's launch not queued yet).
+        if let Err(e) = self.settle_deferred() {
             tracing::warn!(target: "ferrolink::runtime", stream = self.id, error = %e,
                 "could not queue the wait for persistent collectives of a dropped stream");
         }
@@ -276,6 +293,11 @@ impl Stream {
         &self.core
     }
 
+    /// The stream's process-unique number.
+    pub(crate) fn id(&self) -> StreamId {
+        self.core.id
+    }
+
     /// The stream's device.
     pub fn device(&self) -> &Device {
         &self.dev
@@ -291,7 +313,7 @@ impl Stream {
 
     /// The stream's failure, if it has failed (does not wait).
     pub fn failure(&self) -> Option<Error> {
-        self.core.backend().failure().map(|e| self.core.explain(e))
+        self.core.failure().map(|e| self.core.explain(e))
     }
 
     /// Replaces a failed stream's queue with a fresh one, so that work can be queued again
@@ -351,7 +373,7 @@ impl Stream {
         op(&*backend)?;
         super::phases::mark(super::phases::Phase::Driver);
         let c = Completion::new(backend.record(false)?, id);
-        self.core.record_uses(&self.dev, t, &c);
+        self.core.record_uses(t, &c);
         super::phases::mark(super::phases::Phase::Record);
         Ok(c)
     }
@@ -577,7 +599,7 @@ impl Stream {
     }
 
     /// Makes this stream's later work come after `c`, lazily: the stream queues the wait for
-    /// it only before its next work, a host wait on it or its failure check (as
+    /// it only before its next work, or a host wait on it (as
     /// [`Stream::post_deferred`]'s waits), so that a member of a GPU group whose next call
     /// is the group's next collective queues nothing. `c` must come after everything queued
     /// here so far (work that waited for this stream's [`Stream::arrival`]): it replaces the
@@ -595,7 +617,10 @@ impl Stream {
         if c.stream() == self.core.id {
             return Ok(());
         }
-        self.core.backend().wait_event(&settled(c.event())?)
+        match settled(c.event())? {
+            Some(e) => self.core.backend().wait_event(&e),
+            None => Ok(()),
+        }
     }
 
     /// Hands operation `seq` to a persistent kernel without waiting for it: queues `copy`
@@ -655,7 +680,7 @@ impl Stream {
         d.pending.push((seq, ev.clone()));
         drop(d);
         let c = Completion::new(ev, self.core.id);
-        self.core.record_uses(&self.dev, t, &c);
+        self.core.record_uses(t, &c);
         Ok(c)
     }
 

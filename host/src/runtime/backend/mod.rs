@@ -251,6 +251,14 @@ pub(crate) trait EventBackend: Send + Sync {
     fn elapsed_ms_since(&self, start: &dyn EventBackend) -> Result<f32>;
     /// For the backend's own downcasts.
     fn as_any(&self) -> &dyn Any;
+    /// For an event that stands for work not queued yet (a persistent collective whose
+    /// stream has not queued its wait, a GPU group's launch that the group's last member has
+    /// still to queue): the event a stream waits for in its place, made or awaited now
+    /// (`Some(Ok(None))`: that work will not run, nothing to wait for). `None` for a
+    /// recorded event: it stands for itself.
+    fn stand_in(&self) -> Option<Result<Option<Arc<dyn EventBackend>>>> {
+        None
+    }
 }
 
 /// A loaded module of kernels.
