@@ -282,6 +282,40 @@ impl Waits<'_, '_> {
     }
 }
 
+impl Waits<'_, '_> {
+    /// Hands `each(s, unit)` every sender's unit, `s` in `0..n` in rank order, waiting for
+    /// [`SENDERS_AT_ONCE`] of them at a time ([`Waits::wait_units`]); for `me` (this rank, whose
+    /// unit is not in the buffer) `unit` is meaningless. False if the communicator was
+    /// aborted meanwhile (then `each` may have seen only some senders).
+    ///
+    /// # Safety
+    /// As [`Waits::wait_units`], for every `lines(s)`.
+    #[inline(always)]
+    unsafe fn each_unit(
+        &mut self,
+        lines: impl Fn(usize) -> *const [u64; 2],
+        n: usize,
+        me: usize,
+        mut each: impl FnMut(usize, u64),
+    ) -> bool {
+        let mut from = 0;
+        while from < n {
+            // SAFETY: forwarded contract.
+            if !unsafe { self.wait_units(&lines, from, n, me) } {
+                return false;
+            }
+            for (k, &unit) in self.units.iter().enumerate() {
+                if from + k >= n {
+                    break;
+                }
+                each(from + k, unit);
+            }
+            from += SENDERS_AT_ONCE;
+        }
+        true
+    }
+}
+
 /// Stores `v` as the two lines at `lines` (a peer's buffer) with `flag`, in one instruction
 /// (each line atomic on its own).
 ///
@@ -320,28 +354,21 @@ impl<L: Fn(usize, usize) -> *const [u64; 2]> ReductionBody for ReceiveReduction<
         let mut u = self.units.0 + coop.thread_rank();
         while u < self.units.1 {
             let mut acc = 0u64;
-            let mut from = 0;
-            while from < n {
-                // SAFETY: the senders' lines of this unit in this rank's buffer.
-                if !unsafe { self.waits.wait_units(|s| (self.lines)(s, u), from, n, self.me) } {
-                    // Aborted: the host reports it.
-                    return;
-                }
-                for (k, &unit) in self.waits.units.iter().enumerate() {
-                    let s = from + k;
-                    if s >= n {
-                        break;
-                    }
-                    let v = if s == self.me {
-                        // SAFETY: the input's block holds `block` bytes (caller's contract).
-                        unsafe { load_unit(self.own, self.block, u, size) }
-                    } else {
-                        unit
-                    };
-                    let v = if avg { lanes64::<T>(v, v, |x, _| x.avg_pre(n as u32)) } else { v };
-                    acc = if s == 0 { v } else { lanes64::<T>(acc, v, O::apply) };
-                }
-                from += SENDERS_AT_ONCE;
+            let (own, block, me, lines) = (self.own, self.block, self.me, &self.lines);
+            let each = |s: usize, unit: u64| {
+                let v = if s == me {
+                    // SAFETY: the input's block holds `block` bytes (caller's contract).
+                    unsafe { load_unit(own, block, u, size) }
+                } else {
+                    unit
+                };
+                let v = if avg { lanes64::<T>(v, v, |x, _| x.avg_pre(n as u32)) } else { v };
+                acc = if s == 0 { v } else { lanes64::<T>(acc, v, O::apply) };
+            };
+            // SAFETY: the senders' lines of this unit in this rank's buffer.
+            if !unsafe { self.waits.each_unit(|s| lines(s, u), n, me, each) } {
+                // Aborted: the host reports it.
+                return;
             }
             if avg {
                 acc = lanes64::<T>(acc, acc, |x, _| x.avg_post(n as u32));
@@ -455,33 +482,25 @@ pub(super) unsafe fn run(
             let dst = |s: usize| unsafe { recv.add(s * block) };
             let mut u = first + coop.thread_rank();
             while u < last {
-                let mut from = 0;
-                while from < n {
-                    // SAFETY: the senders' lines of this unit in this rank's buffer.
-                    if !unsafe { waits.wait_units(|s| lines(s, u), from, n, me) } {
-                        return;
-                    }
-                    for (k, &v) in waits.units.iter().enumerate() {
-                        let s = from + k;
-                        if s >= n {
-                            break;
+                let each = |s: usize, v: u64| {
+                    if s == me {
+                        // This rank's own block, unless it is already there (in place).
+                        // SAFETY: (the pointer) the input holds the block (contract).
+                        let src = unsafe { input.add(block_for(me)) };
+                        if !core::ptr::eq(src, dst(me)) {
+                            // SAFETY: input and output hold the block; this thread alone
+                            // reads and writes unit `u` of it.
+                            unsafe { store_unit(dst(me), block, u, size, load_unit(src, block, u, size)) };
                         }
-                        if s == me {
-                            // This rank's own block, unless it is already there (in place).
-                            // SAFETY: (the pointer) the input holds the block (contract).
-                            let src = unsafe { input.add(block_for(me)) };
-                            if !core::ptr::eq(src, dst(me)) {
-                                // SAFETY: input and output hold the block; this thread alone
-                                // reads and writes unit `u` of it.
-                                unsafe { store_unit(dst(me), block, u, size, load_unit(src, block, u, size)) };
-                            }
-                        } else {
-                            // SAFETY: the output holds sender s's block; this thread alone
-                            // writes unit `u` of it.
-                            unsafe { store_unit(dst(s), block, u, size, v) };
-                        }
+                    } else {
+                        // SAFETY: the output holds sender s's block; this thread alone
+                        // writes unit `u` of it.
+                        unsafe { store_unit(dst(s), block, u, size, v) };
                     }
-                    from += SENDERS_AT_ONCE;
+                };
+                // SAFETY: the senders' lines of this unit in this rank's buffer.
+                if !unsafe { waits.each_unit(|s| lines(s, u), n, me, each) } {
+                    return;
                 }
                 u += coop.size();
             }
