@@ -76,7 +76,7 @@ use crate::runtime::backend::{EventBackend, EventState};
 use crate::runtime::host_mapped::HostMapped;
 use crate::runtime::launch::LaunchConfig;
 use crate::runtime::launch::{LaunchArg, LaunchTracking};
-use crate::runtime::lifetime::{Completion, lock};
+use crate::runtime::lifetime::{Completion, StreamId, lock};
 use crate::runtime::memory::DeviceBuffer;
 use crate::runtime::module::Module;
 use crate::runtime::phases::{self, Phase};
@@ -87,7 +87,7 @@ use ferrolink_device::coll::group::{
 };
 use ferrolink_device::kernels::coll::coll_gpu_group_launch;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -184,8 +184,10 @@ pub(crate) struct Part<'a> {
     pub(crate) uses: LaunchTracking,
     /// Its stream, when the work must come after the stream's earlier work.
     pub(crate) stream: Option<&'a Stream>,
-    /// The communicator whose timeout and abort a wait follows, when the stream must wait
-    /// for the work (`None`: return at once).
+    /// Whether the stream must come after the work (`None`: return at once, the stream
+    /// not following it): for a shared launch the member returns at once all the same, its
+    /// stream following the launch to come; else it waits for the work. The group's
+    /// communicator (this one) gives the waits their timeout and abort.
     pub(crate) wait: Option<&'a Communicator>,
 }
 
@@ -215,6 +217,10 @@ struct Outcome {
     ready: AtomicBool,
     progress: Mutex<Progress>,
     published: Condvar,
+    /// Threads asleep on `published` (changed under `progress`'s lock): a publication with
+    /// none skips the wake-up, a system call even with no one to wake (usually none: a
+    /// shared launch's members do not wait).
+    sleepers: AtomicUsize,
 }
 
 /// One look at an [`Outcome`].
@@ -250,12 +256,24 @@ impl Outcome {
     }
 
     fn set(&self, value: Result<Completion>) {
-        *lock(&self.progress) = match value {
+        let mut p = lock(&self.progress);
+        *p = match value {
             Ok(c) => Progress::Queued(c),
             Err(e) => Progress::Failed(e),
         };
+        self.published(p);
+    }
+
+    /// Tells the waiters that `p` (the progress, locked) is final now. A sleeper counted
+    /// itself under the lock before it looked at the progress, so it either saw the final
+    /// value or is counted here.
+    fn published(&self, p: std::sync::MutexGuard<'_, Progress>) {
+        let sleepers = self.sleepers.load(Ordering::Relaxed);
+        drop(p);
         self.ready.store(true, Ordering::Release);
-        self.published.notify_all();
+        if sleepers > 0 {
+            self.published.notify_all();
+        }
     }
 
     /// Gives the work up with `why` unless the last member has taken it: whether this call
@@ -266,9 +284,7 @@ impl Outcome {
             return false;
         }
         *p = Progress::Failed(why.clone());
-        drop(p);
-        self.ready.store(true, Ordering::Release);
-        self.published.notify_all();
+        self.published(p);
         true
     }
 
@@ -276,7 +292,10 @@ impl Outcome {
     fn sleep(&self, d: Duration) {
         let p = lock(&self.progress);
         if matches!(*p, Progress::Waiting | Progress::Launching) {
-            drop(self.published.wait_timeout(p, d).unwrap_or_else(|e| e.into_inner()));
+            self.sleepers.fetch_add(1, Ordering::Relaxed);
+            let p = self.published.wait_timeout(p, d).unwrap_or_else(|e| e.into_inner()).0;
+            self.sleepers.fetch_sub(1, Ordering::Relaxed);
+            drop(p);
         }
     }
 }
@@ -376,6 +395,10 @@ pub(crate) struct Gathered {
     /// The members' communicator's control (aborted when the work fails unqueued: members
     /// may have returned expecting it).
     control: Arc<CommControl>,
+    /// The group and the meeting's number: dropped, the meeting is over (members waiting to
+    /// run further ahead may go on).
+    group: Arc<GpuGroup>,
+    seq: u64,
 }
 
 impl Gathered {
@@ -416,6 +439,8 @@ impl Drop for Gathered {
             o.set(Err(e.clone()));
             self.control.abort(e);
         }
+        // After publishing (`publish`, `discard` and `into_parts` consume the value).
+        self.group.meeting_over(self.seq);
     }
 }
 
@@ -434,6 +459,18 @@ impl<P: ferrolink_device::kernel::KernelParam> LaunchArg for &GroupParam<P> {
     fn track(&self, _t: &mut LaunchTracking) {}
 }
 
+/// A field that many threads write, alone on its cache lines (two 64-byte lines: adjacent-line
+/// prefetch pairs them), so that writing it does not evict what they only read.
+#[repr(align(128))]
+struct Hot<T>(T);
+
+impl<T> std::ops::Deref for Hot<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// The ranks of one communicator on one GPU in this process.
 pub(crate) struct GpuGroup {
     /// Their world ranks, ascending: a rank's place here is its part of the kernel.
@@ -443,17 +480,30 @@ pub(crate) struct GpuGroup {
     pub(crate) resident: OnceLock<Option<u64>>,
     /// Made once, by the first member to need it (it may allocate: before any kernel runs).
     ring: OnceLock<Arc<Ring>>,
-    meetings: Mutex<HashMap<(Purpose, u64), Meeting>>,
+    /// Every member's call takes it: on cache lines of its own (`Hot`), apart from the
+    /// fields the members only read.
+    meetings: Hot<Mutex<HashMap<(Purpose, u64), Meeting>>>,
     /// The members' communicator's control (its timeout, its abort).
     control: Arc<CommControl>,
     /// The persistent kernel's sync block and its device address, while it runs.
     pub(crate) persistent_sync: Mutex<Option<(Window, u64)>>,
-    /// Where shared launches go ([`GpuGroup::launch_stream`]), once made.
-    launch_stream: OnceLock<Stream>,
+    /// Where shared launches go ([`GpuGroup::launch_stream`]), once made, and its id (read
+    /// by every member's call: kept here, not read from the stream's state, which the
+    /// launching member writes).
+    launch_stream: OnceLock<(Stream, StreamId)>,
     /// Serializes the making of the ring and of the launch stream.
     making: Mutex<()>,
-    /// Each member's next sequence number (its calls' count: the same on every member).
-    seqs: Vec<AtomicU64>,
+    /// The meetings of numbers up to this one are over (their work queued, failed or not
+    /// needed): members do not run more than [`RUN_AHEAD`] calls beyond it.
+    meetings_over: Hot<AtomicU64>,
+    /// Where a member that is too far ahead sleeps ([`GpuGroup::within_reach`]), and how many
+    /// do (a meeting's end wakes them only if some do).
+    reach: Mutex<()>,
+    reach_wake: Condvar,
+    reach_sleepers: AtomicUsize,
+    /// Each member's next sequence number (its calls' count: the same on every member), each
+    /// on cache lines of its own (every member writes its own at every call).
+    seqs: Vec<Hot<AtomicU64>>,
 }
 
 /// How the last member of a meeting runs the work ([`GpuGroup::run`]).
@@ -476,6 +526,11 @@ pub(crate) enum Wait {
     /// Not at all (the shutdown queued by a drop).
     Never,
 }
+
+/// How many calls a member of a shared launch may make beyond the group's last meeting that
+/// is over ([`GpuGroup::within_reach`]): members do not wait for the launches, and without a
+/// bound a member faster than the one that launches would leave open meetings without end.
+pub(crate) const RUN_AHEAD: u64 = 64;
 
 /// How many operations a rank alone on its GPU hands over before its stream waits for the
 /// oldest ([`Wait::Deferred`]); under the ring's slots.
@@ -516,12 +571,16 @@ impl GpuGroup {
         GpuGroup {
             resident: OnceLock::new(),
             ring: OnceLock::new(),
-            meetings: Mutex::new(HashMap::new()),
+            meetings: Hot(Mutex::new(HashMap::new())),
             control,
             persistent_sync: Mutex::new(None),
             launch_stream: OnceLock::new(),
             making: Mutex::new(()),
-            seqs: (0..members.len()).map(|_| AtomicU64::new(1)).collect(),
+            seqs: (0..members.len()).map(|_| Hot(AtomicU64::new(1))).collect(),
+            meetings_over: Hot(AtomicU64::new(0)),
+            reach: Mutex::new(()),
+            reach_wake: Condvar::new(),
+            reach_sleepers: AtomicUsize::new(0),
             members,
         }
     }
@@ -541,13 +600,18 @@ impl GpuGroup {
         // A meeting still here was not taken by a last member: its work never runs.
         let why =
             Error::Aborted("the communicator was recovered before every rank sharing its GPU made this call".into());
-        for (_, m) in lock(&self.meetings).drain() {
+        // Dropped after the lock: dropping what they hold may retire memory, which looks at
+        // completions whose queries take the meetings' lock.
+        let left: Vec<Meeting> = lock(&self.meetings).drain().map(|(_, m)| m).collect();
+        for m in &left {
             m.outcome.abandon(&why);
         }
+        drop(left);
         let next = self.seqs.iter().map(|s| s.load(Ordering::Relaxed)).max().unwrap_or(1);
         for s in &self.seqs {
             s.store(next, Ordering::Relaxed);
         }
+        self.meeting_over(next - 1);
     }
 
     /// The last member's share of meeting `seq`: makes the stream that does the work wait for
@@ -579,10 +643,12 @@ impl GpuGroup {
                     let param = GroupParam(*g.launch);
                     // SAFETY: `coll_gpu_group_launch`'s contract: every served member's entry
                     // is in the parameter (a live communicator and an operation whose windows
-                    // and output the launch tracks through `uses`); every rank of the
-                    // communicator makes this call (collective) with the same grid per rank;
-                    // barriers 0..ctas of each rank's device communicator serve one collective
-                    // at a time (the ranks' streams are ordered by the meetings); shared
+                    // and output hold this launch's completion: each member noted it, pending,
+                    // before its call returned, in `meet`); every rank of the communicator
+                    // makes this call (collective) with the same grid per rank; barriers
+                    // 0..ctas of each rank's device communicator serve one collective at a
+                    // time (shared launches run in order on the launch stream, after the
+                    // members' arrivals, which follow their earlier work); shared
                     // memory per `kernel_config`.
                     unsafe { stream.launch_tracked(module, &coll_gpu_group_launch, cfg, (&param,), uses) }
                 }
@@ -654,6 +720,10 @@ impl GpuGroup {
     /// consecutive launches follow each other with no event between them. Watched by the
     /// communicator's watchdog for failures, as a member's stream.
     pub(crate) fn launch_stream(&self, dev: &crate::Device) -> Result<&Stream> {
+        self.launch_stream_and_id(dev).map(|(s, _)| s)
+    }
+
+    fn launch_stream_and_id(&self, dev: &crate::Device) -> Result<&(Stream, StreamId)> {
         if let Some(s) = self.launch_stream.get() {
             return Ok(s);
         }
@@ -664,7 +734,8 @@ impl GpuGroup {
                 Arc::downgrade(&(self.control.clone() as Arc<dyn crate::runtime::stream::StreamObserver>));
             s.core().add_observer(observer);
             self.control.watch_stream(self.members[0], Arc::downgrade(s.core()));
-            let _ = self.launch_stream.set(s);
+            let id = s.id();
+            let _ = self.launch_stream.set((s, id));
         }
         Ok(self.launch_stream.get().expect("made above"))
     }
@@ -713,6 +784,9 @@ impl GpuGroup {
         let since = Instant::now();
         let Part { rank, entry, served, control, sync, ctas, uses, stream, wait } = part;
         let p = self.part_of(rank);
+        if purpose == Purpose::Launch {
+            self.within_reach(rank, seq)?;
+        }
         let ring = self.ring(dev)?;
         if let Some(e) = &entry
             && purpose != Purpose::Launch
@@ -737,7 +811,7 @@ impl GpuGroup {
         // them ([`PendingLaunch`]) before it returns.
         let (uses, early) = match (purpose, stream, wait) {
             (Purpose::Launch, Some(s), Some(_)) => {
-                let on = self.launch_stream(dev)?.id();
+                let on = self.launch_stream_and_id(dev)?.1;
                 if let Err(e) = uses.check() {
                     // The others would wait for this member: end their wait.
                     self.control.abort(e.clone());
@@ -780,7 +854,9 @@ impl GpuGroup {
             // Refused when a member gave up on this call already (the communicator is
             // aborted): then nothing runs.
             m.outcome.claim()?;
-            return Ok(Some(self.gather(purpose, seq, ring, m)));
+            let g = self.gather(purpose, seq, ring, m);
+            phases::mark(Phase::Gather);
+            return Ok(Some(g));
         }
         if purpose == Purpose::Launch {
             phases::mark(Phase::AwaitLast);
@@ -792,9 +868,68 @@ impl GpuGroup {
         Ok(None)
     }
 
+    /// Notes that meeting `seq`'s work was queued (or failed, or was not needed), and wakes
+    /// the members waiting to run further ahead.
+    fn meeting_over(&self, seq: u64) {
+        // SeqCst with `within_reach`: either a sleeper counted itself before this reads the
+        // count (and is woken under the lock it holds until it sleeps), or it sees `seq`.
+        self.meetings_over.fetch_max(seq, Ordering::SeqCst);
+        if self.reach_sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = lock(&self.reach);
+            self.reach_wake.notify_all();
+        }
+    }
+
+    /// Waits until `rank`'s call `seq` is at most [`RUN_AHEAD`] beyond the meetings that are
+    /// over. An abort ends the wait with its error; the communicator's timeout with an error
+    /// naming the ranks that have not made the oldest open call (and aborts the communicator).
+    fn within_reach(&self, rank: usize, seq: u64) -> Result<()> {
+        let reached = || seq <= self.meetings_over.load(Ordering::SeqCst).saturating_add(RUN_AHEAD);
+        if reached() {
+            return Ok(());
+        }
+        let config = self.control.config();
+        let since = Instant::now();
+        let mut next_report = config.progress_interval;
+        let mut g = lock(&self.reach);
+        self.reach_sleepers.fetch_add(1, Ordering::SeqCst);
+        let result = loop {
+            if reached() {
+                break Ok(());
+            }
+            if self.control.is_aborted() {
+                break Err(self.control.error().unwrap_or_else(|| Error::Aborted("the communicator".into())));
+            }
+            let waited = since.elapsed();
+            let over = config.timeout.is_some_and(|t| waited >= t);
+            if over || waited >= next_report {
+                let oldest = self.meetings_over.load(Ordering::SeqCst) + 1;
+                let missing = self.missing(Purpose::Launch, oldest);
+                let why = format!(
+                    "rank {rank} is {RUN_AHEAD} collective calls ahead of its GPU's shared launches and waits for \
+                     ranks {missing:?} sharing its GPU to make call #{oldest} (waited {:.1}s)",
+                    waited.as_secs_f64()
+                );
+                if over {
+                    let err = Error::WaitTimeout(format!("{why}, over the communicator's timeout (FERROLINK_TIMEOUT)"));
+                    self.control.abort(err.clone());
+                    break Err(err);
+                }
+                tracing::warn!(target: "ferrolink::coll", "{why}");
+                while next_report <= waited {
+                    next_report += config.progress_interval;
+                }
+            }
+            g = self.reach_wake.wait_timeout(g, Duration::from_millis(20)).unwrap_or_else(|e| e.into_inner()).0;
+        };
+        self.reach_sleepers.fetch_sub(1, Ordering::SeqCst);
+        drop(g);
+        result
+    }
+
     /// The last member's gathering of meeting `(purpose, seq)`'s arrivals into the work's
     /// parameters (outside the meetings' lock).
-    fn gather(&self, purpose: Purpose, seq: u64, ring: &Ring, m: Meeting) -> Gathered {
+    fn gather(self: &Arc<Self>, purpose: Purpose, seq: u64, ring: &Ring, m: Meeting) -> Gathered {
         let mut ranks = LocalRanks {
             ring: ring.device.addr(),
             slots: RING_SLOTS as u32,
@@ -844,6 +979,8 @@ impl GpuGroup {
             sync,
             outcome: Some(m.outcome),
             control: self.control.clone(),
+            group: self.clone(),
+            seq,
         }
     }
 
@@ -982,6 +1119,26 @@ mod tests {
         assert!(matches!(p.query(), EventState::Done));
         assert!(matches!(p.stand_in(), Some(Ok(Some(_)))));
         p.synchronize().expect("the launch ran");
+    }
+
+    #[test]
+    fn a_member_runs_at_most_run_ahead_calls_beyond_the_meetings_over() {
+        let mut config = crate::CommConfig::from_env(crate::Backend::Cpu);
+        config.timeout = Some(Duration::from_millis(100));
+        let control = Arc::new(CommControl::new(7, config));
+        let g = Arc::new(GpuGroup::new(vec![0, 1], control.clone()));
+        g.within_reach(0, RUN_AHEAD).expect("within reach of meeting 0");
+        // A member waiting to make call RUN_AHEAD + 2 goes on once meeting 2 is over.
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| g.within_reach(0, RUN_AHEAD + 2));
+            g.meeting_over(1);
+            g.meeting_over(2);
+            waiter.join().expect("no panic").expect("woken by the meeting's end");
+        });
+        // No meeting ends: the communicator's timeout names the ranks of the oldest open call.
+        let err = g.within_reach(1, RUN_AHEAD + 3).expect_err("meeting 3 never ends").to_string();
+        assert!(err.contains("rank 1 is 64 collective calls ahead") && err.contains("ranks [0, 1]"), "{err}");
+        assert!(control.is_aborted(), "the timeout aborts the communicator");
     }
 
     #[test]

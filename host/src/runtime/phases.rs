@@ -14,10 +14,12 @@ pub(crate) enum Phase {
     Prepare,
     /// Bringing its entry to the meeting (arrival, the meeting's lock).
     Arrive,
-    /// A member that is not last: waiting for the last one's launch.
+    /// A member that is not last: for a shared launch, noting the launch to come in what it
+    /// uses (it does not wait); else waiting for the last one's work.
     AwaitLast,
-    /// The last member: gathering the members' entries into the launch, and making the work
-    /// stream wait for their arrivals.
+    /// The last member: taking the meeting and gathering the members' entries into the launch.
+    Gather,
+    /// The last member: making the work stream wait for the members' arrivals.
     StreamWaits,
     /// Ordering the launch after other streams' uses of what it uses (event waits).
     Track,
@@ -31,10 +33,11 @@ pub(crate) enum Phase {
     Finish,
 }
 
-const PHASES: [Phase; 9] = [
+const PHASES: [Phase; 10] = [
     Phase::Prepare,
     Phase::Arrive,
     Phase::AwaitLast,
+    Phase::Gather,
     Phase::StreamWaits,
     Phase::Track,
     Phase::Driver,
@@ -49,6 +52,7 @@ impl Phase {
             Phase::Prepare => "prepare",
             Phase::Arrive => "arrive",
             Phase::AwaitLast => "await-last",
+            Phase::Gather => "gather",
             Phase::StreamWaits => "stream-waits",
             Phase::Track => "track",
             Phase::Driver => "driver",
@@ -168,7 +172,18 @@ mod tests {
         let names: Vec<_> = host_phases().iter().map(|p| p.name).collect();
         assert_eq!(
             names,
-            ["prepare", "arrive", "await-last", "stream-waits", "track", "driver", "record", "publish", "finish"]
+            [
+                "prepare",
+                "arrive",
+                "await-last",
+                "gather",
+                "stream-waits",
+                "track",
+                "driver",
+                "record",
+                "publish",
+                "finish"
+            ]
         );
         let p = HostPhase { name: "launch", calls: 4, total_us: 10.0 };
         assert_eq!(p.mean_us(), 2.5);
