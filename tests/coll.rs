@@ -904,6 +904,53 @@ fn ranks_sharing_a_gpu_called_in_turn_from_one_thread() {
     });
 }
 
+/// Memory that several ranks sharing a GPU use, in calls that run ahead of each other, lives
+/// until the last launch that uses it has run: rank 0 makes calls 1 and 2 (reading `shared` in
+/// call 2), then rank 1 makes call 1 reading `shared` (noting call 1's launch after rank 0
+/// noted call 2's), and `shared` is dropped before rank 1 makes call 2: call 2's launch has not
+/// even been queued, so `shared` must still be waiting to be freed; then every result checked.
+#[test]
+fn memory_shared_by_ranks_in_turn_lives_until_the_last_launch_using_it() {
+    ferrolink::testing::for_each_backend("shared_memory_in_turn", |dev| {
+        let comms = comms_of(dev, 2)?;
+        let count = 1000;
+        reductions_in::<f32>(&comms, &[count], &[Form::Buffers])?;
+        let call =
+            Collective { check: Some(false), proto: Some(proto::LL), ..Collective::new(CollKind::AllReduce, count) };
+        let values = |k: usize| (0..count).map(|i| ((i * 3 + k) % 512) as f32).collect::<Vec<f32>>();
+        let (own0, own1) = (dev.alloc_from(&values(1))?, dev.alloc_from(&values(2))?);
+        let shared = dev.alloc_from(&values(3))?;
+        let mut outs = (0..4).map(|_| dev.alloc::<f32>(count)).collect::<ferrolink::Result<Vec<_>>>()?;
+        let [o01, o02, o11, o12] = &mut outs[..] else { unreachable!() };
+        comms[0].collective::<f32>(&call, Input::Buffer(&own0), Output::Buffer(o01))?;
+        comms[0].collective::<f32>(&call, Input::Buffer(&shared), Output::Buffer(o02))?;
+        comms[1].collective::<f32>(&call, Input::Buffer(&shared), Output::Buffer(o11))?;
+        drop(shared);
+        check(ferrolink::runtime::pending_retirements() >= 1, || {
+            "the shared input was freed before call 2's launch (not yet queued) ran".into()
+        })?;
+        comms[1].collective::<f32>(&call, Input::Buffer(&own1), Output::Buffer(o12))?;
+        for c in &comms {
+            c.synchronize()?;
+        }
+        // Call 1: rank 0's own input and the shared one; call 2: the shared one and rank 1's.
+        let sum = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x + y).collect::<Vec<f32>>();
+        let (first, second) = (sum(&values(1), &values(3)), sum(&values(3), &values(2)));
+        for (name, out, want) in [
+            ("o01", &outs[0], &first),
+            ("o11", &outs[2], &first),
+            ("o02", &outs[1], &second),
+            ("o12", &outs[3], &second),
+        ] {
+            let got = out.to_vec()?;
+            check(&got == want, || {
+                format!("{name}: first difference at {:?}", got.iter().zip(want.iter()).position(|(a, b)| a != b))
+            })?;
+        }
+        Ok(())
+    });
+}
+
 /// The LL protocol (`proto::LL` forced): all-reduce, reduce-scatter, all-gather and
 /// all-to-all with every reduction for several element types, from one element to the
 /// protocol's largest call (several CTAs, a partial last unit, unaligned windows), in place

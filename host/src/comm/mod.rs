@@ -484,10 +484,15 @@ impl Communicator {
         // Counted first: even a recover that fails leaves MoE objects out of step.
         self.shared.recoveries.fetch_add(1, Ordering::Relaxed);
         let control = self.control();
-        let busy = || self.stream.tail().is_some_and(|t| !t.finished());
-        if busy() {
+        if self.stream.tail().is_some_and(|t| !t.finished()) {
             control.abort(Error::Aborted("recover() was called while kernels still ran".into()));
         }
+        // Then a point after everything the stream queued or follows (recorded after the
+        // abort: following a GPU group's launch that its last member has not queued waits
+        // for it, and an abort ends that wait; the tail alone may be such a launch that never
+        // ran, which does not cover the stream's own work).
+        let drained = self.stream.record_completion().ok().or_else(|| self.stream.tail());
+        let busy = || drained.as_ref().is_some_and(|t| !t.finished());
         let deadline = Instant::now() + RECOVER_DRAIN;
         while busy() {
             if Instant::now() >= deadline {

@@ -100,6 +100,9 @@ pub struct LaunchTracking {
     pub(crate) keeps: Vec<Arc<Uses>>,
     pub(crate) observers: Vec<Weak<dyn StreamObserver>>,
     pub(crate) untracked: bool,
+    /// The work's place in its stream's order, for streams whose completions are noted out
+    /// of order (a GPU group's shared launches: the launch's number); 0 elsewhere.
+    pub(crate) order: u64,
 }
 
 impl LaunchTracking {
@@ -113,6 +116,7 @@ impl LaunchTracking {
             keeps: Vec::new(),
             observers: Vec::new(),
             untracked: false,
+            order: 0,
         }
     }
 

@@ -44,11 +44,20 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Completion {
     event: Arc<dyn EventBackend>,
     stream: StreamId,
+    /// Its place in its stream's order where completions of the stream may be noted out of
+    /// that order (a GPU group's launch stream, whose completions the members note, each
+    /// when its call returns: the launch's number); 0 elsewhere.
+    order: u64,
 }
 
 impl Completion {
     pub(crate) fn new(event: Arc<dyn EventBackend>, stream: StreamId) -> Completion {
-        Completion { event, stream }
+        Completion { event, stream, order: 0 }
+    }
+
+    /// A completion at place `order` of its stream (see [`Completion::new`]'s `order`).
+    pub(crate) fn ordered(event: Arc<dyn EventBackend>, stream: StreamId, order: u64) -> Completion {
+        Completion { event, stream, order }
     }
 
     /// The stream it was recorded on.
@@ -73,11 +82,17 @@ impl Completion {
     }
 }
 
-/// Keeps, per stream, the latest of a list of completions. It does not query the others'
-/// events: a launch records into every resource it uses, and an event query per entry per
-/// launch made a host-bound launch loop (8 ranks sharing a window) about 3 % slower. The list
-/// stays bounded by the number of streams; finished entries are dropped when it is read.
+/// Keeps, per stream, the latest of a list of completions: `c` replaces its stream's entry
+/// unless that entry is later in the stream's order (`order`: a GPU group's members note its
+/// launches' completions out of order, a member that runs ahead before one that lags). It
+/// does not query the others' events: a launch records into every resource it uses, and an
+/// event query per entry per launch made a host-bound launch loop (8 ranks sharing a window)
+/// about 3 % slower. The list stays bounded by the number of streams; finished entries are
+/// dropped when it is read.
 fn remember(list: &mut Vec<Completion>, c: &Completion) {
+    if list.iter().any(|x| x.stream == c.stream && x.order > c.order) {
+        return;
+    }
     list.retain(|x| x.stream != c.stream);
     list.push(c.clone());
 }
@@ -198,7 +213,11 @@ impl Untracked {
     /// Records an untracked launch (replacing that stream's earlier one; no event queries,
     /// as in `remember`).
     pub(crate) fn record(&self, c: &Completion) {
-        lock(&self.0).insert(c.stream, c.clone());
+        let mut m = lock(&self.0);
+        // As `remember`: the later in the stream's order stays.
+        if m.get(&c.stream).is_none_or(|x| x.order <= c.order) {
+            m.insert(c.stream, c.clone());
+        }
     }
 
     /// Untracked launches that may still run; forgets finished ones.
@@ -336,4 +355,32 @@ pub fn pending_retirements() -> usize {
 /// Resources freed by retirement so far in this process.
 pub fn retired_total() -> u64 {
     graveyard().retired.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flag() -> Arc<HostFlag> {
+        Arc::new(HostFlag::default())
+    }
+
+    #[test]
+    fn a_use_noted_out_of_its_streams_order_does_not_hide_a_later_one() {
+        let uses = Uses::default();
+        let (later, earlier) = (flag(), flag());
+        // A member that ran ahead noted launch 7 of stream 3, then a lagging one launch 5.
+        uses.record(&Completion::ordered(later.clone(), 3, 7), false);
+        uses.record(&Completion::ordered(earlier.clone(), 3, 5), false);
+        earlier.raise();
+        assert_eq!(uses.pending().len(), 1, "launch 7 still counts");
+        later.raise();
+        assert!(uses.pending().is_empty());
+        // Unordered completions (order 0) replace as before.
+        let (a, b) = (flag(), flag());
+        uses.record(&Completion::new(a.clone(), 4), true);
+        uses.record(&Completion::new(b.clone(), 4), true);
+        b.raise();
+        assert!(uses.pending_writes().is_empty(), "the latest of stream 4 has passed");
+    }
 }

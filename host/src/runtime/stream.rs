@@ -66,7 +66,9 @@ impl DeferredEvent {
         if self.real.get().is_none()
             && let Some(s) = self.stream.upgrade()
         {
-            s.settle()?;
+            // Not the stream's followed work: that may wait for other threads (a GPU group's
+            // launch not queued yet), and retiring memory settles deferred events.
+            s.settle_deferred()?;
         }
         self.real
             .get()
@@ -372,7 +374,7 @@ impl Stream {
         super::phases::mark(super::phases::Phase::Track);
         op(&*backend)?;
         super::phases::mark(super::phases::Phase::Driver);
-        let c = Completion::new(backend.record(false)?, id);
+        let c = Completion::ordered(backend.record(false)?, id, t.order);
         self.core.record_uses(t, &c);
         super::phases::mark(super::phases::Phase::Record);
         Ok(c)
