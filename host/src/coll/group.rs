@@ -333,6 +333,9 @@ struct LaunchLog {
     launching: AtomicUsize,
     last: Mutex<Option<Completion>>,
     idle: Condvar,
+    /// Threads asleep on `idle` (changed under `last`'s lock): a launch wakes them only if
+    /// some are (usually none; a wake-up is a system call on the launching member's path).
+    idle_sleepers: AtomicUsize,
 }
 
 impl LaunchLog {
@@ -343,8 +346,11 @@ impl LaunchLog {
             *last = Some(c);
         }
         self.launching.fetch_sub(1, Ordering::SeqCst);
+        let sleepers = self.idle_sleepers.load(Ordering::Relaxed);
         drop(last);
-        self.idle.notify_all();
+        if sleepers > 0 {
+            self.idle.notify_all();
+        }
     }
 
     /// The completion of the launch stream's work so far, once no launch is under way
@@ -357,7 +363,9 @@ impl LaunchLog {
             }
             // A last member queuing a launch: host work that ends (20 ms: a check, not a
             // deadline).
+            self.idle_sleepers.fetch_add(1, Ordering::Relaxed);
             last = self.idle.wait_timeout(last, Duration::from_millis(20)).unwrap_or_else(|e| e.into_inner()).0;
+            self.idle_sleepers.fetch_sub(1, Ordering::Relaxed);
         }
         Some(last.clone())
     }
@@ -596,6 +604,8 @@ pub(crate) struct GpuGroup {
     reach: Mutex<()>,
     reach_wake: Condvar,
     reach_sleepers: AtomicUsize,
+    /// The least number of the last meeting over that a sleeper waits for (`u64::MAX`: none).
+    reach_target: AtomicU64,
     /// Each member's next sequence number (its calls' count: the same on every member), each
     /// on cache lines of its own (every member writes its own at every call).
     seqs: Vec<Hot<AtomicU64>>,
@@ -672,6 +682,7 @@ impl GpuGroup {
                 launching: AtomicUsize::new(0),
                 last: Mutex::new(None),
                 idle: Condvar::new(),
+                idle_sleepers: AtomicUsize::new(0),
             }),
             control,
             persistent_sync: Mutex::new(None),
@@ -682,6 +693,7 @@ impl GpuGroup {
             reach: Mutex::new(()),
             reach_wake: Condvar::new(),
             reach_sleepers: AtomicUsize::new(0),
+            reach_target: AtomicU64::new(u64::MAX),
             members,
         }
     }
@@ -990,11 +1002,13 @@ impl GpuGroup {
     /// Notes that meeting `seq`'s work was queued (or failed, or was not needed), and wakes
     /// the members waiting to run further ahead.
     fn meeting_over(&self, seq: u64) {
-        // SeqCst with `within_reach`: either a sleeper counted itself before this reads the
-        // count (and is woken under the lock it holds until it sleeps), or it sees `seq`.
-        self.meetings_over.fetch_max(seq, Ordering::SeqCst);
-        if self.reach_sleepers.load(Ordering::SeqCst) > 0 {
+        // SeqCst with `within_reach`: either a sleeper set its target before this reads it
+        // (and is woken under the lock it holds until it sleeps), or it sees `seq`. Only a
+        // reached target wakes (a wake-up is a system call on the launching member's path).
+        let over = self.meetings_over.fetch_max(seq, Ordering::SeqCst).max(seq);
+        if self.reach_sleepers.load(Ordering::SeqCst) > 0 && over >= self.reach_target.load(Ordering::SeqCst) {
             let _g = lock(&self.reach);
+            self.reach_target.store(u64::MAX, Ordering::SeqCst);
             self.reach_wake.notify_all();
         }
     }
@@ -1003,16 +1017,21 @@ impl GpuGroup {
     /// over. An abort ends the wait with its error; the communicator's timeout with an error
     /// naming the ranks that have not made the oldest open call (and aborts the communicator).
     fn within_reach(&self, rank: usize, seq: u64) -> Result<()> {
-        let reached = || seq <= self.meetings_over.load(Ordering::SeqCst).saturating_add(RUN_AHEAD);
-        if reached() {
+        if seq <= self.meetings_over.load(Ordering::SeqCst).saturating_add(RUN_AHEAD) {
             return Ok(());
         }
+        // Once it waits, until it is half as far ahead: members that run ahead then sleep
+        // once per RUN_AHEAD / 2 calls, not at every meeting's end.
+        let target = seq.saturating_sub(RUN_AHEAD / 2);
+        let reached = || self.meetings_over.load(Ordering::SeqCst) >= target;
         let config = self.control.config();
         let since = Instant::now();
         let mut next_report = config.progress_interval;
         let mut g = lock(&self.reach);
         self.reach_sleepers.fetch_add(1, Ordering::SeqCst);
         let result = loop {
+            // (Set again at every look: a wake-up clears it.)
+            self.reach_target.fetch_min(target, Ordering::SeqCst);
             if reached() {
                 break Ok(());
             }
@@ -1274,20 +1293,29 @@ mod tests {
         let control = Arc::new(CommControl::new(7, config));
         let g = Arc::new(GpuGroup::new(vec![0, 1], control.clone()));
         g.within_reach(0, RUN_AHEAD).expect("within reach of meeting 0");
-        // A member waiting to make call RUN_AHEAD + 2 goes on once meeting 2 is over.
+        // A member waiting to make call RUN_AHEAD + 2 goes on once it is half as far ahead:
+        // when meeting RUN_AHEAD / 2 + 2 is over, not meeting 2.
         std::thread::scope(|s| {
             let waiter = s.spawn(|| g.within_reach(0, RUN_AHEAD + 2));
             // Once it sleeps (not before: then the wake-up would go untested).
             while g.reach_sleepers.load(Ordering::SeqCst) == 0 {
                 std::thread::yield_now();
             }
-            g.meeting_over(1);
             g.meeting_over(2);
+            assert!(!waiter.is_finished(), "half as far ahead is not reached yet");
+            g.meeting_over(RUN_AHEAD / 2 + 2);
             waiter.join().expect("no panic").expect("woken by the meeting's end");
         });
         // No meeting ends: the communicator's timeout names the ranks of the oldest open call.
-        let err = g.within_reach(1, RUN_AHEAD + 3).expect_err("meeting 3 never ends").to_string();
-        assert!(err.contains("rank 1 is 64 collective calls ahead") && err.contains("ranks [0, 1]"), "{err}");
+        let far = RUN_AHEAD / 2 + 2 + RUN_AHEAD + 1;
+        let err = g.within_reach(1, far).expect_err("no meeting ends").to_string();
+        let oldest = format!("call #{}", RUN_AHEAD / 2 + 3);
+        assert!(
+            err.contains("rank 1 is 64 collective calls ahead")
+                && err.contains("ranks [0, 1]")
+                && err.contains(&oldest),
+            "{err}"
+        );
         assert!(control.is_aborted(), "the timeout aborts the communicator");
     }
 
