@@ -545,6 +545,33 @@ impl Drop for Gathered {
     }
 }
 
+/// Work taken by a last member ([`Outcome::claim`]) before [`Gathered`] owns it: dropped held
+/// (a panic while gathering), it fails the work as `Gathered`'s drop would.
+struct Taken<'g> {
+    group: &'g GpuGroup,
+    outcome: Arc<Outcome>,
+    seq: u64,
+    held: bool,
+}
+
+impl Taken<'_> {
+    fn release(mut self) {
+        self.held = false;
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            let e = Error::Aborted("the rank that ran this GPU's shared collective failed while gathering it".into());
+            self.group.control.abort(e.clone());
+            self.outcome.set(Err(e));
+            self.group.log.launched(None);
+            self.group.meeting_over(self.seq);
+        }
+    }
+}
+
 /// A group kernel's parameter as a launch argument ([`LocalRanks`] for the persistent
 /// kernel, [`GroupLaunch`] for a shared launch); what the launch uses is tracked through the
 /// launch's extra tracking (every member's part).
@@ -985,7 +1012,11 @@ impl GpuGroup {
             // Refused when a member gave up on this call already (the communicator is
             // aborted): then nothing runs.
             m.outcome.claim(&self.log, purpose == Purpose::Launch)?;
+            // Until `Gathered` owns the work: a panic while gathering must not leave it taken
+            // for ever (members would wait on it with no timeout).
+            let taken = Taken { group: self, outcome: m.outcome.clone(), seq, held: true };
             let g = self.gather(purpose, seq, ring, m);
+            taken.release();
             phases::mark(Phase::Gather);
             return Ok(Some(g));
         }
