@@ -150,7 +150,7 @@ impl PtxBuilder {
             arch: "sm_90".into(),
             release: true,
             target_dir: None,
-            allowed_externs: vec!["vprintf".into()],
+            allowed_externs: DEVICE_LIBRARY_FUNCTIONS.iter().map(|f| f.to_string()).collect(),
             require_ptxas: false,
         }
     }
@@ -410,16 +410,29 @@ fn newest_asm(deps: &Path, stem: &str) -> Option<PathBuf> {
         .map(|e| e.path())
 }
 
+/// Functions of CUDA's device libraries that a device crate may call (declared `.extern
+/// .func` in its PTX): `vprintf` (which the driver resolves itself) and the device runtime's
+/// `cudaGraphLaunch` (a kernel launching a graph; ferrolink links `libcudadevrt` into such a
+/// module when it loads it, and ptxas assembles it as relocatable code, `-c`).
+pub const DEVICE_LIBRARY_FUNCTIONS: &[&str] = &["vprintf", "cudaGraphLaunch"];
+
+/// Whether `ptx` calls the CUDA device runtime (`cudaGraphLaunch`): its cubin is then
+/// relocatable code, to be linked with `libcudadevrt`.
+pub fn calls_device_runtime(ptx: &str) -> bool {
+    extern_functions(ptx).iter().any(|f| f == "cudaGraphLaunch")
+}
+
 /// Names of functions declared `.extern .func` in the PTX.
 pub fn extern_functions(ptx: &str) -> Vec<String> {
     ptx.lines()
-        .filter(|l| l.trim_start().starts_with(".extern .func"))
-        .filter_map(|l| {
-            // `.extern .func (.param .b32 r) name(` or `.extern .func name(`
-            let before_args = l.rsplit_once('(').map(|(a, _)| a).unwrap_or(l);
-            let name = before_args.split_whitespace().last()?;
-            let name = name.trim_end_matches('(');
-            (!name.is_empty() && !name.ends_with(')')).then(|| name.to_string())
+        .filter_map(|l| l.trim_start().strip_prefix(".extern .func"))
+        .filter_map(|rest| {
+            // `.extern .func (.param .b32 r) name(` or `.extern .func name(`, the parameters
+            // perhaps on the next lines: the name follows the return parameter, if any.
+            let rest = rest.trim_start();
+            let after_ret = if rest.starts_with('(') { &rest[rest.find(')')? + 1..] } else { rest };
+            let name = after_ret.trim_start().split(|c: char| c == '(' || c.is_whitespace()).next()?;
+            (!name.is_empty()).then(|| name.to_string())
         })
         .collect()
 }
@@ -461,7 +474,8 @@ pub fn parse_ptxas_report(log: &str) -> Vec<KernelResources> {
     out
 }
 
-/// Assembles `ptx_path` (whose text is `ptx`) into `cubin` with `ptxas -arch=<arch> -v` and
+/// Assembles `ptx_path` (whose text is `ptx`) into `cubin` with `ptxas -arch=<arch> -v` (and
+/// `-c`, relocatable, when it calls the device runtime: [`calls_device_runtime`]) and
 /// returns ptxas' report, or returns the report of the last run when it assembled the same
 /// text with the same ptxas and arch and its cubin is still there: ptxas takes minutes on a
 /// large module, and the nested build rewrites an unchanged `.s` only with the same text.
@@ -492,7 +506,11 @@ fn assemble_cached(ptxas: &Path, arch: &str, ptx_path: &Path, ptx: &str, cubin: 
     }
     // A stale log must not vouch for the cubin this run is about to write.
     let _ = std::fs::remove_file(&log_path);
-    let out = Command::new(ptxas)
+    let mut cmd = Command::new(ptxas);
+    if calls_device_runtime(ptx) {
+        cmd.arg("-c");
+    }
+    let out = cmd
         .arg(format!("-arch={arch}"))
         .arg("-v")
         .arg(ptx_path)
@@ -689,6 +707,10 @@ mod tests {
                    .entry k2(\n";
         assert_eq!(extern_functions(ptx), vec!["vprintf", "_ZN4core9panicking5panic17h"]);
         assert_eq!(entries(ptx), vec!["k1", "k2"]);
+        // rustc's layout: the name after the return parameter, the parameters on later lines.
+        let graph = ".extern .func  (.param .b32 func_retval0) cudaGraphLaunch\n(\n\t.param .b64 p0\n)\n;\n";
+        assert_eq!(extern_functions(graph), vec!["cudaGraphLaunch"]);
+        assert!(calls_device_runtime(graph) && !calls_device_runtime(ptx));
     }
 
     /// A fake ptxas (a shell script) that counts its runs, writes the cubin and a report.

@@ -207,6 +207,9 @@ struct LaunchState {
     deadline: Instant,
     timeout: Duration,
     first_error: Mutex<Option<EmuError>>,
+    /// Runs the graphs its threads launch ([`DeviceGraphLauncher`]): set when the launching
+    /// thread runs a graph's work ([`with_graph_launcher`]).
+    graphs: Option<Arc<dyn DeviceGraphLauncher>>,
 }
 
 /// Unwinds an emulated thread out of its kernel after the launch was aborted.
@@ -527,6 +530,7 @@ pub(crate) struct ThreadCtx {
 
 std::thread_local! {
     static CTX: RefCell<Option<ThreadCtx>> = const { RefCell::new(None) };
+    static GRAPH_LAUNCHER: RefCell<Option<Arc<dyn DeviceGraphLauncher>>> = const { RefCell::new(None) };
     static POLLS: Cell<u32> = const { Cell::new(0) };
 }
 
@@ -616,6 +620,44 @@ pub(crate) fn now_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
+// ---- device graph launch ---------------------------------------------------------------
+
+/// What runs the graphs that emulated kernels launch ([`crate::graph::DeviceGraph::launch`]),
+/// as the CUDA device runtime does on a GPU: the host's CPU backend gives one to the kernels
+/// of each graph it runs ([`with_graph_launcher`]). Kernels launched outside a graph have
+/// none, and their graph launches fail with `cudaErrorInvalidValue` (on a GPU such a kernel
+/// cannot be launched at all, and the host refuses it before it gets here).
+pub trait DeviceGraphLauncher: Send + Sync {
+    /// Launches the graph `exec` into the device runtime's graph launch stream `stream`;
+    /// returns the CUDA error code (0: launched).
+    fn launch(&self, exec: u64, stream: u64) -> u32;
+}
+
+/// Runs `f` (which runs launches on this thread) with `launcher` running the graphs that its
+/// launches' kernels launch; the previous launcher is back afterwards, even if `f` panics.
+pub fn with_graph_launcher<R>(launcher: Arc<dyn DeviceGraphLauncher>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Arc<dyn DeviceGraphLauncher>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GRAPH_LAUNCHER.set(self.0.take());
+        }
+    }
+    let _restore = Restore(GRAPH_LAUNCHER.replace(Some(launcher)));
+    f()
+}
+
+/// A graph launch by an emulated thread ([`crate::arch::launch_graph`]). A launch that has
+/// failed launches nothing (the thread unwinds, as at any other effect).
+pub(crate) fn launch_graph(exec: u64, stream: u64) -> u32 {
+    if !effect_allowed() {
+        return crate::graph::GraphLaunchError::INVALID_VALUE;
+    }
+    match with_ctx(|c| c.launch.graphs.clone()) {
+        Some(launcher) => launcher.launch(exec, stream),
+        None => crate::graph::GraphLaunchError::INVALID_VALUE,
+    }
+}
+
 // ---- launch ----------------------------------------------------------------------------
 
 struct SendArgs<A: KernelArgs>(A);
@@ -684,6 +726,7 @@ pub unsafe fn launch<A: KernelArgs>(spec: &LaunchSpec, entry: unsafe fn(A), args
         deadline: Instant::now() + spec.timeout,
         timeout: spec.timeout,
         first_error: Mutex::new(None),
+        graphs: GRAPH_LAUNCHER.with_borrow(Clone::clone),
     });
     let [bx, by, bz] = spec.block;
     let [gx, gy, gz] = spec.grid;

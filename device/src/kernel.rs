@@ -173,6 +173,10 @@ unsafe impl KernelParam for crate::moe::low_latency::MoeLowLatencyArgs {
 unsafe impl KernelParam for crate::moe::fused::FusedCombineArgs {
     const HOLDS_ADDRESS: bool = true;
 }
+// SAFETY: a `#[repr(C)]` Pod struct of one u64 word, a graph's handle (kept alive as memory is).
+unsafe impl KernelParam for crate::graph::DeviceGraph {
+    const HOLDS_ADDRESS: bool = true;
+}
 // SAFETY: a `#[repr(C)]` Pod struct of three u32 words, no addresses.
 unsafe impl KernelParam for crate::comm::Team {
     const HOLDS_ADDRESS: bool = false;

@@ -35,6 +35,7 @@ pub mod coop;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emulator;
 pub mod gin;
+pub mod graph;
 pub mod kernel;
 pub mod kernels;
 pub mod lsa;
@@ -46,4 +47,5 @@ pub use barrier::{BarrierError, BarrierOrder, LsaBarrierSession};
 pub use comm::{DevComm, DevControl, DevErrorRecord, LsaBarrierHandle, Team, WaitRecord};
 pub use coop::{Coop, CoopCta, CoopThread, CoopWarp};
 pub use gin::{DevGin, Gin, GinBarrierSession, GinDescriptor, LocalAction, RemoteAction};
+pub use graph::{DeviceGraph, GraphLaunchError, GraphLaunchMode};
 pub use window::{DevWindow, SymPtr};

@@ -59,6 +59,10 @@ pub(super) fn nanosleep(_ns: u32) {
     std::thread::yield_now();
 }
 
+pub(super) unsafe fn launch_graph(exec: u64, stream: u64) -> u32 {
+    emulator::launch_graph(exec, stream)
+}
+
 pub(super) fn global_timer_ns() -> u64 {
     emulator::now_ns()
 }

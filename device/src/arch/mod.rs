@@ -67,6 +67,22 @@ pub fn spin_wait_hint(ns: u32) {
     imp::nanosleep(ns)
 }
 
+/// Launches the executable graph `exec` into the device-only stream `stream` from the
+/// calling thread: the CUDA device runtime's `cudaGraphLaunch` (an `.extern .func` in the
+/// PTX, so the module must be linked with `libcudadevrt`, which ferrolink's host does when it
+/// loads such a module). Returns the CUDA error code: 0 when the launch was queued. On the
+/// emulator the host's CPU backend runs the graph (see [`crate::emulator::DeviceGraphLauncher`]).
+/// Use [`crate::graph::DeviceGraph::launch`], which names the streams.
+///
+/// # Safety
+/// `exec` is an executable graph instantiated for device launch and uploaded, alive until the
+/// launched work has finished; `stream` is one of the device runtime's graph launch streams.
+#[inline(always)]
+pub unsafe fn launch_graph(exec: u64, stream: u64) -> u32 {
+    // SAFETY: the caller's contract.
+    unsafe { imp::launch_graph(exec, stream) }
+}
+
 /// Stops the kernel with an error (`trap`). On the emulator the launch fails with
 /// an error naming the kernel.
 #[inline(always)]

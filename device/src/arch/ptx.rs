@@ -89,6 +89,17 @@ pub(super) fn nanosleep(ns: u32) {
     unsafe { asm!("nanosleep.u32 {ns};", ns = in(reg32) ns, options(nostack)) }
 }
 
+// The CUDA device runtime (libcudadevrt), linked in when a module that calls it is loaded.
+unsafe extern "C" {
+    fn cudaGraphLaunch(exec: u64, stream: u64) -> u32;
+}
+
+#[inline(always)]
+pub(super) unsafe fn launch_graph(exec: u64, stream: u64) -> u32 {
+    // SAFETY: the caller's contract (`arch::launch_graph`).
+    unsafe { cudaGraphLaunch(exec, stream) }
+}
+
 #[inline(always)]
 pub(super) fn global_timer_ns() -> u64 {
     let v: u64;

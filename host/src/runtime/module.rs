@@ -22,6 +22,8 @@ pub struct Module {
     link: DeviceLink,
     imp: Option<Box<dyn ModuleBackend>>,
     entries: HashSet<String>,
+    /// The entries that launch graphs from the device ([`graph_launching_entries`]).
+    graph_launchers: HashSet<String>,
     pub(crate) uses: Arc<Uses>,
     untracked: Arc<Untracked>,
 }
@@ -48,7 +50,15 @@ impl Module {
             return Err(Error::InvalidArgument("the PTX declares no kernel entry (.entry)".into()));
         }
         let imp = dev.backend_device().load_module(ptx, cubin, &entries)?;
-        Ok(Module { link, imp: Some(imp), entries, uses: Arc::default(), untracked: dev.0.untracked.clone() })
+        let graph_launchers = graph_launching_entries(ptx);
+        Ok(Module {
+            link,
+            imp: Some(imp),
+            entries,
+            graph_launchers,
+            uses: Arc::default(),
+            untracked: dev.0.untracked.clone(),
+        })
     }
 
     /// The device the module was loaded on, if it is still alive.
@@ -67,6 +77,13 @@ impl Module {
     /// Whether the module declares a kernel entry called `name`.
     pub fn has_kernel(&self, name: &str) -> bool {
         self.entries.contains(name)
+    }
+
+    /// Whether kernel `name` launches graphs from the device (its PTX calls the device
+    /// runtime's `cudaGraphLaunch`, itself or through functions it calls): such a kernel may
+    /// be launched only inside a graph.
+    pub fn launches_graphs(&self, name: &str) -> bool {
+        self.graph_launchers.contains(name)
     }
 
     /// How many CTAs of `kernel` (launched with `cfg`'s block and shared memory) the device
@@ -89,6 +106,52 @@ impl Module {
     }
 }
 
+/// The kernel entries of `ptx` that call `cudaGraphLaunch`, directly or through the
+/// functions they call (a scan of the PTX's `call` instructions, body by body).
+fn graph_launching_entries(ptx: &str) -> HashSet<String> {
+    use std::collections::HashMap;
+    const TARGET: &str = "cudaGraphLaunch";
+    // Each defined function's and entry's callees; entries apart.
+    let mut calls: HashMap<&str, HashSet<&str>> = HashMap::new();
+    let mut entries = Vec::new();
+    let mut current: Option<&str> = None;
+    for line in ptx.lines() {
+        let l = line.trim_start();
+        let header = l.strip_prefix(".visible ").or_else(|| l.strip_prefix(".weak ")).unwrap_or(l);
+        if let Some(rest) = header.strip_prefix(".entry ") {
+            let name = rest.split(|c: char| c == '(' || c.is_whitespace()).next().unwrap_or("");
+            entries.push(name);
+            current = Some(name);
+        } else if let Some(rest) = header.strip_prefix(".func ") {
+            // `.func (.param .b32 r) name(` or `.func name(`
+            let rest = rest.trim_start();
+            let rest = if rest.starts_with('(') { rest.find(')').map_or("", |i| &rest[i + 1..]) } else { rest };
+            current = rest.trim_start().split(|c: char| c == '(' || c.is_whitespace()).next();
+        } else if let (Some(f), Some(rest)) = (current, l.strip_prefix("call")) {
+            // `call.uni (retval0), name, (args);` or `call.uni name, (args);`
+            let rest = rest.trim_start_matches(|c: char| c != ' ' && c != '\t').trim_start();
+            let rest = if rest.starts_with('(') { rest.find("),").map_or("", |i| &rest[i + 2..]) } else { rest };
+            if let Some(callee) = rest.trim_start().split([',', ';', ' ']).next() {
+                calls.entry(f).or_default().insert(callee);
+            }
+        }
+    }
+    // Functions that reach the target, to a fixed point.
+    let mut reaching: HashSet<&str> = HashSet::from([TARGET]);
+    loop {
+        let before = reaching.len();
+        for (f, callees) in &calls {
+            if callees.iter().any(|c| reaching.contains(c)) {
+                reaching.insert(f);
+            }
+        }
+        if reaching.len() == before {
+            break;
+        }
+    }
+    entries.into_iter().filter(|e| reaching.contains(e)).map(str::to_string).collect()
+}
+
 impl Drop for Module {
     fn drop(&mut self) {
         let mut waits = self.uses.pending_for_free();
@@ -96,5 +159,25 @@ impl Drop for Module {
         if let Some(imp) = self.imp.take() {
             lifetime::retire(waits, Box::new(imp), "module");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::graph_launching_entries;
+
+    /// Entries that call `cudaGraphLaunch`, themselves or through a function, are found;
+    /// others are not (rustc's PTX layout).
+    #[test]
+    fn entries_that_launch_graphs_are_found_through_their_calls() {
+        let ptx = ".extern .func  (.param .b32 func_retval0) cudaGraphLaunch\n(\n\t.param .b64 p0\n)\n;\n\
+                   .func _ZN6helper(\n\t.param .b64 a\n)\n{\n\tcall.uni (retval0), cudaGraphLaunch, (param0, param1);\n}\n\
+                   .func  (.param .b32 func_retval0) _ZN5other(\n)\n{\n\tret;\n}\n\
+                   .visible .entry direct(\n)\n{\n\tcall.uni (retval0), cudaGraphLaunch, (param0, param1);\n}\n\
+                   .visible .entry indirect(\n)\n{\n\tcall.uni _ZN6helper, (param0);\n}\n\
+                   .visible .entry plain(\n)\n{\n\tcall.uni (retval0), _ZN5other, ();\n\tret;\n}\n";
+        let mut found: Vec<String> = graph_launching_entries(ptx).into_iter().collect();
+        found.sort();
+        assert_eq!(found, ["direct", "indirect"]);
     }
 }

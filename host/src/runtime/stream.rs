@@ -4,14 +4,15 @@ use crate::runtime::backend::{
     EmulatedLaunch, EmulatedLaunchFactory, EventBackend, EventState, GraphBackend, LaunchRequest, StreamBackend,
 };
 use crate::runtime::device::Device;
-use crate::runtime::launch::LaunchArg;
 use crate::runtime::launch::{KernelArgs, LaunchArgs, LaunchConfig, LaunchTracking};
+use crate::runtime::launch::{LaunchArg, sealed::Sealed};
 use crate::runtime::lifetime::{self, Completion, StreamId, Uses, lock};
 use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::runtime::module::Module;
 use crate::{Error, Result};
 use bytemuck::Pod;
 use ferrolink_device::emulator;
+use ferrolink_device::graph::DeviceGraph;
 use ferrolink_device::kernel::Kernel;
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
@@ -458,6 +459,13 @@ impl Stream {
         if !module.has_kernel(name) {
             return Err(Error::KernelNotFound(name.into()));
         }
+        if module.launches_graphs(name) && !self.is_capturing() {
+            // CUDA refuses it too (CUDA_ERROR_NOT_SUPPORTED), without saying why.
+            return Err(Error::InvalidArgument(format!(
+                "kernel `{name}` launches graphs from the device, which the CUDA device runtime allows only to \
+                 kernels that run inside a graph: capture its launch (Stream::capture) and launch the graph"
+            )));
+        }
         let mut t = extra;
         args.track(&mut t);
         t.holds.push(module.uses.clone());
@@ -524,6 +532,9 @@ impl Stream {
 
     /// Queues a write of the low `bytes` (1, 2, 4 or 8) bytes of `value` to `addr` after the
     /// stream's earlier work (how the GIN proxy raises a signal after its data). Untracked.
+    /// On CUDA a 4- or 8-byte write is a stream memory operation, which the driver allows in
+    /// communicator memory ([`Communicator::mem_alloc`](crate::Communicator::mem_alloc),
+    /// windows) and host-mapped memory but refuses in [`Device::alloc`]'s stream-ordered pool.
     ///
     /// # Safety
     /// `addr` is device memory this stream's device can write, aligned to `bytes`, valid
@@ -740,6 +751,43 @@ impl Stream {
     /// # Ok(()) }
     /// ```
     pub fn capture(&self, queue: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        self.capture_graph(false, queue)
+    }
+
+    /// [`Stream::capture`] for a graph that kernels launch too
+    /// ([`ferrolink_device::graph::DeviceGraph::launch`]): instantiated for device launch and
+    /// uploaded on this stream. Pass `&graph` to a kernel, as an argument of a launch that is
+    /// itself captured into a graph (the device runtime launches graphs only from kernels
+    /// that run inside one); the argument becomes a
+    /// [`DeviceGraph`](ferrolink_device::graph::DeviceGraph) and makes the launch track what
+    /// the graph uses. Such a graph may hold only kernels, copies of device or mapped memory
+    /// and memsets (CUDA's rule for device graphs): collectives, whose streams wait for words,
+    /// are refused when the capture ends. Linking: a module whose kernels launch graphs is
+    /// linked with the CUDA device runtime (`libcudadevrt.a`, found through
+    /// `FERROLINK_CUDADEVRT`, `CUDA_HOME` or `/usr/local/cuda`) when it is loaded.
+    ///
+    /// ```
+    /// # use ferrolink::{Device, LaunchConfig};
+    /// # use ferrolink_device::kernels::copy::ferrolink_copy;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = Device::open(0)?;
+    /// let stream = dev.create_stream()?;
+    /// let src = dev.alloc_from(&[3u8; 64])?;
+    /// let mut dst = dev.alloc::<u8>(64)?;
+    /// let graph = stream.capture_for_device_launch(|| {
+    ///     // SAFETY: the copy kernel's contract: 64 bytes each, no overlap.
+    ///     unsafe { stream.launch(dev.builtin_module()?, &ferrolink_copy, LaunchConfig::linear(1, 32), (&mut dst, &src, 64usize)) }
+    /// })?;
+    /// assert!(graph.device_graph().is_some());
+    /// graph.launch(&stream)?; // from the host too
+    /// assert_eq!(dst.to_vec()?, vec![3u8; 64]);
+    /// # Ok(()) }
+    /// ```
+    pub fn capture_for_device_launch(&self, queue: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        self.capture_graph(true, queue)
+    }
+
+    fn capture_graph(&self, device_launch: bool, queue: impl FnOnce() -> Result<()>) -> Result<Graph> {
         {
             let mut cap = lock(&self.core.capture);
             if cap.is_some() {
@@ -754,7 +802,7 @@ impl Stream {
             fn drop(&mut self) {
                 if self.1 {
                     lock(&self.0.capture).take();
-                    let _ = self.0.backend().end_capture();
+                    let _ = self.0.backend().end_capture(false);
                 }
             }
         }
@@ -762,7 +810,7 @@ impl Stream {
         let queued = queue();
         guard.1 = false;
         let captured = lock(&self.core.capture).take().expect("set above");
-        let graph = self.core.backend().end_capture();
+        let graph = self.core.backend().end_capture(device_launch);
         queued?;
         let graph = graph?;
         let mut captured = captured;
@@ -779,7 +827,14 @@ impl Stream {
         if captured.untracked {
             self.dev.0.untracked.record_keeper(&keep);
         }
-        Ok(Graph { dev: self.dev.clone(), backend: Some(graph), captured, keeper, launches: Mutex::new(Vec::new()) })
+        Ok(Graph {
+            dev: self.dev.clone(),
+            backend: Some(graph),
+            captured,
+            keeper,
+            launches: Mutex::new(Vec::new()),
+            uses: Arc::default(),
+        })
     }
 
     /// Whether [`Stream::capture`] is running on this stream.
@@ -850,6 +905,9 @@ pub struct Graph {
     keeper: Arc<lifetime::HostFlag>,
     /// The last launch's completion per stream.
     launches: Mutex<Vec<Completion>>,
+    /// Kernels' launches that may launch it (`&Graph` arguments): its executable lives until
+    /// they have finished.
+    uses: Arc<lifetime::Uses>,
 }
 
 impl std::fmt::Debug for Graph {
@@ -870,11 +928,51 @@ impl Graph {
     }
 }
 
+impl Graph {
+    /// The handle kernels launch it by, when it was made by
+    /// [`Stream::capture_for_device_launch`]. Passing `&graph` as a launch argument gives
+    /// the kernel the same handle and also tracks what the graph uses, as the launch's own
+    /// reads and writes. A kernel that launches the graph only once a flag says that its
+    /// inputs are ready (a scheduler waiting for a collective that writes them) takes this
+    /// raw handle instead: tracked, the collective would wait for the scheduler, which waits
+    /// for the collective. A launch with the raw handle is untracked work: the graph's
+    /// executable, and memory freed meanwhile, live until it has finished; the kernel's
+    /// flags order the graph's accesses.
+    pub fn device_graph(&self) -> Option<DeviceGraph> {
+        let exec = self.backend.as_deref().map_or(0, |g| g.device_handle());
+        (exec != 0).then_some(DeviceGraph { exec })
+    }
+}
+
+impl Sealed for &Graph {}
+
+/// A graph as a kernel argument: the kernel gets its [`DeviceGraph`] (null for a graph made
+/// for host launch only: launching it is refused on the device), and the launch is tracked
+/// as the graph's work (what it reads and writes, and the graph itself, which lives until
+/// the launch has finished).
+impl LaunchArg for &Graph {
+    type Param = DeviceGraph;
+    fn param(&self) -> DeviceGraph {
+        self.device_graph().unwrap_or_default()
+    }
+    fn track(&self, t: &mut LaunchTracking) {
+        t.expect_device(&self.dev, "graph");
+        t.reads.extend(self.captured.reads.iter().cloned());
+        t.writes.extend(self.captured.writes.iter().cloned());
+        t.holds.extend(self.captured.holds.iter().cloned());
+        t.holds.push(self.uses.clone());
+        t.untracked |= self.captured.untracked;
+    }
+}
+
 impl Drop for Graph {
     fn drop(&mut self) {
         self.keeper.raise();
         if let Some(g) = self.backend.take() {
-            let waits = std::mem::take(&mut *lock(&self.launches));
+            let mut waits = std::mem::take(&mut *lock(&self.launches));
+            waits.extend(self.uses.pending_for_free());
+            // Launches that got its raw handle (`device_graph`) are tracked as untracked work.
+            waits.extend(self.dev.0.untracked.pending_for_free());
             lifetime::retire(waits, Box::new(g), "graph");
         }
     }

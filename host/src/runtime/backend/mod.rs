@@ -227,8 +227,9 @@ pub(crate) trait StreamBackend: Send + Sync {
     /// Starts capturing: work queued from now on (on this stream, from any thread) is
     /// recorded into a graph instead of run, until [`StreamBackend::end_capture`].
     fn begin_capture(&self) -> Result<()>;
-    /// Ends the capture and makes the graph executable.
-    fn end_capture(&self) -> Result<Box<dyn GraphBackend>>;
+    /// Ends the capture and makes the graph executable; with `device_launch`, executable
+    /// from kernels too (instantiated for device launch and uploaded on this stream).
+    fn end_capture(&self, device_launch: bool) -> Result<Box<dyn GraphBackend>>;
     /// Queues one run of `graph` (made by a stream of this device).
     fn launch_graph(&self, graph: &dyn GraphBackend) -> Result<()>;
     /// The stream's failure, if it has one (does not wait).
@@ -239,6 +240,9 @@ pub(crate) trait StreamBackend: Send + Sync {
 pub(crate) trait GraphBackend: Send + Sync {
     /// For the backend's own downcasts.
     fn as_any(&self) -> &dyn Any;
+    /// The handle kernels launch it by (`ferrolink_device::graph::DeviceGraph::exec`), when
+    /// it was made for device launch; else 0.
+    fn device_handle(&self) -> u64;
 }
 
 /// A recorded point of a stream.

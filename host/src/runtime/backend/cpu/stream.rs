@@ -4,9 +4,12 @@
 use super::super::{EventBackend, EventState, GraphBackend, LaunchRequest, ModuleBackend, StreamBackend};
 use crate::{Error, Result};
 use ferrolink_device::emulator::{self, LaunchSpec};
+use ferrolink_device::graph::GraphLaunchMode;
 use std::any::Any;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 /// One queued stream operation. Returns an error to make the stream fail.
@@ -39,13 +42,106 @@ pub(crate) struct CpuStream {
 
 /// Captured operations, run in order by each launch.
 struct CpuGraph {
-    ops: Arc<Vec<Replayable>>,
+    ops: Arc<GraphOps>,
+    /// Its handle among [`DEVICE_GRAPHS`], when made for device launch.
+    device_handle: u64,
 }
+
+/// A graph's operations, and whether a launch of it runs (a graph made for device launch may
+/// not be launched from a kernel while it runs, as on a GPU).
+struct GraphOps {
+    ops: Vec<Replayable>,
+    running: AtomicBool,
+}
+
+/// The emulator's graphs made for device launch, by the handle kernels launch them by.
+static DEVICE_GRAPHS: Mutex<BTreeMap<u64, Weak<GraphOps>>> = Mutex::new(BTreeMap::new());
+/// The next handle (never 0, which is no graph).
+static NEXT_DEVICE_GRAPH: AtomicU64 = AtomicU64::new(1);
 
 impl GraphBackend for CpuGraph {
     fn as_any(&self) -> &dyn Any {
         self
     }
+
+    fn device_handle(&self) -> u64 {
+        self.device_handle
+    }
+}
+
+impl Drop for CpuGraph {
+    fn drop(&mut self) {
+        if self.device_handle != 0 {
+            lock(&DEVICE_GRAPHS).remove(&self.device_handle);
+        }
+    }
+}
+
+/// Runs the graphs that the kernels of one launch of a graph launch (the emulator's device
+/// runtime): fire-and-forget and sibling launches start at once on threads of their own and
+/// are joined when the launching graph's work is done (a graph is complete only with its
+/// children; a sibling is joined with them, which is later than CUDA needs); tail launches
+/// run after that, in order.
+#[derive(Default)]
+struct GraphRun {
+    children: Mutex<Vec<std::thread::JoinHandle<Result<()>>>>,
+    tails: Mutex<Vec<Arc<GraphOps>>>,
+}
+
+impl emulator::DeviceGraphLauncher for GraphRun {
+    fn launch(&self, exec: u64, stream: u64) -> u32 {
+        const INVALID_VALUE: u32 = ferrolink_device::graph::GraphLaunchError::INVALID_VALUE;
+        let Some(graph) = lock(&DEVICE_GRAPHS).get(&exec).and_then(Weak::upgrade) else {
+            return INVALID_VALUE;
+        };
+        match GraphLaunchMode::from_stream(stream) {
+            Some(GraphLaunchMode::Tail) => lock(&self.tails).push(graph),
+            Some(GraphLaunchMode::FireAndForget | GraphLaunchMode::Sibling) => {
+                // Refused while a launch of it runs (a tail launch of itself is allowed).
+                if graph.running.swap(true, Ordering::AcqRel) {
+                    return INVALID_VALUE;
+                }
+                let child = std::thread::Builder::new()
+                    .name("ferrolink-cpu-device-graph".into())
+                    .spawn(move || run_graph_marked(&graph));
+                match child {
+                    Ok(h) => lock(&self.children).push(h),
+                    Err(_) => return INVALID_VALUE,
+                }
+            }
+            None => return INVALID_VALUE,
+        }
+        0
+    }
+}
+
+/// Runs `graph` (marked running by its launcher) and its tail launches, then marks it done.
+fn run_graph_marked(graph: &Arc<GraphOps>) -> Result<()> {
+    let result = run_graph(graph);
+    graph.running.store(false, Ordering::Release);
+    result
+}
+
+/// One launch of `graph` in the calling thread: its operations (their kernels' graph launches
+/// go to a [`GraphRun`]), its children, then its tail launches (those a tail graph makes run
+/// before the ones made earlier, as on a GPU).
+fn run_graph(graph: &Arc<GraphOps>) -> Result<()> {
+    let mut queue = VecDeque::from([graph.clone()]);
+    while let Some(g) = queue.pop_front() {
+        let run = Arc::new(GraphRun::default());
+        let mut result = emulator::with_graph_launcher(run.clone(), || g.ops.iter().try_for_each(|op| op()));
+        for child in std::mem::take(&mut *lock(&run.children)) {
+            let joined = child.join().unwrap_or_else(|_| {
+                Err(Error::StreamFailed("a graph launched from a kernel panicked on the emulator".into()))
+            });
+            result = result.and(joined);
+        }
+        result?;
+        for tail in std::mem::take(&mut *lock(&run.tails)).into_iter().rev() {
+            queue.push_front(tail);
+        }
+    }
+    Ok(())
 }
 
 impl CpuStream {
@@ -209,11 +305,19 @@ impl StreamBackend for CpuStream {
         Ok(())
     }
 
-    fn end_capture(&self) -> Result<Box<dyn GraphBackend>> {
+    fn end_capture(&self, device_launch: bool) -> Result<Box<dyn GraphBackend>> {
         let ops = lock(&self.capture)
             .take()
             .ok_or_else(|| Error::InvalidArgument("end_capture: the stream is not capturing".into()))?;
-        Ok(Box::new(CpuGraph { ops: Arc::new(ops) }))
+        let ops = Arc::new(GraphOps { ops, running: AtomicBool::new(false) });
+        let device_handle = if device_launch {
+            let h = NEXT_DEVICE_GRAPH.fetch_add(1, Ordering::Relaxed);
+            lock(&DEVICE_GRAPHS).insert(h, Arc::downgrade(&ops));
+            h
+        } else {
+            0
+        };
+        Ok(Box::new(CpuGraph { ops, device_handle }))
     }
 
     fn launch_graph(&self, graph: &dyn GraphBackend) -> Result<()> {
@@ -222,7 +326,16 @@ impl StreamBackend for CpuStream {
             .downcast_ref::<CpuGraph>()
             .ok_or_else(|| Error::InvalidArgument("a graph of another backend".into()))?;
         let ops = g.ops.clone();
-        self.submit(Arc::new(move || ops.iter().try_for_each(|op| op())))
+        self.submit(Arc::new(move || {
+            // Kernels may not launch it while this launch runs (as on a GPU, where doing
+            // so is undefined).
+            let was_running = ops.running.swap(true, Ordering::AcqRel);
+            let result = run_graph(&ops);
+            if !was_running {
+                ops.running.store(false, Ordering::Release);
+            }
+            result
+        }))
     }
 }
 

@@ -379,6 +379,73 @@ pub(super) fn module_load_image(image: &[u8]) -> Result<sys::CUmodule> {
     unsafe { result::module::load_data(image.as_ptr() as *const c_void) }.map_err(cuda_err("cuModuleLoadData"))
 }
 
+/// Links `ptx` with the static library at `library` (a `.a` of device code: the CUDA device
+/// runtime) into a cubin for the current context's GPU. A failure's error holds the linker's
+/// log.
+pub(super) fn link_with_library(ptx: &str, library: &std::path::Path) -> Result<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let image = CString::new(ptx).map_err(|_| Error::InvalidArgument("PTX text contains a NUL byte".into()))?;
+    let path = CString::new(library.as_os_str().as_bytes())
+        .map_err(|_| Error::InvalidArgument("the library's path contains a NUL byte".into()))?;
+    let mut log = vec![0u8; 16 * 1024];
+    let mut options =
+        [sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
+    // A size option's value is the number itself, in the pointer's place.
+    let mut values = [log.as_mut_ptr() as *mut c_void, log.len() as *mut c_void];
+    let mut state: sys::CUlinkState = std::ptr::null_mut();
+    // SAFETY: two options with their values; `log` outlives the linker (destroyed below).
+    unsafe { sys::cuLinkCreate_v2(2, options.as_mut_ptr(), values.as_mut_ptr(), &mut state) }
+        .result()
+        .map_err(cuda_err("cuLinkCreate"))?;
+    let linked = (|| -> Result<Vec<u8>> {
+        // The driver writes its log through the pointer given at creation.
+        let with_log = |what: &'static str, e: result::DriverError| {
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            let text = String::from_utf8_lossy(&log[..end]);
+            Error::InvalidArgument(format!("{what}: {e:?}: {}", text.trim()))
+        };
+        // SAFETY: `image` is NUL-terminated PTX, alive during the call (the linker copies it);
+        // the name is a NUL-terminated string; no options.
+        unsafe {
+            sys::cuLinkAddData_v2(
+                state,
+                sys::CUjitInputType::CU_JIT_INPUT_PTX,
+                image.as_ptr() as *mut c_void,
+                image.as_bytes_with_nul().len(),
+                c"module".as_ptr(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(|e| with_log("cuLinkAddData (the PTX)", e))?;
+        // SAFETY: `path` is a NUL-terminated path; no options.
+        unsafe {
+            sys::cuLinkAddFile_v2(
+                state,
+                sys::CUjitInputType::CU_JIT_INPUT_LIBRARY,
+                path.as_ptr(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(|e| with_log("cuLinkAddFile (the library)", e))?;
+        let (mut cubin, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+        // SAFETY: valid out-pointers; the image belongs to the linker until it is destroyed.
+        unsafe { sys::cuLinkComplete(state, &mut cubin, &mut size) }
+            .result()
+            .map_err(|e| with_log("cuLinkComplete", e))?;
+        // SAFETY: the linker's image: `size` bytes at `cubin`, alive until `cuLinkDestroy`.
+        Ok(unsafe { std::slice::from_raw_parts(cubin as *const u8, size) }.to_vec())
+    })();
+    // SAFETY: made above, not used after this.
+    let _ = unsafe { sys::cuLinkDestroy(state) };
+    linked
+}
+
 /// Unloads a module.
 ///
 /// # Safety
@@ -693,17 +760,26 @@ pub(super) unsafe fn stream_is_capturing(stream: sys::CUstream) -> Result<bool> 
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-/// Ends the capture of `stream` and instantiates the graph: (graph, executable graph).
+/// Ends the capture of `stream` and instantiates the graph (for device launch too with
+/// `device_launch`): (graph, executable graph).
 ///
 /// # Safety
 /// `stream` is live and capturing.
-pub(super) unsafe fn stream_end_capture(stream: sys::CUstream) -> Result<(sys::CUgraph, sys::CUgraphExec)> {
+pub(super) unsafe fn stream_end_capture(
+    stream: sys::CUstream,
+    device_launch: bool,
+) -> Result<(sys::CUgraph, sys::CUgraphExec)> {
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     // SAFETY: the caller's contract; `graph` is a valid out-pointer.
     unsafe { sys::cuStreamEndCapture(stream, &mut graph) }.result().map_err(cuda_err("cuStreamEndCapture"))?;
     let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    let flags = if device_launch {
+        sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH.0 as u64
+    } else {
+        0
+    };
     // SAFETY: `graph` was just made; `exec` is a valid out-pointer.
-    if let Err(e) = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }.result() {
+    if let Err(e) = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, flags) }.result() {
         // SAFETY: `graph` is ours and unused.
         unsafe { sys::cuGraphDestroy(graph) };
         return Err(cuda_err("cuGraphInstantiateWithFlags")(e));
@@ -718,6 +794,15 @@ pub(super) unsafe fn stream_end_capture(stream: sys::CUstream) -> Result<(sys::C
 pub(super) unsafe fn graph_launch(exec: sys::CUgraphExec, stream: sys::CUstream) -> Result<()> {
     // SAFETY: the caller's contract.
     unsafe { sys::cuGraphLaunch(exec, stream) }.result().map_err(cuda_err("cuGraphLaunch"))
+}
+
+/// Uploads `exec` (instantiated for device launch) on `stream`, so that kernels may launch it.
+///
+/// # Safety
+/// Both are live, of the current context.
+pub(super) unsafe fn graph_upload(exec: sys::CUgraphExec, stream: sys::CUstream) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuGraphUpload(exec, stream) }.result().map_err(cuda_err("cuGraphUpload"))
 }
 
 /// Destroys a graph and its executable.

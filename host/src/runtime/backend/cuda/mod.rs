@@ -326,6 +326,10 @@ impl DeviceBackend for CudaDevice {
     ) -> Result<Box<dyn ModuleBackend>> {
         let _g = self.ctx.bind()?;
         let started = std::time::Instant::now();
+        // PTX that calls the device runtime (a kernel launching a graph) is linked with it;
+        // a cubin of it is relocatable (ptxas -c), so the PTX is what gets linked.
+        let runtime = calls_device_runtime(ptx);
+        let cubin = cubin.filter(|_| !runtime);
         // The driver compiles PTX on first load (the built-in PTX took ~85 s on an H200 with
         // an empty compute cache); a cubin for this GPU's architecture loads at once.
         let assembled = cubin.and_then(|image| {
@@ -341,6 +345,11 @@ impl DeviceBackend for CudaDevice {
         let from_cubin = assembled.is_some();
         let handle = match assembled {
             Some(m) => m,
+            None if runtime => {
+                let library = device_runtime_library()?;
+                let image = context_wide("cuLink (PTX and libcudadevrt)", || driver::link_with_library(ptx, &library))?;
+                context_wide("cuModuleLoadData (linked)", || driver::module_load_image(&image))?
+            }
             None => context_wide("cuModuleLoadData (PTX)", || driver::module_load(ptx))?,
         };
         tracing::debug!(target: "ferrolink::runtime", from_cubin, seconds = started.elapsed().as_secs_f64(),
@@ -496,7 +505,17 @@ impl StreamBackend for CudaStream {
     unsafe fn write_value(&self, addr: u64, value: u64, bytes: u32) -> Result<()> {
         let _g = self.ctx.bind()?;
         // SAFETY: the caller's contract.
-        unsafe { driver::write_value_async(addr, value, bytes, self.stream) }
+        unsafe { driver::write_value_async(addr, value, bytes, self.stream) }.map_err(|e| match e {
+            // Seen on the H200 for a word of the stream-ordered pool (`Device::alloc`).
+            Error::Cuda { source, .. } if source.0 == sys::CUresult::CUDA_ERROR_INVALID_VALUE && bytes >= 4 => {
+                Error::InvalidArgument(format!(
+                    "{e}: the driver refused a stream write to {addr:#x}; streams write words only in memory that \
+                     allows stream memory operations, such as communicator memory (Communicator::mem_alloc, \
+                     windows) or host-mapped memory, not the pool of Device::alloc"
+                ))
+            }
+            e => e,
+        })
     }
 
     unsafe fn write_values(&self, writes: &[(u64, u64, u32)]) -> Result<()> {
@@ -588,11 +607,27 @@ impl StreamBackend for CudaStream {
         unsafe { driver::stream_begin_capture(self.stream) }
     }
 
-    fn end_capture(&self) -> Result<Box<dyn GraphBackend>> {
+    fn end_capture(&self, device_launch: bool) -> Result<Box<dyn GraphBackend>> {
         let _g = self.ctx.bind()?;
         // SAFETY: the stream is live (and capturing, or the driver says not).
-        let (graph, exec) = unsafe { driver::stream_end_capture(self.stream)? };
-        Ok(Box::new(CudaGraph { ctx: self.ctx.clone(), graph, exec }))
+        let (graph, exec) = unsafe { driver::stream_end_capture(self.stream, device_launch) }.map_err(|e| {
+            if device_launch {
+                Error::InvalidArgument(format!(
+                    "{e} (a graph for device launch may hold only kernels, copies of device or mapped \
+                     memory and memsets: no stream waits or writes of words, no host functions)"
+                ))
+            } else {
+                e
+            }
+        })?;
+        let g = CudaGraph { ctx: self.ctx.clone(), graph, exec, device_launch };
+        if device_launch {
+            // SAFETY: both live, of this context; kernels launch it only after this upload
+            // (stream order: the graph's first launches come after it on this stream, and
+            // other streams' kernels get its handle from work queued after this returns).
+            unsafe { driver::graph_upload(exec, self.stream)? };
+        }
+        Ok(Box::new(g))
     }
 
     fn launch_graph(&self, graph: &dyn GraphBackend) -> Result<()> {
@@ -603,11 +638,55 @@ impl StreamBackend for CudaStream {
     }
 }
 
+/// Whether `ptx` calls the CUDA device runtime (declares one of its functions, as a kernel
+/// that launches a graph does): such a module is linked with `libcudadevrt` when loaded.
+fn calls_device_runtime(ptx: &str) -> bool {
+    ptx.lines().any(|l| {
+        let l = l.trim_start();
+        l.starts_with(".extern .func")
+            && l.split(|c: char| c == '(' || c == ')' || c.is_whitespace()).any(|w| w == "cudaGraphLaunch")
+    })
+}
+
+/// Where the CUDA device runtime's static library (`libcudadevrt.a`) is: `FERROLINK_CUDADEVRT`
+/// (the file), else `lib64/` or `lib/` of `CUDA_HOME`, `CUDA_PATH` and `/usr/local/cuda`, else
+/// `/usr/lib/x86_64-linux-gnu`.
+fn device_runtime_library() -> Result<std::path::PathBuf> {
+    use std::path::PathBuf;
+    if let Some(p) = std::env::var_os("FERROLINK_CUDADEVRT") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(Error::InvalidArgument(format!("FERROLINK_CUDADEVRT names {}, which is not a file", p.display())))
+        };
+    }
+    let roots = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .map(PathBuf::from)
+        .chain([PathBuf::from("/usr/local/cuda")]);
+    let mut candidates: Vec<PathBuf> = roots
+        .flat_map(|r| ["lib64", "lib", "targets/x86_64-linux/lib"].map(|d| r.join(d).join("libcudadevrt.a")))
+        .collect();
+    candidates.push(PathBuf::from("/usr/lib/x86_64-linux-gnu/libcudadevrt.a"));
+    candidates.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "the module's kernels call the CUDA device runtime (they launch graphs), so it must be linked with \
+             libcudadevrt.a, which was not found (looked at {}); set FERROLINK_CUDADEVRT to the file (it comes with \
+             the CUDA toolkit)",
+            candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        ))
+    })
+}
+
 /// A captured graph and its executable.
 struct CudaGraph {
     ctx: Arc<Ctx>,
     graph: sys::CUgraph,
     exec: sys::CUgraphExec,
+    /// Instantiated for device launch.
+    device_launch: bool,
 }
 
 // SAFETY: graph handles may be used from any thread with the context current; launches are
@@ -619,6 +698,10 @@ unsafe impl Sync for CudaGraph {}
 impl GraphBackend for CudaGraph {
     fn as_any(&self) -> &dyn Any {
         self
+    }
+
+    fn device_handle(&self) -> u64 {
+        if self.device_launch { self.exec as u64 } else { 0 }
     }
 }
 
