@@ -759,7 +759,7 @@ impl Stream {
     /// uploaded on this stream. Pass `&graph` to a kernel, as an argument of a launch that is
     /// itself captured into a graph (the device runtime launches graphs only from kernels
     /// that run inside one); the argument becomes a
-    /// [`DeviceGraph`](ferrolink_device::graph::DeviceGraph) and makes the launch track what
+    /// [`DeviceGraph`] and makes the launch track what
     /// the graph uses. Such a graph may hold only kernels, copies of device or mapped memory
     /// and memsets (CUDA's rule for device graphs): collectives, whose streams wait for words,
     /// are refused when the capture ends. Linking: a module whose kernels launch graphs is
@@ -971,8 +971,9 @@ impl Drop for Graph {
         if let Some(g) = self.backend.take() {
             let mut waits = std::mem::take(&mut *lock(&self.launches));
             waits.extend(self.uses.pending_for_free());
-            // Launches that got its raw handle (`device_graph`) are tracked as untracked work.
-            waits.extend(self.dev.0.untracked.pending_for_free());
+            // Launches that got its raw handle (`device_graph`) are tracked as untracked work
+            // (not the live graphs' keepers: those would hold its executable for their life).
+            waits.extend(self.dev.0.untracked.pending());
             lifetime::retire(waits, Box::new(g), "graph");
         }
     }
