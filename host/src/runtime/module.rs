@@ -49,8 +49,8 @@ impl Module {
         if entries.is_empty() {
             return Err(Error::InvalidArgument("the PTX declares no kernel entry (.entry)".into()));
         }
-        let imp = dev.backend_device().load_module(ptx, cubin, &entries)?;
         let graph_launchers = graph_launching_entries(ptx);
+        let imp = dev.backend_device().load_module(ptx, cubin, &entries, declares_device_runtime(ptx))?;
         Ok(Module {
             link,
             imp: Some(imp),
@@ -106,11 +106,23 @@ impl Module {
     }
 }
 
+/// The device runtime's function that a kernel calls to launch a graph.
+const GRAPH_LAUNCH_FUNCTION: &str = "cudaGraphLaunch";
+
+/// Whether `ptx` declares the device runtime's graph launch (`.extern .func ...
+/// cudaGraphLaunch(`): the module is then linked with the device runtime when it is loaded,
+/// whether or not an entry reaches the call (an unresolved declaration would not load).
+fn declares_device_runtime(ptx: &str) -> bool {
+    ptx.lines().any(|l| {
+        l.trim_start().starts_with(".extern .func")
+            && l.split(|c: char| c == '(' || c == ')' || c.is_whitespace()).any(|w| w == GRAPH_LAUNCH_FUNCTION)
+    })
+}
+
 /// The kernel entries of `ptx` that call `cudaGraphLaunch`, directly or through the
 /// functions they call (a scan of the PTX's `call` instructions, body by body).
 fn graph_launching_entries(ptx: &str) -> HashSet<String> {
     use std::collections::HashMap;
-    const TARGET: &str = "cudaGraphLaunch";
     // Each defined function's and entry's callees; entries apart.
     let mut calls: HashMap<&str, HashSet<&str>> = HashMap::new();
     let mut entries = Vec::new();
@@ -137,7 +149,7 @@ fn graph_launching_entries(ptx: &str) -> HashSet<String> {
         }
     }
     // Functions that reach the target, to a fixed point.
-    let mut reaching: HashSet<&str> = HashSet::from([TARGET]);
+    let mut reaching: HashSet<&str> = HashSet::from([GRAPH_LAUNCH_FUNCTION]);
     loop {
         let before = reaching.len();
         for (f, callees) in &calls {
@@ -164,7 +176,7 @@ impl Drop for Module {
 
 #[cfg(test)]
 mod tests {
-    use super::graph_launching_entries;
+    use super::{declares_device_runtime, graph_launching_entries};
 
     /// Entries that call `cudaGraphLaunch`, themselves or through a function, are found;
     /// others are not (rustc's PTX layout).
@@ -179,5 +191,9 @@ mod tests {
         let mut found: Vec<String> = graph_launching_entries(ptx).into_iter().collect();
         found.sort();
         assert_eq!(found, ["direct", "indirect"]);
+        assert!(declares_device_runtime(ptx));
+        assert!(!declares_device_runtime(
+            ".extern .func (.param .b32 r) vprintf\n(\n)\n;\n.visible .entry plain(\n)\n{\n}\n"
+        ));
     }
 }

@@ -129,9 +129,16 @@ pub(crate) trait DeviceBackend: Send + Sync + 'static {
     fn create_stream(&self) -> Result<Box<dyn StreamBackend>>;
     /// Loads a module and resolves each of `entries`. `cubin`, when given, is the same
     /// module assembled ahead of time; a backend that can run it uses it instead of compiling
-    /// the PTX, and falls back to the PTX when the GPU cannot run it.
-    fn load_module(&self, ptx: &str, cubin: Option<&[u8]>, entries: &HashSet<String>)
-    -> Result<Box<dyn ModuleBackend>>;
+    /// the PTX, and falls back to the PTX when the GPU cannot run it. `device_runtime`: the
+    /// PTX declares functions of the CUDA device runtime (a kernel launching graphs), which a
+    /// GPU backend links into the module.
+    fn load_module(
+        &self,
+        ptx: &str,
+        cubin: Option<&[u8]>,
+        entries: &HashSet<String>,
+        device_runtime: bool,
+    ) -> Result<Box<dyn ModuleBackend>>;
 
     /// The VMM granularity: sizes and strides of symmetric memory are multiples of it.
     fn vmm_granularity(&self) -> Result<usize>;

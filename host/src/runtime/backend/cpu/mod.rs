@@ -158,6 +158,7 @@ impl DeviceBackend for CpuDevice {
         _ptx: &str,
         _cubin: Option<&[u8]>,
         _entries: &HashSet<String>,
+        _device_runtime: bool,
     ) -> Result<Box<dyn ModuleBackend>> {
         // Kernels run from their host entries; the PTX only tells which entries exist.
         Ok(Box::new(CpuModule))

@@ -323,13 +323,13 @@ impl DeviceBackend for CudaDevice {
         ptx: &str,
         cubin: Option<&[u8]>,
         entries: &HashSet<String>,
+        device_runtime: bool,
     ) -> Result<Box<dyn ModuleBackend>> {
         let _g = self.ctx.bind()?;
         let started = std::time::Instant::now();
         // PTX that calls the device runtime (a kernel launching a graph) is linked with it;
         // a cubin of it is relocatable (ptxas -c), so the PTX is what gets linked.
-        let runtime = calls_device_runtime(ptx);
-        let cubin = cubin.filter(|_| !runtime);
+        let cubin = cubin.filter(|_| !device_runtime);
         // The driver compiles PTX on first load (the built-in PTX took ~85 s on an H200 with
         // an empty compute cache); a cubin for this GPU's architecture loads at once.
         let assembled = cubin.and_then(|image| {
@@ -345,7 +345,7 @@ impl DeviceBackend for CudaDevice {
         let from_cubin = assembled.is_some();
         let handle = match assembled {
             Some(m) => m,
-            None if runtime => {
+            None if device_runtime => {
                 let library = device_runtime_library()?;
                 let image = context_wide("cuLink (PTX and libcudadevrt)", || driver::link_with_library(ptx, &library))?;
                 context_wide("cuModuleLoadData (linked)", || driver::module_load_image(&image))?
@@ -636,16 +636,6 @@ impl StreamBackend for CudaStream {
         // SAFETY: both are live, of this context.
         unsafe { driver::graph_launch(g.exec, self.stream) }
     }
-}
-
-/// Whether `ptx` calls the CUDA device runtime (declares one of its functions, as a kernel
-/// that launches a graph does): such a module is linked with `libcudadevrt` when loaded.
-fn calls_device_runtime(ptx: &str) -> bool {
-    ptx.lines().any(|l| {
-        let l = l.trim_start();
-        l.starts_with(".extern .func")
-            && l.split(|c: char| c == '(' || c == ')' || c.is_whitespace()).any(|w| w == "cudaGraphLaunch")
-    })
 }
 
 /// Where the CUDA device runtime's static library (`libcudadevrt.a`) is: `FERROLINK_CUDADEVRT`
