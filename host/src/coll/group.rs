@@ -428,7 +428,7 @@ impl EventBackend for PendingLaunch {
         }
     }
     fn elapsed_ms_since(&self, _start: &dyn EventBackend) -> Result<f32> {
-        Err(Error::InvalidArgument("a collective's completion carries no time".into()))
+        Err(crate::runtime::backend::untimed_completion())
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
@@ -883,7 +883,10 @@ impl GpuGroup {
             let observer: Weak<dyn crate::runtime::stream::StreamObserver> =
                 Arc::downgrade(&(self.control.clone() as Arc<dyn crate::runtime::stream::StreamObserver>));
             s.core().add_observer(observer);
-            self.control.watch_stream(self.members[0], Arc::downgrade(s.core()));
+            self.control.watch_stream(
+                format!("the shared launch stream of ranks {:?} (one GPU)", self.members),
+                Arc::downgrade(s.core()),
+            );
             let id = s.id();
             let _ = self.launch_stream.set((s, id));
         }

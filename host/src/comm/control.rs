@@ -13,7 +13,7 @@ use crate::runtime::lifetime::lock;
 use crate::runtime::stream::{StreamCore, StreamObserver};
 use crate::{Error, Result};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -140,6 +140,13 @@ pub(crate) trait ControlSource: Send + Sync {
     fn reset(&self) -> Result<()>;
 }
 
+/// [`CommControl`]'s stored timeout for "none".
+const NO_TIMEOUT: u64 = u64::MAX;
+
+fn timeout_to_ns(timeout: Option<Duration>) -> u64 {
+    timeout.map_or(NO_TIMEOUT, |t| u64::try_from(t.as_nanos()).unwrap_or(NO_TIMEOUT - 1).min(NO_TIMEOUT - 1))
+}
+
 /// A stalled wait's key: (rank, kind, barrier or signal, epoch or target).
 type StallKey = (usize, u8, u32, u64);
 
@@ -150,11 +157,15 @@ type StallSeen = (Instant, u32);
 pub(crate) struct CommControl {
     pub(crate) comm_id: u64,
     config: CommConfig,
+    /// The timeout in nanoseconds ([`NO_TIMEOUT`]: none), which [`CommControl::set_timeout`]
+    /// may change; `config.timeout` is not read.
+    timeout_ns: AtomicU64,
     aborted: AtomicBool,
     error: Mutex<Option<Error>>,
     sources: Mutex<Vec<Weak<dyn ControlSource>>>,
-    /// Each rank's stream, watched for failures.
-    streams: Mutex<Vec<(usize, Weak<StreamCore>)>>,
+    /// The streams watched for failures (each rank's, each GPU group's launch stream), with
+    /// what names them.
+    streams: Mutex<Vec<(String, Weak<StreamCore>)>>,
     /// When the watchdog first saw each stalled wait, keyed by (rank, barrier, epoch), and
     /// how many progress lines it has logged for it.
     stalls: Mutex<HashMap<StallKey, StallSeen>>,
@@ -170,6 +181,7 @@ impl CommControl {
         CommControl {
             comm_id,
             config,
+            timeout_ns: AtomicU64::new(timeout_to_ns(config.timeout)),
             aborted: AtomicBool::new(false),
             error: Mutex::new(None),
             sources: Mutex::new(Vec::new()),
@@ -181,7 +193,14 @@ impl CommControl {
     }
 
     pub(crate) fn config(&self) -> CommConfig {
-        self.config
+        let ns = self.timeout_ns.load(Ordering::Relaxed);
+        CommConfig { timeout: (ns != NO_TIMEOUT).then(|| Duration::from_nanos(ns)), ..self.config }
+    }
+
+    /// Changes the timeout of every wait of this process's ranks from now on (the next look
+    /// of a wait in progress sees it).
+    pub(crate) fn set_timeout(&self, timeout: Option<Duration>) {
+        self.timeout_ns.store(timeout_to_ns(timeout), Ordering::Relaxed);
     }
 
     pub(crate) fn add_source(&self, s: Weak<dyn ControlSource>) {
@@ -194,8 +213,9 @@ impl CommControl {
         }
     }
 
-    pub(crate) fn watch_stream(&self, rank: usize, s: Weak<StreamCore>) {
-        lock(&self.streams).push((rank, s));
+    /// Watches `s` for failures; `whose` names it in the abort's message ("rank 3's stream").
+    pub(crate) fn watch_stream(&self, whose: String, s: Weak<StreamCore>) {
+        lock(&self.streams).push((whose, s));
     }
 
     fn sources(&self) -> Vec<std::sync::Arc<dyn ControlSource>> {
@@ -264,11 +284,11 @@ impl CommControl {
         if self.is_aborted() {
             return;
         }
-        let streams: Vec<(usize, std::sync::Arc<StreamCore>)> =
-            lock(&self.streams).iter().filter_map(|(r, w)| w.upgrade().map(|s| (*r, s))).collect();
-        for (rank, s) in streams {
+        let streams: Vec<(String, std::sync::Arc<StreamCore>)> =
+            lock(&self.streams).iter().filter_map(|(r, w)| w.upgrade().map(|s| (r.clone(), s))).collect();
+        for (whose, s) in streams {
             if let Some(e) = s.failure() {
-                self.abort(Error::Aborted(format!("rank {rank}'s stream failed: {e}")));
+                self.abort(Error::Aborted(format!("{whose} failed: {e}")));
                 return;
             }
         }
@@ -288,15 +308,16 @@ impl CommControl {
                 }
             }
         }
+        let config = self.config();
         let mut stalls = lock(&self.stalls);
         stalls.retain(|k, _| seen.iter().any(|w| w.key() == *k));
         let mut expired = None;
         for w in &seen {
             let entry = stalls.entry(w.key()).or_insert((now, 0));
             let waited = now.saturating_duration_since(entry.0);
-            if self.config.timeout.is_some_and(|t| waited >= t) {
+            if config.timeout.is_some_and(|t| waited >= t) {
                 expired.get_or_insert((w.clone(), waited));
-            } else if waited >= self.config.progress_interval * (entry.1 + 1) {
+            } else if waited >= config.progress_interval * (entry.1 + 1) {
                 entry.1 += 1;
                 tracing::warn!(target: "ferrolink::comm", comm = self.comm_id, "{} (waiting for {:.0?})", w.describe(), waited);
             }

@@ -261,7 +261,7 @@ impl Communicator {
         let observer: std::sync::Weak<dyn StreamObserver> =
             Arc::downgrade(&(control.clone() as Arc<dyn StreamObserver>));
         stream.core().add_observer(observer);
-        control.watch_stream(rank, Arc::downgrade(stream.core()));
+        control.watch_stream(format!("rank {rank}'s stream"), Arc::downgrade(stream.core()));
         let shared = Arc::new(CommShared {
             id,
             rank,
@@ -386,6 +386,27 @@ impl Communicator {
     /// The watchdog settings.
     pub fn config(&self) -> CommConfig {
         self.shared.control.config()
+    }
+
+    /// Changes the communicator's timeout ([`CommConfig::timeout`]) for every rank of it in
+    /// this process, from now on: device waits (the watchdog), host waits of ranks sharing a
+    /// GPU, and waits in progress at their next look. Not collective: other processes keep
+    /// theirs. For example a test that waits for a timeout on purpose with a short one, then
+    /// goes on after [`recover`](crate::recover) with the default:
+    ///
+    /// ```
+    /// # use ferrolink::{CommConfig, Communicator, Device};
+    /// # use std::time::Duration;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = Device::open(0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// comms[0].set_timeout(Some(Duration::from_secs(1)));
+    /// assert_eq!(comms[1].config().timeout, Some(Duration::from_secs(1))); // one process: both ranks
+    /// comms[0].set_timeout(CommConfig::from_env(dev.backend()).timeout);
+    /// # Ok(()) }
+    /// ```
+    pub fn set_timeout(&self, timeout: Option<std::time::Duration>) {
+        self.shared.control.set_timeout(timeout);
     }
 
     /// Ranks in this rank's LSA domain.

@@ -87,7 +87,7 @@ impl EventBackend for DeferredEvent {
         self.settled()?.synchronize()
     }
     fn elapsed_ms_since(&self, _start: &dyn EventBackend) -> Result<f32> {
-        Err(Error::InvalidArgument("a collective's completion carries no time".into()))
+        Err(super::backend::untimed_completion())
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

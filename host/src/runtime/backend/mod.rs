@@ -252,6 +252,12 @@ pub(crate) trait GraphBackend: Send + Sync {
     fn device_handle(&self) -> u64;
 }
 
+/// What [`EventBackend::elapsed_ms_since`] says of a completion that stands in for an event
+/// (a shared launch's pending completion, a deferred hand-over): it has no timestamp.
+pub(crate) fn untimed_completion() -> Error {
+    Error::InvalidArgument("a collective's completion carries no time".into())
+}
+
 /// A recorded point of a stream.
 pub(crate) trait EventBackend: Send + Sync {
     /// Whether the stream has reached this point (does not wait).
