@@ -836,6 +836,7 @@ impl GpuGroup {
         {
             caller.follow(c.clone());
         }
+        phases::mark(Phase::Follow);
         match &result {
             Ok(c) if !launch => self.slot_used(seq, c),
             Ok(_) => {}
@@ -1010,6 +1011,9 @@ impl GpuGroup {
             // Before returning: the caller may drop what the launch uses at once.
             mine.note(&c);
             s.follow(c);
+            if complete.is_some() {
+                phases::mark(Phase::Note);
+            }
         }
         if let Some(m) = complete {
             // Refused when a member gave up on this call already (the communicator is

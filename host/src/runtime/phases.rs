@@ -17,6 +17,9 @@ pub(crate) enum Phase {
     /// A member that is not last: for a shared launch, noting the launch to come in what it
     /// uses (it does not wait); else waiting for the last one's work.
     AwaitLast,
+    /// The last member of a shared launch: noting the launch to come in what its own part
+    /// uses and making its stream follow it (as every member does in `await-last`).
+    Note,
     /// The last member: taking the meeting and gathering the members' entries into the launch.
     Gather,
     /// The last member: making the work stream wait for the members' arrivals.
@@ -27,21 +30,25 @@ pub(crate) enum Phase {
     Driver,
     /// Recording the launch's completion event and noting it in what it uses.
     Record,
+    /// The last member: making its stream follow the work's completion.
+    Follow,
     /// The last member: publishing the completion to the others.
     Publish,
     /// After the work is queued, to the call's return (copies out, the stream's following).
     Finish,
 }
 
-const PHASES: [Phase; 10] = [
+const PHASES: [Phase; 12] = [
     Phase::Prepare,
     Phase::Arrive,
     Phase::AwaitLast,
+    Phase::Note,
     Phase::Gather,
     Phase::StreamWaits,
     Phase::Track,
     Phase::Driver,
     Phase::Record,
+    Phase::Follow,
     Phase::Publish,
     Phase::Finish,
 ];
@@ -52,11 +59,13 @@ impl Phase {
             Phase::Prepare => "prepare",
             Phase::Arrive => "arrive",
             Phase::AwaitLast => "await-last",
+            Phase::Note => "note",
             Phase::Gather => "gather",
             Phase::StreamWaits => "stream-waits",
             Phase::Track => "track",
             Phase::Driver => "driver",
             Phase::Record => "record",
+            Phase::Follow => "follow",
             Phase::Publish => "publish",
             Phase::Finish => "finish",
         }
@@ -110,10 +119,11 @@ pub(crate) fn mark(phase: Phase) {
 pub struct HostPhase {
     /// The phase: `prepare` (checks, state and staging before the meeting or launch),
     /// `arrive` (bringing the entry to the GPU group's meeting), `await-last` (a member
-    /// waiting for the last one's launch), `stream-waits` (the last member's: gathering the
-    /// entries, its stream's waits), `track`, `driver` and `record` (a launch: ordering after
-    /// other streams, the driver call, the completion event), `publish` (the last member's),
-    /// `finish` (after the work is queued).
+    /// waiting for the last one's launch, or noting the launch to come), `note` (the last
+    /// member's own noting), `gather` (the last member's: taking the meeting, gathering the
+    /// entries), `stream-waits` (its stream's waits), `track`, `driver` and `record` (a
+    /// launch: ordering after other streams, the driver call, the completion event), `follow`
+    /// and `publish` (the last member's), `finish` (after the work is queued).
     pub name: &'static str,
     /// Times it was timed (summed over every rank thread).
     pub calls: u64,
@@ -176,11 +186,13 @@ mod tests {
                 "prepare",
                 "arrive",
                 "await-last",
+                "note",
                 "gather",
                 "stream-waits",
                 "track",
                 "driver",
                 "record",
+                "follow",
                 "publish",
                 "finish"
             ]
