@@ -904,6 +904,34 @@ fn ranks_sharing_a_gpu_called_in_turn_from_one_thread() {
     });
 }
 
+/// A shared launch handed to the GPU group's launcher (or launched by the last rank) runs
+/// even if the communicators are dropped as soon as the calls return: each rank's output
+/// then waits for it (its pending completion) and holds the sum.
+#[test]
+fn shared_launches_run_after_the_communicators_are_dropped() {
+    ferrolink::testing::for_each_backend("shared_launch_outlives_comms", |dev| {
+        let n = 4;
+        let count = 777;
+        let comms = comms_of(dev, n)?;
+        // The resources first (a collective call that may allocate: every rank at once).
+        reductions_in::<f32>(&comms, &[count], &[Form::Buffers])?;
+        let call = Collective { check: Some(false), ..Collective::new(CollKind::AllReduce, count) };
+        let input = |rank: usize, i: usize| ((rank * 5 + i) % 512) as f32;
+        let mut outs = (0..n).map(|_| dev.alloc::<f32>(count)).collect::<ferrolink::Result<Vec<_>>>()?;
+        for (rank, (c, out)) in comms.iter().zip(&mut outs).enumerate() {
+            let values: Vec<f32> = (0..count).map(|i| input(rank, i)).collect();
+            c.collective::<f32>(&call, Input::Buffer(&dev.alloc_from(&values)?), Output::Buffer(out))?;
+        }
+        drop(comms);
+        for (rank, out) in outs.iter().enumerate() {
+            let got = out.to_vec()?;
+            let bad = (0..count).find(|&i| got[i] != (0..n).map(|r| input(r, i)).sum::<f32>());
+            check(bad.is_none(), || format!("rank {rank}'s element {bad:?} is {:?}", bad.map(|i| got[i])))?;
+        }
+        Ok(())
+    });
+}
+
 /// Memory that several ranks sharing a GPU use, in calls that run ahead of each other, lives
 /// until the last launch that uses it has run: rank 0 makes calls 1 and 2 (reading `shared` in
 /// call 2), then rank 1 makes call 1 reading `shared` (noting call 1's launch after rank 0

@@ -15,9 +15,16 @@
 //! publishes the completion of that work, and every member's stream *follows* it
 //! (`Stream::follow`).
 //!
+//! # The launcher
+//! A shared launch is queued by the group's *launcher thread* ([`Launcher`]), not by a
+//! member: the last member to arrive hands the complete meeting over and returns as the
+//! others do, so the members' own work is off the path of the launches
+//! (`FERROLINK_GROUP_LAUNCHER=last` makes the last member launch in its call instead, as
+//! the persistent kernel's hand-overs always are).
+//!
 //! # Members return before the shared launch
 //! A shared launch goes on the group's own *launch stream*, so every member knows where its
-//! call's launch will go before it is queued. A member that is not the last returns at once:
+//! call's launch will go before it is queued. A member returns at once:
 //! it records a [`PendingLaunch`] completion, under the launch stream's id, into everything
 //! its part uses (before it returns, so nothing it uses is freed before the launch that
 //! uses it), and its stream follows it. That completion is pending until the last member has
@@ -589,6 +596,7 @@ impl<P: ferrolink_device::kernel::KernelParam> LaunchArg for &GroupParam<P> {
 
 /// A field that many threads write, alone on its cache lines (two 64-byte lines: adjacent-line
 /// prefetch pairs them), so that writing it does not evict what they only read.
+#[derive(Default)]
 #[repr(align(128))]
 struct Hot<T>(T);
 
@@ -636,6 +644,80 @@ pub(crate) struct GpuGroup {
     /// Each member's next sequence number (its calls' count: the same on every member), each
     /// on cache lines of its own (every member writes its own at every call).
     seqs: Vec<Hot<AtomicU64>>,
+    /// The thread that queues the shared launches ([`Launcher`]), and the device it launches
+    /// on (set by the first shared launch's members).
+    launcher: Launcher,
+    launch_dev: OnceLock<crate::Device>,
+}
+
+/// Who queues a GPU group's shared launch ([`launcher_mode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LauncherMode {
+    /// A thread of the group's ([`Launcher`]).
+    Thread,
+    /// The last member to arrive, in its own call.
+    Last,
+}
+
+/// `FERROLINK_GROUP_LAUNCHER`: `thread` (the default) or `last` (for comparisons).
+fn launcher_mode() -> LauncherMode {
+    static MODE: OnceLock<LauncherMode> = OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("FERROLINK_GROUP_LAUNCHER").ok().as_deref().map(str::trim) {
+        Some("last") => LauncherMode::Last,
+        Some("thread") | Some("") | None => LauncherMode::Thread,
+        Some(other) => {
+            tracing::warn!(target: "ferrolink::coll", value = other, "FERROLINK_GROUP_LAUNCHER is `thread` or `last`; using `thread`");
+            LauncherMode::Thread
+        }
+    })
+}
+
+/// How long the launcher thread waits for work before it ends (the next shared launch
+/// starts another).
+const LAUNCHER_IDLE_EXIT: Duration = Duration::from_millis(100);
+
+/// A GPU group's launcher: the thread that queues its shared launches. The last member of a
+/// meeting does not launch: it hands the complete meeting to the launcher and returns like the
+/// others (each member's stream already follows the launch to come, [`PendingLaunch`]). The
+/// launcher takes the meetings in order, gathers the entries, launches and publishes. So the
+/// members' own work (preparing a call, arriving, noting the pending launch in what they use)
+/// is off the path of the launches, which is then only the launcher's: with the last member
+/// launching, 8 ranks on the H200 took 19–20 µs per call, the launching member's path
+/// (PERF.md, issue 12 seventeenth part).
+///
+/// The thread is made by the first hand-over and ends after [`LAUNCHER_IDLE_EXIT`] without
+/// work (it holds the group meanwhile, so work handed over before the members' communicators
+/// are dropped is still launched); if it cannot be made, the member that handed the meeting
+/// over launches it. It spins for the members' spin time ([`spin`]) before it sleeps.
+///
+/// Ordering: a meeting is queued under the meetings' lock by the member that completes it,
+/// and meetings complete in order of their numbers (each member arrives at them in order),
+/// so the queue is in launch order. A hand-over raises `pending` (SeqCst) and then reads
+/// `asleep`; the launcher raises `asleep` (SeqCst) and then reads `pending` before it parks:
+/// one of the two sees the other's write, so a queued meeting never waits for a sleeping
+/// launcher (the `unpark` token covers a wake-up that comes before the park).
+#[derive(Default)]
+struct Launcher {
+    queue: Hot<Mutex<LaunchQueue>>,
+    pending: AtomicUsize,
+    asleep: AtomicBool,
+}
+
+#[derive(Default)]
+struct LaunchQueue {
+    ready: std::collections::VecDeque<(u64, Meeting)>,
+    /// The launcher thread, while it runs.
+    thread: Option<std::thread::Thread>,
+    /// A thread is running (or being made).
+    running: bool,
+}
+
+/// What a hand-over to the launcher asks for ([`GpuGroup::hand_over`]).
+enum LauncherStart {
+    /// Wake the thread if it sleeps.
+    Wake,
+    /// Make the thread.
+    Spawn,
 }
 
 /// How the last member of a meeting runs the work ([`GpuGroup::run`]).
@@ -721,6 +803,8 @@ impl GpuGroup {
             reach_wake: Condvar::new(),
             reach_sleepers: AtomicUsize::new(0),
             reach_target: AtomicU64::new(u64::MAX),
+            launcher: Launcher::default(),
+            launch_dev: OnceLock::new(),
             members,
         }
     }
@@ -742,7 +826,12 @@ impl GpuGroup {
             Error::Aborted("the communicator was recovered before every rank sharing its GPU made this call".into());
         // Dropped after the lock: dropping what they hold may retire memory, which looks at
         // completions whose queries take the meetings' lock.
-        let left: Vec<Meeting> = lock(&self.meetings).drain().map(|(_, m)| m).collect();
+        let mut left: Vec<Meeting> = lock(&self.meetings).drain().map(|(_, m)| m).collect();
+        // Meetings handed to the launcher and not taken yet (a recovery follows an abort, so
+        // the launcher would not launch them either).
+        let queued: Vec<Meeting> = lock(&self.launcher.queue).ready.drain(..).map(|(_, m)| m).collect();
+        self.launcher.pending.fetch_sub(queued.len(), Ordering::SeqCst);
+        left.extend(queued);
         for m in &left {
             m.outcome.abandon(&why);
         }
@@ -768,11 +857,30 @@ impl GpuGroup {
     /// part 0 waits for it, else on `caller`'s. `caller` follows the work unless `follow` is
     /// false (its stream is capturing a graph). A failure aborts the communicator (its other
     /// ranks would wait for this work).
-    pub(crate) fn run(&self, mut g: Gathered, caller: &Stream, follow: bool, seq: u64, work: Work<'_>) -> Result<()> {
-        let mut uses = std::mem::replace(&mut g.uses, LaunchTracking::new(caller.device()));
-        let on = match work {
-            Work::Launch { .. } => self.launch_stream(caller.device())?.share(),
-            Work::Persistent { .. } => g.launch_stream.take().unwrap_or_else(|| caller.share()),
+    pub(crate) fn run(&self, g: Gathered, caller: &Stream, follow: bool, seq: u64, work: Work<'_>) -> Result<()> {
+        self.run_on(g, caller.device(), Some((caller, follow)), seq, work)
+    }
+
+    /// [`GpuGroup::run`] by the member `caller` (which follows the work if its flag says
+    /// so), or by the group's launcher (`None`: a shared launch, which every member follows
+    /// already).
+    fn run_on(
+        &self,
+        mut g: Gathered,
+        dev: &crate::Device,
+        caller: Option<(&Stream, bool)>,
+        seq: u64,
+        work: Work<'_>,
+    ) -> Result<()> {
+        let mut uses = std::mem::replace(&mut g.uses, LaunchTracking::new(dev));
+        let on = match (&work, caller) {
+            (Work::Launch { .. }, _) => self.launch_stream(dev)?.share(),
+            (Work::Persistent { .. }, Some((c, _))) => g.launch_stream.take().unwrap_or_else(|| c.share()),
+            (Work::Persistent { .. }, None) => {
+                return Err(Error::InvalidArgument(
+                    "a hand-over to the persistent kernel needs a member's stream".into(),
+                ));
+            }
         };
         let stream = &on;
         let launch = matches!(work, Work::Launch { .. });
@@ -831,9 +939,7 @@ impl GpuGroup {
                 }
             }
         })();
-        if let Ok(c) = &result
-            && follow
-        {
+        if let (Ok(c), Some((caller, true))) = (&result, caller) {
             caller.follow(c.clone());
         }
         phases::mark(Phase::Follow);
@@ -938,8 +1044,13 @@ impl GpuGroup {
         let since = Instant::now();
         let Part { rank, entry, served, control, sync, ctas, uses, stream, wait } = part;
         let p = self.part_of(rank);
+        // Whether a complete meeting goes to the launcher thread (a shared launch).
+        let to_launcher = purpose == Purpose::Launch && launcher_mode() == LauncherMode::Thread;
         if purpose == Purpose::Launch {
             self.within_reach(rank, seq)?;
+            if to_launcher {
+                self.launch_dev.get_or_init(|| dev.clone());
+            }
         }
         let ring = self.ring(dev)?;
         if let Some(e) = &entry
@@ -979,6 +1090,7 @@ impl GpuGroup {
             _ => (uses, None),
         };
         let arrival = Arrival { part: p, entry, served, control, sync, ctas, uses, launch_stream, events };
+        let mut handed_over = None;
         let (outcome, complete) = {
             let mut meetings = lock(&self.meetings);
             let m = meetings.entry((purpose, seq)).or_insert_with(|| Meeting {
@@ -988,7 +1100,13 @@ impl GpuGroup {
             m.arrivals.push(arrival);
             let last = m.arrivals.len() == self.members.len();
             phases::mark(Phase::Arrive);
-            if last {
+            if last && to_launcher {
+                // Queued under the meetings' lock: in order (see `Launcher`).
+                let m = meetings.remove(&(purpose, seq)).expect("the meeting arrived at");
+                let outcome = m.outcome.clone();
+                handed_over = Some(self.hand_over(seq, m));
+                (Some(outcome), None)
+            } else if last {
                 (None, meetings.remove(&(purpose, seq)))
             } else if wait.is_none() {
                 return Ok(None);
@@ -996,6 +1114,9 @@ impl GpuGroup {
                 (Some(m.outcome.clone()), None)
             }
         };
+        if let Some(start) = handed_over {
+            self.wake_launcher(start);
+        }
         let outcome = outcome.unwrap_or_else(|| complete.as_ref().expect("the last member's").outcome.clone());
         if let Some((s, launch_stream, mine)) = early {
             let pending = PendingLaunch {
@@ -1035,6 +1156,126 @@ impl GpuGroup {
         stream.expect("a waiting member has a stream").follow(done);
         phases::mark(Phase::AwaitLast);
         Ok(None)
+    }
+
+    /// Queues complete meeting `seq` for the launcher (under the meetings' lock); returns
+    /// what [`GpuGroup::wake_launcher`] must do after the lock.
+    fn hand_over(&self, seq: u64, m: Meeting) -> LauncherStart {
+        let mut q = lock(&self.launcher.queue);
+        q.ready.push_back((seq, m));
+        // SeqCst: see `Launcher`.
+        self.launcher.pending.fetch_add(1, Ordering::SeqCst);
+        if q.running {
+            LauncherStart::Wake
+        } else {
+            q.running = true;
+            LauncherStart::Spawn
+        }
+    }
+
+    /// Starts the launcher thread, or wakes it if it sleeps. If no thread can be made, this
+    /// (the member's) thread launches what is queued.
+    fn wake_launcher(self: &Arc<Self>, start: LauncherStart) {
+        match start {
+            LauncherStart::Wake => {
+                if self.launcher.asleep.load(Ordering::SeqCst)
+                    && let Some(t) = lock(&self.launcher.queue).thread.clone()
+                {
+                    t.unpark();
+                }
+            }
+            LauncherStart::Spawn => {
+                let group = self.clone();
+                let made =
+                    std::thread::Builder::new().name("ferrolink-launch".into()).spawn(move || group.launcher_main());
+                if let Err(e) = made {
+                    tracing::warn!(target: "ferrolink::coll", error = %e,
+                        "could not start a GPU group's launcher thread; the member launches");
+                    self.launch_queued();
+                    lock(&self.launcher.queue).running = false;
+                    // Work queued meanwhile found `running` set: launch it too.
+                    self.launch_queued();
+                }
+            }
+        }
+    }
+
+    /// The launcher thread: launches queued meetings until it has had none for
+    /// [`LAUNCHER_IDLE_EXIT`].
+    fn launcher_main(self: Arc<Self>) {
+        lock(&self.launcher.queue).thread = Some(std::thread::current());
+        let mut idle_since = Instant::now();
+        loop {
+            if self.launch_queued() {
+                idle_since = Instant::now();
+                continue;
+            }
+            let idle = idle_since.elapsed();
+            if idle < spin() {
+                std::hint::spin_loop();
+                continue;
+            }
+            if idle >= LAUNCHER_IDLE_EXIT {
+                let mut q = lock(&self.launcher.queue);
+                if q.ready.is_empty() {
+                    q.running = false;
+                    q.thread = None;
+                    return;
+                }
+                continue;
+            }
+            // SeqCst: see `Launcher`.
+            self.launcher.asleep.store(true, Ordering::SeqCst);
+            if self.launcher.pending.load(Ordering::SeqCst) == 0 {
+                std::thread::park_timeout(Duration::from_millis(10));
+            }
+            self.launcher.asleep.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Launches the queued meetings, in order; whether there were any.
+    fn launch_queued(self: &Arc<Self>) -> bool {
+        if self.launcher.pending.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        loop {
+            let Some((seq, m)) = lock(&self.launcher.queue).ready.pop_front() else { return true };
+            self.launcher.pending.fetch_sub(1, Ordering::SeqCst);
+            phases::begin();
+            let launched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.launch_meeting(seq, m)));
+            if launched.is_err() {
+                // (`Taken` and `Gathered` have failed the meeting: the members know.)
+                let e = Error::Aborted(format!("the launcher of a GPU group panicked while launching call #{seq}"));
+                self.control.abort(e);
+            }
+        }
+    }
+
+    /// The launcher's share of complete meeting `seq`: what the last member does with the
+    /// last-member launcher ([`GpuGroup::meet`], then [`GpuGroup::run`]).
+    fn launch_meeting(self: &Arc<Self>, seq: u64, m: Meeting) {
+        let dev = self.launch_dev.get().expect("set by the members before a hand-over");
+        if let Err(e) = m.outcome.claim(&self.log, true) {
+            // A member gave the call up, or the communicator was aborted: it never runs.
+            tracing::debug!(target: "ferrolink::coll", seq, error = %e, "a shared launch was given up");
+            return;
+        }
+        let taken = Taken { group: self, outcome: m.outcome.clone(), seq, held: true };
+        let Ok(ring) = self.ring(dev) else { return }; // (made before any call; `taken` fails it)
+        let g = self.gather(Purpose::Launch, seq, ring, m);
+        taken.release();
+        phases::mark(Phase::Gather);
+        if g.nothing_served() {
+            g.discard();
+            return;
+        }
+        let result = dev
+            .builtin_module()
+            .and_then(|module| self.run_on(g, dev, None, seq, Work::Launch { module, threads: super::threads(dev) }));
+        if let Err(e) = result {
+            // (`run_on` aborted the communicator: the members see it.)
+            tracing::debug!(target: "ferrolink::coll", seq, error = %e, "a shared launch failed");
+        }
     }
 
     /// Notes that meeting `seq`'s work was queued (or failed, or was not needed), and wakes
@@ -1081,9 +1322,14 @@ impl GpuGroup {
             if over || waited >= next_report {
                 let oldest = self.meetings_over.load(Ordering::SeqCst) + 1;
                 let missing = self.missing(Purpose::Launch, oldest);
+                let whom = if missing.is_empty() {
+                    "the launcher thread of the ranks sharing its GPU to queue".to_string()
+                } else {
+                    format!("ranks {missing:?} sharing its GPU to make")
+                };
                 let why = format!(
                     "rank {rank} is {RUN_AHEAD} collective calls ahead of its GPU's shared launches and waits for \
-                     ranks {missing:?} sharing its GPU to make call #{oldest} (waited {:.1}s)",
+                     {whom} call #{oldest} (waited {:.1}s)",
                     waited.as_secs_f64()
                 );
                 if over {
@@ -1206,12 +1452,20 @@ impl GpuGroup {
                     let over = config.timeout.is_some_and(|t| waited >= t);
                     if over || (block && waited >= next_report) {
                         let missing = self.missing(purpose, seq);
-                        let why = format!(
-                            "rank {rank} waits on the host for ranks {missing:?} sharing its GPU to make collective \
-                             call #{seq} ({purpose:?}) (waited {:.1}s): ranks sharing a GPU meet on the host, so \
-                             each must call from a thread of its own (as run_ranks does)",
-                            waited.as_secs_f64()
-                        );
+                        let why = if missing.is_empty() {
+                            format!(
+                                "rank {rank} waits on the host for the launcher thread of the ranks sharing its GPU \
+                                 to queue collective call #{seq} (waited {:.1}s)",
+                                waited.as_secs_f64()
+                            )
+                        } else {
+                            format!(
+                                "rank {rank} waits on the host for ranks {missing:?} sharing its GPU to make \
+                                 collective call #{seq} ({purpose:?}) (waited {:.1}s): ranks sharing a GPU meet on \
+                                 the host, so each must call from a thread of its own (as run_ranks does)",
+                                waited.as_secs_f64()
+                            )
+                        };
                         if over {
                             let err = Error::WaitTimeout(format!(
                                 "{why}, over the communicator's timeout (FERROLINK_TIMEOUT)"
@@ -1237,6 +1491,9 @@ impl GpuGroup {
 
     /// The members that have not arrived at meeting `(purpose, seq)` (world ranks).
     fn missing(&self, purpose: Purpose, seq: u64) -> Vec<usize> {
+        if lock(&self.launcher.queue).ready.iter().any(|(s, _)| *s == seq) && purpose == Purpose::Launch {
+            return Vec::new(); // every member came: the launcher has not taken it yet
+        }
         let meetings = lock(&self.meetings);
         let arrived: Vec<usize> =
             meetings.get(&(purpose, seq)).map(|m| m.arrivals.iter().map(|a| a.part).collect()).unwrap_or_default();
