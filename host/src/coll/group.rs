@@ -223,7 +223,10 @@ enum Progress {
 /// the same mutex under which the last member takes it (`Launching`): so either the work is
 /// queued with every member's part, or it never runs, and a member that returned before it
 /// was queued ([`PendingLaunch`]) can tell which before its memory is freed.
+// (Aligned: every member clones the `Arc` of its meeting's outcome, whose counts then stay
+// off the lines that the launcher locks and writes.)
 #[derive(Default)]
+#[repr(align(128))]
 struct Outcome {
     ready: AtomicBool,
     progress: Mutex<Progress>,
@@ -335,6 +338,7 @@ impl Outcome {
 /// failure aborts it first), and an aborted communicator's meetings are no longer taken
 /// ([`Outcome::claim`]); so once no launch is under way, every launch that will ever run is
 /// queued, in order, and the last one's completion comes after all of them.
+#[repr(align(128))] // (as `Outcome`: members clone the `Arc` at every call)
 struct LaunchLog {
     control: Arc<CommControl>,
     launching: AtomicUsize,
@@ -454,7 +458,9 @@ struct Arrival {
     control: u64,
     sync: Option<(Window, u64)>,
     ctas: u32,
-    uses: LaunchTracking,
+    /// What the work uses for this member; `None` for a member of a shared launch, which
+    /// tracks its part itself (and registers its observers with the launch stream).
+    uses: Option<LaunchTracking>,
     /// Part 0's stream, when part 0 waits for the work: the work goes there.
     launch_stream: Option<Stream>,
     /// What the work waits for: the member's arrival and, for a shared launch, other
@@ -608,6 +614,7 @@ impl<T> std::ops::Deref for Hot<T> {
 }
 
 /// The ranks of one communicator on one GPU in this process.
+#[repr(align(128))] // (as `Outcome`: members take a `Weak` of it at every call)
 pub(crate) struct GpuGroup {
     /// Their world ranks, ascending: a rank's place here is its part of the kernel.
     pub(crate) members: Vec<usize>,
@@ -648,6 +655,9 @@ pub(crate) struct GpuGroup {
     /// on (set by the first shared launch's members).
     launcher: Launcher,
     launch_dev: OnceLock<crate::Device>,
+    /// Per member: the observers it registered with the launch stream (addresses), each
+    /// on cache lines of its own.
+    observed: Vec<Hot<Mutex<Vec<usize>>>>,
 }
 
 /// Who queues a GPU group's shared launch ([`launcher_mode`]).
@@ -805,6 +815,7 @@ impl GpuGroup {
             reach_target: AtomicU64::new(u64::MAX),
             launcher: Launcher::default(),
             launch_dev: OnceLock::new(),
+            observed: (0..members.len()).map(|_| Hot::default()).collect(),
             members,
         }
     }
@@ -1083,11 +1094,14 @@ impl GpuGroup {
                     return Err(e);
                 }
                 events.extend(uses.foreign_pending(on).into_iter().filter(|c| c.stream() != s.id()));
-                let mut launch = LaunchTracking::new(dev);
-                launch.observers.clone_from(&uses.observers);
-                (launch, Some((s, on, uses)))
+                // The launch stream follows its own launches: an arrival that is one of them
+                // (in a loop of collectives, the previous call's) needs no wait, and the
+                // launcher then takes in no completion of the member's.
+                events.retain(|c| c.stream() != on);
+                self.register_observers(dev, p, &uses)?;
+                (None, Some((s, on, uses)))
             }
-            _ => (uses, None),
+            _ => (Some(uses), None),
         };
         let arrival = Arrival { part: p, entry, served, control, sync, ctas, uses, launch_stream, events };
         let mut handed_over = None;
@@ -1143,7 +1157,7 @@ impl GpuGroup {
             // Until `Gathered` owns the work: a panic while gathering must not leave it taken
             // for ever (members would wait on it with no timeout).
             let taken = Taken { group: self, outcome: m.outcome.clone(), seq, held: true };
-            let g = self.gather(purpose, seq, ring, m);
+            let g = self.gather(dev, purpose, seq, ring, m);
             taken.release();
             phases::mark(Phase::Gather);
             return Ok(Some(g));
@@ -1156,6 +1170,23 @@ impl GpuGroup {
         stream.expect("a waiting member has a stream").follow(done);
         phases::mark(Phase::AwaitLast);
         Ok(None)
+    }
+
+    /// Registers member `part`'s observers (what explains its stream's failures) with the
+    /// launch stream, as its launches' tracking would, when they changed since its last call
+    /// (registering takes the launch stream's observer list, which the launcher reads).
+    fn register_observers(&self, dev: &crate::Device, part: usize, uses: &LaunchTracking) -> Result<()> {
+        let mut known = lock(&self.observed[part]);
+        let ptr = |w: &Weak<dyn crate::runtime::stream::StreamObserver>| w.as_ptr() as *const () as usize;
+        if known.len() == uses.observers.len() && known.iter().zip(&uses.observers).all(|(k, w)| *k == ptr(w)) {
+            return Ok(());
+        }
+        let launch_stream = self.launch_stream(dev)?;
+        for o in &uses.observers {
+            launch_stream.core().add_observer(o.clone());
+        }
+        *known = uses.observers.iter().map(ptr).collect();
+        Ok(())
     }
 
     /// Queues complete meeting `seq` for the launcher (under the meetings' lock); returns
@@ -1262,7 +1293,7 @@ impl GpuGroup {
         }
         let taken = Taken { group: self, outcome: m.outcome.clone(), seq, held: true };
         let Ok(ring) = self.ring(dev) else { return }; // (made before any call; `taken` fails it)
-        let g = self.gather(Purpose::Launch, seq, ring, m);
+        let g = self.gather(dev, Purpose::Launch, seq, ring, m);
         taken.release();
         phases::mark(Phase::Gather);
         if g.nothing_served() {
@@ -1351,7 +1382,7 @@ impl GpuGroup {
 
     /// The last member's gathering of meeting `(purpose, seq)`'s arrivals into the work's
     /// parameters (outside the meetings' lock).
-    fn gather(self: &Arc<Self>, purpose: Purpose, seq: u64, ring: &Ring, m: Meeting) -> Gathered {
+    fn gather(self: &Arc<Self>, dev: &crate::Device, purpose: Purpose, seq: u64, ring: &Ring, m: Meeting) -> Gathered {
         let mut ranks = LocalRanks {
             ring: ring.device.addr(),
             slots: RING_SLOTS as u32,
@@ -1383,9 +1414,10 @@ impl GpuGroup {
                 ranks.sync = addr;
                 sync = Some((window, addr));
             }
-            match uses.as_mut() {
-                Some(u) => u.absorb(a.uses),
-                None => uses = Some(a.uses),
+            match (uses.as_mut(), a.uses) {
+                (Some(u), Some(mine)) => u.absorb(mine),
+                (None, mine) => uses = mine,
+                (Some(_), None) => {}
             }
             launch_stream = launch_stream.or(a.launch_stream);
             events.extend(a.events);
@@ -1397,7 +1429,7 @@ impl GpuGroup {
             launch,
             events,
             launch_stream,
-            uses: uses.expect("the last member's at least"),
+            uses: uses.unwrap_or_else(|| LaunchTracking::new(dev)),
             sync,
             outcome: Some(m.outcome),
             control: self.control.clone(),
@@ -1629,7 +1661,7 @@ mod tests {
             control: 0,
             sync: None,
             ctas: 1,
-            uses: LaunchTracking::new(&crate::Device::open_with(crate::Backend::Cpu, 0).expect("a CPU device")),
+            uses: Some(LaunchTracking::new(&crate::Device::open_with(crate::Backend::Cpu, 0).expect("a CPU device"))),
             launch_stream: None,
             events: Vec::new(),
         };

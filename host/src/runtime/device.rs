@@ -9,6 +9,9 @@ use crate::{Backend, Error, Result};
 use bytemuck::Pod;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+// (Aligned: every launch and buffer clones the `Arc` of its device, from every rank thread;
+// the counts then stay off the lines of the fields that those threads only read.)
+#[repr(align(128))]
 pub(crate) struct DeviceInner {
     // Declared first so that it is dropped first, while the device is otherwise whole.
     builtin: OnceLock<Module>,
