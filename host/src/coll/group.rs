@@ -691,9 +691,9 @@ const LAUNCHER_IDLE_EXIT: Duration = Duration::from_millis(100);
 /// others (each member's stream already follows the launch to come, [`PendingLaunch`]). The
 /// launcher takes the meetings in order, gathers the entries, launches and publishes. So the
 /// members' own work (preparing a call, arriving, noting the pending launch in what they use)
-/// is off the path of the launches, which is then only the launcher's: with the last member
-/// launching, 8 ranks on the H200 took 19–20 µs per call, the launching member's path
-/// (PERF.md, issue 12 seventeenth part).
+/// is off the path of the launches, which is then only the launcher's: on the H200, 8 ranks
+/// took 13.8–16.0 µs per call with the launcher, 16.6–19.4 with the last member launching in
+/// the same run (PERF.md, issue 12 seventeenth part).
 ///
 /// The thread is made by the first hand-over and ends after [`LAUNCHER_IDLE_EXIT`] without
 /// work (it holds the group meanwhile, so work handed over before the members' communicators
