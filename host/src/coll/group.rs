@@ -64,8 +64,11 @@
 //!
 //! # Ordering
 //! A shared launch's entries are pushed into the meeting under the meetings' mutex; the last
-//! member takes the meeting out under it, gathers the entries after it, and the driver copies
-//! them into the launch's parameter at the launch. A member's pending completion is noted in
+//! member takes the meeting out under it and queues it for the launcher under the launcher's
+//! queue mutex (or, with `FERROLINK_GROUP_LAUNCHER=last`, keeps it), and whoever launches
+//! gathers the entries after taking it and the driver copies them into the launch's
+//! parameter. Meetings complete in order of their numbers (every member arrives at them in
+//! order), so the queue, filled under the meetings' mutex, is in launch order. A member's pending completion is noted in
 //! its resources before its call returns, at the launch's place in the launch stream's order
 //! (a resource keeps the later of two: members note them out of order); the launch stream
 //! orders every launch after the members' arrivals (event waits), and work of another stream

@@ -71,7 +71,13 @@ impl Module {
 
     /// Whether the module was loaded on `dev`.
     pub(crate) fn belongs_to(&self, dev: &Device) -> bool {
-        self.device().is_some_and(|d| d.same_as(dev))
+        // The same device object first, without touching its reference counts (every launch
+        // asks, from every rank thread): `dev` holds it alive, so an equal address is it.
+        let same_object = match &self.link {
+            DeviceLink::Owner(d) => Arc::ptr_eq(&d.0, &dev.0),
+            DeviceLink::Builtin(w) => std::ptr::eq(w.as_ptr(), Arc::as_ptr(&dev.0)),
+        };
+        same_object || self.device().is_some_and(|d| d.same_as(dev))
     }
 
     /// Whether the module declares a kernel entry called `name`.

@@ -473,15 +473,18 @@ impl Stream {
         let host_args = EmulatorArgs(params);
         let entry = kernel.host_entry();
         // A captured launch is emulated at every replay: each gets a copy of the arguments.
-        let emulate: EmulatedLaunchFactory = Arc::new(move || -> EmulatedLaunch {
-            let args = host_args;
-            Box::new(move |spec| {
-                let args = args;
-                // SAFETY: the caller of `launch` upholds the kernel's contract (for a graph,
-                // at every replay: the graph keeps what it uses alive).
-                unsafe { emulator::launch(spec, entry, args.0) }
+        // Made only by a backend that emulates (a GPU's launch allocates nothing for it).
+        let emulate = move || -> EmulatedLaunchFactory {
+            Arc::new(move || -> EmulatedLaunch {
+                let args = host_args;
+                Box::new(move |spec| {
+                    let args = args;
+                    // SAFETY: the caller of `launch` upholds the kernel's contract (for a
+                    // graph, at every replay: the graph keeps what it uses alive).
+                    unsafe { emulator::launch(spec, entry, args.0) }
+                })
             })
-        });
+        };
         self.enqueue_tracked(t, |backend| {
             params.with_param_ptrs(|p| {
                 let req = LaunchRequest { kernel: name, cfg: &cfg, params: p, emulate: &emulate };

@@ -46,8 +46,8 @@ pub(crate) struct LaunchRequest<'a> {
     pub(crate) cfg: &'a LaunchConfig,
     /// One pointer per argument, as `cuLaunchKernel` wants them.
     pub(crate) params: &'a mut [*mut c_void],
-    /// Builds the emulated launch.
-    pub(crate) emulate: &'a EmulatedLaunchFactory,
+    /// Makes what builds the emulated launch (called only by a backend that emulates).
+    pub(crate) emulate: &'a dyn Fn() -> EmulatedLaunchFactory,
 }
 
 /// Whether a recorded point of a stream has been reached.

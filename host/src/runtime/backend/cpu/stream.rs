@@ -217,7 +217,7 @@ impl StreamBackend for CpuStream {
             timeout: cfg.emulator_timeout.unwrap_or_else(emulator::default_timeout),
         };
         emulator::validate(&spec)?;
-        let make = req.emulate.clone();
+        let make = (req.emulate)();
         self.submit(Arc::new(move || make()(&spec).map_err(Error::from)))
     }
 
