@@ -1676,9 +1676,10 @@ pub mod group {
         pub skip: u32,
     }
 
-    /// The parameter of a shared launch (one operation, no persistent kernel): the grid's
-    /// cut and every served rank's entry, carried by the launch itself, so that no CTA reads
-    /// host memory (a read of host memory from an SM took about 18 µs on the H200).
+    /// The parameter of a shared launch (no persistent kernel): the grid's cut and every
+    /// served rank's entry of one operation, or of several run one after the other, carried
+    /// by the launch itself, so that no CTA reads host memory (a read of host memory from an
+    /// SM took about 18 µs on the H200).
     #[repr(C)]
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
     pub struct GroupLaunch {
@@ -1688,10 +1689,28 @@ pub mod group {
         pub ctas_per_rank: u32,
         /// Bit `p` set: part `p` is not served (as [`LocalRanks::skip`]).
         pub skip: u32,
-        /// Unused (alignment).
-        pub reserved: u32,
-        /// Part `p`'s [`RankOp`] in its first bytes (entries [`RANK_OP_STRIDE`] bytes apart).
+        /// Operations the launch runs, one after the other (0 counts as 1): operation `j`'s
+        /// entry of part `p` is `ops[j * count + p]`.
+        pub operations: u32,
+        /// With more than one operation: the launch's [`GridSync`] (device memory), where
+        /// every CTA meets between operations.
+        pub grid_sync: u64,
+        /// The entries: a [`RankOp`] in the first bytes of each ([`RANK_OP_STRIDE`] bytes
+        /// apart).
         pub ops: [[u64; RANK_OP_STRIDE / 8]; MAX_LOCAL_RANKS],
+    }
+
+    /// Where the CTAs of a shared launch of several operations meet between them
+    /// ([`GroupLaunch::grid_sync`]): zeroed when made, and back to zero arrivals after
+    /// every meeting, so one serves every launch of a group in turn (launches of a group run
+    /// one at a time, on its launch stream).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+    pub struct GridSync {
+        /// CTAs arrived at the current meeting.
+        pub arrived: u64,
+        /// Meetings over (each one's last CTA raises it).
+        pub generation: u64,
     }
 
     impl Default for GroupLaunch {
@@ -1701,9 +1720,9 @@ pub mod group {
     }
 
     impl GroupLaunch {
-        /// Puts `op` as part `part`'s entry.
-        pub fn set(&mut self, part: usize, op: &RankOp) {
-            let words = &mut self.ops[part];
+        /// Puts `op` as entry `index` (part `index % count` of operation `index / count`).
+        pub fn set(&mut self, index: usize, op: &RankOp) {
+            let words = &mut self.ops[index];
             bytemuck::cast_slice_mut::<u64, u8>(words)[..core::mem::size_of::<RankOp>()]
                 .copy_from_slice(bytemuck::bytes_of(op));
         }
@@ -1715,24 +1734,103 @@ pub mod group {
     /// Byte offset of [`GroupLaunch::ops`].
     pub const GROUP_LAUNCH_OPS_OFFSET: usize = core::mem::offset_of!(GroupLaunch, ops);
 
-    /// Runs one operation of a shared launch: CTA `block` runs part `block % ctas_per_rank`
-    /// of its rank's entry, read 16 bytes per thread from the kernel's parameter at `ops` (the
-    /// parameter-space address of [`GroupLaunch::ops`]) into shared memory.
+    /// Runs the operations of a shared launch: for each, CTA `block` runs part `block %
+    /// ctas_per_rank` of its rank's entry, read 16 bytes per thread from the kernel's
+    /// parameter at `ops` (the parameter-space address of [`GroupLaunch::ops`]) into shared
+    /// memory; between operations every CTA of the grid meets at `grid_sync` (as between two
+    /// launches: an operation may read the previous one's outputs, and its LL lines and
+    /// barriers follow the previous one's).
     ///
     /// # Safety
-    /// `ops` is the address of the launch's [`GroupLaunch::ops`], whose served entries
-    /// follow [`serve`]'s contract for the ring's; the grid has `count * ctas_per_rank` CTAs,
-    /// each with [`RANK_OP_STRIDE`] bytes of dynamic shared memory.
-    pub unsafe fn serve_launch(count: u32, ctas_per_rank: u32, skip: u32, ops: u64, block: usize) {
+    /// `ops` is the address of the launch's [`GroupLaunch::ops`], whose served entries (of
+    /// `operations` operations, `count * operations <= MAX_LOCAL_RANKS`) follow [`serve`]'s
+    /// contract for the ring's, in order; the grid has `count * ctas_per_rank` CTAs, all
+    /// resident at once, each with [`RANK_OP_STRIDE`] bytes of dynamic shared memory; with
+    /// more than one operation, `grid_sync` is a live [`GridSync`] that only this launch uses
+    /// while it runs, with no arrival counted.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn serve_launch(
+        count: u32,
+        ctas_per_rank: u32,
+        skip: u32,
+        operations: u32,
+        grid_sync: u64,
+        ops: u64,
+        block: usize,
+        grid: usize,
+    ) {
+        let coop = CoopCta;
         let per = ctas_per_rank.max(1) as usize;
         let (part, cta) = (block / per, block % per);
-        if part >= (count as usize).min(MAX_LOCAL_RANKS) || skip & (1 << part) != 0 {
-            return;
+        let count = (count as usize).min(MAX_LOCAL_RANKS);
+        let served = part < count && skip & (1 << part) == 0;
+        let operations = (operations.max(1) as usize).min(MAX_LOCAL_RANKS / count.max(1));
+        // Where a CTA waiting between operations looks for an abort (its rank's).
+        let mut control = 0u64;
+        for j in 0..operations {
+            if j > 0 {
+                // SAFETY: `grid_sync` is this launch's (contract); every CTA of the grid
+                // comes here once per operation boundary.
+                unsafe { grid_meeting(grid_sync as *mut GridSync, grid, control) };
+            }
+            if served {
+                let base = ops + ((j * count + part) * RANK_OP_STRIDE) as u64;
+                // SAFETY: each 16-byte chunk lies inside the entry, 8-byte aligned (contract).
+                let entry = unsafe { read_entry(|c| arch::load_param_v2(base + 16 * c as u64)) };
+                control = entry.comm.control;
+                run_entry(entry, cta, per);
+                // Every thread is done with the entry before the next one is written.
+                coop.sync();
+            }
         }
-        let base = ops + (part * RANK_OP_STRIDE) as u64;
-        // SAFETY: each 16-byte chunk lies inside the entry, 8-byte aligned (contract).
-        let entry = unsafe { read_entry(|c| arch::load_param_v2(base + 16 * c as u64)) };
-        run_entry(entry, cta, per);
+    }
+
+    /// Every CTA of the grid (`grid` of them) meets here: returns once all have arrived, or
+    /// on an abort of the communicator whose control block is `control` (0: none to look
+    /// at). A CTA's arrival follows all its threads' work (a CTA barrier).
+    ///
+    /// # Ordering
+    /// Thread 0 reads the generation, then adds its arrival with acquire-release at GPU
+    /// scope (releasing its CTA's work, which the CTA barrier before made its own); the
+    /// adds form one release sequence, so the last adder (arrivals `grid - 1` before it)
+    /// has acquired every CTA's work; it sets the arrivals back to 0 (relaxed: no CTA adds
+    /// again before it sees the new generation) and raises the generation with a release.
+    /// The others wait for the generation to change (acquire), and then the CTA barrier
+    /// hands that to every thread. The generation read before the add is the current one:
+    /// it changes only after every CTA, this one included, has added.
+    ///
+    /// # Safety
+    /// `sync` is a live [`GridSync`] used only by this grid's CTAs while it runs, every one
+    /// of which calls this the same number of times; the CTAs are resident at once.
+    unsafe fn grid_meeting(sync: *mut GridSync, grid: usize, control: u64) {
+        let coop = CoopCta;
+        coop.sync();
+        if coop.thread_rank() == 0 {
+            let arrived = sync.wrapping_byte_add(core::mem::offset_of!(GridSync, arrived)) as *mut u64;
+            let generation = sync.wrapping_byte_add(core::mem::offset_of!(GridSync, generation)) as *mut u64;
+            // SAFETY: the words of a live GridSync, accessed atomically only (contract).
+            unsafe {
+                let now = atomic::load(generation, LoadOrder::Relaxed, Scope::Gpu);
+                let before = atomic::fetch_add(arrived, 1, RmwOrder::AcqRel, Scope::Gpu);
+                if before + 1 == grid as u64 {
+                    atomic::store(arrived, 0, StoreOrder::Relaxed, Scope::Gpu);
+                    atomic::store(generation, now.wrapping_add(1), StoreOrder::Release, Scope::Gpu);
+                } else {
+                    let mut polls = 0u32;
+                    while atomic::load(generation, LoadOrder::Acquire, Scope::Gpu) == now {
+                        polls = polls.wrapping_add(1);
+                        if polls.is_multiple_of(ABORT_POLLS)
+                            && control != 0
+                            && atomic::load(control as *const u32, LoadOrder::Relaxed, Scope::Sys) != 0
+                        {
+                            break;
+                        }
+                        arch::spin_wait_hint(64);
+                    }
+                }
+            }
+        }
+        coop.sync();
     }
 
     /// Copies a [`RankOp`] into shared memory, `load(c)` giving its 16-byte chunk `c` (one

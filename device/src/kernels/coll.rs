@@ -55,10 +55,10 @@ kernel! {
 }
 
 kernel! {
-    /// One collective for the ranks of one communicator on this GPU, launched once by the
-    /// last of them to call (see [`coll::group`]): CTA `b` runs part `b % ctas_per_rank` of
-    /// rank `b / ctas_per_rank`'s entry in `launch`. Needs `RANK_OP_STRIDE` bytes of dynamic
-    /// shared memory per CTA.
+    /// One collective (or several, one after the other) for the ranks of one communicator
+    /// on this GPU, launched once for all of them (see [`coll::group`]): CTA `b` runs part
+    /// `b % ctas_per_rank` of rank `b / ctas_per_rank`'s entries in `launch`. Needs
+    /// `RANK_OP_STRIDE` bytes of dynamic shared memory per CTA.
     ///
     /// # Safety
     /// As [`coll::group::serve_launch`], for the entries in `launch`.
@@ -69,7 +69,16 @@ kernel! {
             + coll::group::GROUP_LAUNCH_OPS_OFFSET as u64;
         // SAFETY: the kernel's contract; `ops` is the parameter's entries.
         unsafe {
-            coll::group::serve_launch(launch.count, launch.ctas_per_rank, launch.skip, ops, arch::block_idx_x())
+            coll::group::serve_launch(
+                launch.count,
+                launch.ctas_per_rank,
+                launch.skip,
+                launch.operations,
+                launch.grid_sync,
+                ops,
+                arch::block_idx_x(),
+                arch::grid_dim_x(),
+            )
         }
     }
 }

@@ -97,7 +97,7 @@ use crate::runtime::phases::{self, Phase};
 use crate::runtime::stream::Stream;
 use crate::{Error, Result};
 use ferrolink_device::coll::group::{
-    COMPLETED_OFFSET, GroupLaunch, LocalRanks, MAX_LOCAL_RANKS, RANK_OP_STRIDE, RankOp, SEQ_OFFSET,
+    COMPLETED_OFFSET, GridSync, GroupLaunch, LocalRanks, MAX_LOCAL_RANKS, RANK_OP_STRIDE, RankOp, SEQ_OFFSET,
 };
 use ferrolink_device::kernels::coll::coll_gpu_group_launch;
 use std::collections::HashMap;
@@ -131,6 +131,9 @@ struct Ring {
     parts: usize,
     /// Per slot: the completion of the last work that read it.
     last_use: Mutex<Vec<Option<Completion>>>,
+    /// Where the CTAs of a shared launch of several calls meet between them (a
+    /// [`GridSync`]; one launch of the group runs at a time).
+    grid_sync: Mutex<DeviceBuffer<u64>>,
 }
 
 impl Ring {
@@ -138,7 +141,17 @@ impl Ring {
         let bytes = RING_SLOTS * parts * RANK_OP_STRIDE;
         let mem = HostMapped::alloc(dev, bytes)?;
         let device = dev.alloc::<u8>(bytes)?;
-        Ok(Ring { mem, device, parts, last_use: Mutex::new(vec![None; RING_SLOTS]) })
+        let words = std::mem::size_of::<GridSync>() / 8;
+        let grid_sync = Mutex::new(dev.alloc_from(&vec![0u64; words])?);
+        Ok(Ring { mem, device, parts, last_use: Mutex::new(vec![None; RING_SLOTS]), grid_sync })
+    }
+
+    /// Zeroes the grid sync (recovery: an aborted launch may have left arrivals counted).
+    /// Waits for the launches that used it.
+    fn reset_grid_sync(&self) -> Result<()> {
+        let mut g = lock(&self.grid_sync);
+        let words = g.len();
+        g.copy_from_host(&vec![0u64; words])
     }
 
     /// The copy of operation `seq`'s slot into the kernel's ring: `(dst, src, bytes)`.
@@ -506,6 +519,8 @@ pub(crate) struct Gathered {
     purpose: Purpose,
     /// Whether the group's launch log has counted the end of this work.
     counted: bool,
+    /// Later meetings whose calls run in the same launch (published with this one).
+    batch: Vec<Gathered>,
 }
 
 impl Gathered {
@@ -519,6 +534,9 @@ impl Gathered {
         }
         if let Some(o) = self.outcome.take() {
             o.set(result.clone());
+        }
+        for g in std::mem::take(&mut self.batch) {
+            g.publish(result);
         }
     }
 
@@ -714,6 +732,11 @@ struct Launcher {
     queue: Hot<Mutex<LaunchQueue>>,
     pending: AtomicUsize,
     asleep: AtomicBool,
+    /// Launches made that carried more than one call (diagnostics, tests).
+    batched: AtomicU64,
+    /// Tests: the launcher leaves the queue alone while set.
+    #[cfg(test)]
+    hold: AtomicBool,
 }
 
 #[derive(Default)]
@@ -723,6 +746,14 @@ struct LaunchQueue {
     thread: Option<std::thread::Thread>,
     /// A thread is running (or being made).
     running: bool,
+}
+
+/// Whether complete meeting `m` may share a launch with others whose parts have `ctas` CTAs
+/// each: every member served (none captured) with that grid, inside one LSA domain.
+fn batchable(m: &Meeting, ctas: u32) -> bool {
+    m.arrivals
+        .iter()
+        .all(|a| a.served && a.ctas == ctas && a.entry.as_ref().is_some_and(|e| e.comm.lsa_size == e.comm.nranks))
 }
 
 /// What a hand-over to the launcher asks for ([`GpuGroup::hand_over`]).
@@ -850,6 +881,12 @@ impl GpuGroup {
             m.outcome.abandon(&why);
         }
         drop(left);
+        // An aborted launch of several calls may have left arrivals at its grid meeting.
+        if let Some(r) = self.ring.get()
+            && let Err(e) = r.reset_grid_sync()
+        {
+            tracing::warn!(target: "ferrolink::coll", error = %e, "could not reset a GPU group's grid sync");
+        }
         // A failed launch stream (on the emulator: a kernel's timeout, panic or trap) is
         // replaced, as the members' own streams are.
         if let Some((s, _)) = self.launch_stream.get()
@@ -909,9 +946,15 @@ impl GpuGroup {
             match work {
                 Work::Launch { module, threads } => {
                     let cfg = kernel_config(g.launch.count * g.launch.ctas_per_rank, threads);
-                    // Its place in the launch stream's order, as the members' completions.
+                    // Its place in the launch stream's order, as the members' completions (of
+                    // several calls, the last one's).
                     let mut uses = uses;
                     uses.order = seq;
+                    if g.launch.operations > 1
+                        && let Some(r) = self.ring.get()
+                    {
+                        uses.holds.push(lock(&r.grid_sync).uses().clone());
+                    }
                     let param = GroupParam(*g.launch);
                     // SAFETY: `coll_gpu_group_launch`'s contract: every served member's entry
                     // is in the parameter (a live communicator and an operation whose windows
@@ -1254,6 +1297,8 @@ impl GpuGroup {
                 if q.ready.is_empty() {
                     q.running = false;
                     q.thread = None;
+                    tracing::debug!(target: "ferrolink::coll", members = ?self.members,
+                        launches_of_several_calls = self.batched_launches(), "a GPU group's launcher ends (idle)");
                     return;
                 }
                 continue;
@@ -1267,45 +1312,106 @@ impl GpuGroup {
         }
     }
 
-    /// Launches the queued meetings, in order; whether there were any.
+    /// Launches the queued meetings, in order, several in one launch where they can be
+    /// ([`GpuGroup::batch_limit`]); whether there were any.
     fn launch_queued(self: &Arc<Self>) -> bool {
         if self.launcher.pending.load(Ordering::SeqCst) == 0 {
             return false;
         }
+        #[cfg(test)]
+        if self.launcher.hold.load(Ordering::SeqCst) {
+            return false;
+        }
+        let limit = self.batch_limit();
         loop {
-            let Some((seq, m)) = lock(&self.launcher.queue).ready.pop_front() else { return true };
-            self.launcher.pending.fetch_sub(1, Ordering::SeqCst);
+            let batch: Vec<(u64, Meeting)> = {
+                let mut q = lock(&self.launcher.queue);
+                let Some(first) = q.ready.pop_front() else { return true };
+                let ctas = first.1.arrivals.first().map_or(0, |a| a.ctas);
+                let mut batch = vec![first];
+                if batchable(&batch[0].1, ctas) {
+                    while batch.len() < limit && q.ready.front().is_some_and(|(_, m)| batchable(m, ctas)) {
+                        batch.push(q.ready.pop_front().expect("looked at"));
+                    }
+                }
+                batch
+            };
+            self.launcher.pending.fetch_sub(batch.len(), Ordering::SeqCst);
             phases::begin();
-            let launched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.launch_meeting(seq, m)));
+            let first = batch[0].0;
+            let launched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.launch_meetings(batch)));
             if launched.is_err() {
-                // (`Taken` and `Gathered` have failed the meeting: the members know.)
-                let e = Error::Aborted(format!("the launcher of a GPU group panicked while launching call #{seq}"));
+                // (`Taken` and `Gathered` have failed the meetings: the members know.)
+                let e = Error::Aborted(format!("the launcher of a GPU group panicked while launching call #{first}"));
                 self.control.abort(e);
             }
         }
     }
 
-    /// The launcher's share of complete meeting `seq`: what the last member does with the
-    /// last-member launcher ([`GpuGroup::meet`], then [`GpuGroup::run`]).
-    fn launch_meeting(self: &Arc<Self>, seq: u64, m: Meeting) {
+    /// How many launches carried more than one call so far.
+    pub(crate) fn batched_launches(&self) -> u64 {
+        self.launcher.batched.load(Ordering::Relaxed)
+    }
+
+    /// Tests: makes the launcher leave queued calls alone (`true`) or take them again.
+    #[cfg(test)]
+    pub(crate) fn hold_launches(&self, hold: bool) {
+        self.launcher.hold.store(hold, Ordering::SeqCst);
+    }
+
+    /// How many calls one shared launch may carry: as many as the launch's entries hold
+    /// (`MAX_LOCAL_RANKS / members`), at most `FERROLINK_GROUP_BATCH` (1: one call per launch).
+    fn batch_limit(&self) -> usize {
+        static LIMIT: OnceLock<usize> = OnceLock::new();
+        let wanted = *LIMIT.get_or_init(|| {
+            std::env::var("FERROLINK_GROUP_BATCH").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(usize::MAX)
+        });
+        (MAX_LOCAL_RANKS / self.members.len().max(1)).min(wanted).max(1)
+    }
+
+    /// The launcher's share of complete meetings `batch` (in order): what the last member
+    /// does with the last-member launcher ([`GpuGroup::meet`], then [`GpuGroup::run`]), for
+    /// all of them in one launch whose CTAs meet between the calls.
+    fn launch_meetings(self: &Arc<Self>, batch: Vec<(u64, Meeting)>) {
         let dev = self.launch_dev.get().expect("set by the members before a hand-over");
-        if let Err(e) = m.outcome.claim(&self.log, true) {
-            // A member gave the call up, or the communicator was aborted: it never runs.
-            tracing::debug!(target: "ferrolink::coll", seq, error = %e, "a shared launch was given up");
-            return;
+        let mut gathered: Vec<(u64, Gathered)> = Vec::with_capacity(batch.len());
+        for (seq, m) in batch {
+            if let Err(e) = m.outcome.claim(&self.log, true) {
+                // A member gave the call up, or the communicator was aborted: it never runs.
+                tracing::debug!(target: "ferrolink::coll", seq, error = %e, "a shared launch was given up");
+                continue;
+            }
+            let taken = Taken { group: self, outcome: m.outcome.clone(), seq, held: true };
+            let Ok(ring) = self.ring(dev) else { return }; // (made before any call; `taken` fails it)
+            let g = self.gather(dev, Purpose::Launch, seq, ring, m);
+            taken.release();
+            if g.nothing_served() {
+                g.discard();
+            } else {
+                gathered.push((seq, g));
+            }
         }
-        let taken = Taken { group: self, outcome: m.outcome.clone(), seq, held: true };
-        let Ok(ring) = self.ring(dev) else { return }; // (made before any call; `taken` fails it)
-        let g = self.gather(dev, Purpose::Launch, seq, ring, m);
-        taken.release();
         phases::mark(Phase::Gather);
-        if g.nothing_served() {
-            g.discard();
-            return;
+        let Some((mut seq, mut first)) = (!gathered.is_empty()).then(|| gathered.remove(0)) else { return };
+        if !gathered.is_empty() {
+            let count = first.launch.count as usize;
+            let sync = self.ring.get().map(|r| lock(&r.grid_sync).addr());
+            let mut launch = first.launch.clone();
+            for (j, (s, g)) in gathered.iter_mut().enumerate() {
+                launch.ops[(j + 1) * count..(j + 2) * count].copy_from_slice(&g.launch.ops[..count]);
+                first.events.append(&mut g.events);
+                first.uses.absorb(std::mem::replace(&mut g.uses, LaunchTracking::new(dev)));
+                seq = *s;
+            }
+            launch.operations = 1 + gathered.len() as u32;
+            self.launcher.batched.fetch_add(1, Ordering::Relaxed);
+            launch.grid_sync = sync.expect("a group that launches has its ring");
+            first.launch = launch;
+            first.batch = gathered.into_iter().map(|(_, g)| g).collect();
         }
-        let result = dev
-            .builtin_module()
-            .and_then(|module| self.run_on(g, dev, None, seq, Work::Launch { module, threads: super::threads(dev) }));
+        let result = dev.builtin_module().and_then(|module| {
+            self.run_on(first, dev, None, seq, Work::Launch { module, threads: super::threads(dev) })
+        });
         if let Err(e) = result {
             // (`run_on` aborted the communicator: the members see it.)
             tracing::debug!(target: "ferrolink::coll", seq, error = %e, "a shared launch failed");
@@ -1440,6 +1546,7 @@ impl GpuGroup {
             seq,
             purpose,
             counted: false,
+            batch: Vec::new(),
         }
     }
 

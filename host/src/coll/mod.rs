@@ -1000,6 +1000,47 @@ mod tests {
     use crate::testing::for_each_backend;
     use crate::{Communicator, run_ranks};
 
+    /// Calls that queue up for a GPU group's launcher (held here) run in one launch, one
+    /// after the other: each round's in-place all-reduce reads the previous round's output,
+    /// with the LL protocol and with the simple one. From one thread: members of a shared
+    /// launch do not wait for it.
+    #[test]
+    fn queued_shared_calls_run_in_one_launch_in_order() {
+        for_each_backend("queued_shared_calls_run_in_one_launch_in_order", |dev| {
+            let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+            for (count, proto) in [(300usize, proto::LL), (5000, proto::SIMPLE)] {
+                let call = Collective {
+                    check: Some(false),
+                    proto: Some(proto),
+                    ..Collective::new(CollKind::AllReduce, count)
+                };
+                // The resources first (a call that may allocate: every rank at once).
+                run_ranks(&comms, |c| {
+                    let mut b = c.device().alloc_from(&vec![1.0f32; count])?;
+                    c.collective::<f32>(&call, Input::InPlace, Output::Buffer(&mut b))?;
+                    b.to_vec().map(drop)
+                })?;
+                let group = lock(&comms[0].shared.coll).as_ref().expect("made").group.clone();
+                let before = group.batched_launches();
+                let mut bufs =
+                    (0..2).map(|r| dev.alloc_from(&vec![r as f32 + 1.0; count])).collect::<crate::Result<Vec<_>>>()?;
+                group.hold_launches(true);
+                for _round in 0..3 {
+                    for (c, b) in comms.iter().zip(&mut bufs) {
+                        c.collective::<f32>(&call, Input::InPlace, Output::Buffer(b))?;
+                    }
+                }
+                group.hold_launches(false);
+                // 1 + 2 = 3, then 6, then 12 on both ranks.
+                for b in &bufs {
+                    assert_eq!(b.to_vec()?, vec![12.0f32; count], "{proto:?}");
+                }
+                assert!(group.batched_launches() > before, "{proto:?}: the three calls were launched one by one");
+            }
+            Ok(())
+        });
+    }
+
     /// An LL call that could take the barrier epochs to the limit renews the device
     /// communicator and the LL buffer (a new, zeroed one: the flags restart), on every rank
     /// in the same call, and results stay right across renewals; calls of the simple
