@@ -35,7 +35,9 @@
 //!   `P`'s region only after its own call `f + 1` ended on CTA `b`, which needed `P`'s lines
 //!   of flag `f + 1` (every rank receives from every other: [`applies_to`]), which `P`'s
 //!   CTA `b` wrote only in its kernel of call `f + 1`, after its kernel of call `f` (which
-//!   read every line of call `f`) had ended: stream order. A simple-protocol call in
+//!   read every line of call `f`) had ended: stream order. (A shared launch that carries
+//!   several calls, `super::group::serve_launch`, meets at a grid barrier between them,
+//!   which orders them as the end of one kernel and the start of the next would.) A simple-protocol call in
 //!   between adds two to the flag and keeps the parity alternating; its barriers order
 //!   everything before it anyway.
 //! * *Freshness*: a line not written in this call holds the flag of an earlier call of the

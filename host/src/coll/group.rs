@@ -20,7 +20,8 @@
 //! member: the last member to arrive hands the complete meeting over and returns as the
 //! others do, so the members' own work is off the path of the launches
 //! (`FERROLINK_GROUP_LAUNCHER=last` makes the last member launch in its call instead, as
-//! the persistent kernel's hand-overs always are).
+//! the persistent kernel's hand-overs always are). Calls that queue up for the launcher run
+//! in one launch, one after the other.
 //!
 //! # Members return before the shared launch
 //! A shared launch goes on the group's own *launch stream*, so every member knows where its
@@ -715,6 +716,11 @@ const LAUNCHER_IDLE_EXIT: Duration = Duration::from_millis(100);
 /// is off the path of the launches, which is then only the launcher's: on the H200, 8 ranks
 /// took 13.8–16.0 µs per call with the launcher, 16.6–19.4 with the last member launching in
 /// the same run (PERF.md, issue 12 seventeenth part).
+///
+/// Calls that have queued up go in one launch when they can ([`batchable`], at most
+/// [`GpuGroup::batch_limit`]): the kernel runs them in order, its CTAs meeting between them
+/// (`ferrolink_device::coll::group::serve_launch`); on the H200 that brought 2 and 4 ranks to
+/// 6.9–8.4 µs per call, from 8.5–11.1 with one call per launch (PERF.md, same part).
 ///
 /// The thread is made by the first hand-over and ends after [`LAUNCHER_IDLE_EXIT`] without
 /// work (it holds the group meanwhile, so work handed over before the members' communicators
