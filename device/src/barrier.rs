@@ -34,7 +34,10 @@
 //! order per index satisfies this. The LL protocol's relaxed arrivals (`crate::coll::ll`) do
 //! not break it: each comes in a later kernel of the stream than the index's previous
 //! arrival, and a kernel ends only when its writes are performed, so a waiter of the earlier
-//! round that reads the later epoch finds them.
+//! round that reads the later epoch finds them; or, in a shared launch carrying several
+//! calls (`crate::coll::group::serve_launch`, only when every rank of the domain is on this
+//! GPU, in that launch), after a grid barrier at GPU scope that follows the earlier round's
+//! work on every CTA, which orders it for every waiter (all on this GPU).
 //!
 //! # Epochs and wrap-around
 //! Inbox words only grow, by one per round; a peer can be at most one round ahead (it

@@ -1695,6 +1695,8 @@ pub mod group {
         /// With more than one operation: the launch's [`GridSync`] (device memory), where
         /// every CTA meets between operations.
         pub grid_sync: u64,
+        /// Unused: keeps the entries 16-byte aligned (they are read with 16-byte loads).
+        pub reserved: u64,
         /// The entries: a [`RankOp`] in the first bytes of each ([`RANK_OP_STRIDE`] bytes
         /// apart).
         pub ops: [[u64; RANK_OP_STRIDE / 8]; MAX_LOCAL_RANKS],
@@ -1733,6 +1735,8 @@ pub mod group {
 
     /// Byte offset of [`GroupLaunch::ops`].
     pub const GROUP_LAUNCH_OPS_OFFSET: usize = core::mem::offset_of!(GroupLaunch, ops);
+    // Each entry is read with 16-byte parameter loads, which must be 16-byte aligned.
+    const _: () = assert!(GROUP_LAUNCH_OPS_OFFSET.is_multiple_of(16) && RANK_OP_STRIDE.is_multiple_of(16));
 
     /// Runs the operations of a shared launch: for each, CTA `block` runs part `block %
     /// ctas_per_rank` of its rank's entry, read 16 bytes per thread from the kernel's
@@ -1747,7 +1751,10 @@ pub mod group {
     /// contract for the ring's, in order; the grid has `count * ctas_per_rank` CTAs, all
     /// resident at once, each with [`RANK_OP_STRIDE`] bytes of dynamic shared memory; with
     /// more than one operation, `grid_sync` is a live [`GridSync`] that only this launch uses
-    /// while it runs, with no arrival counted.
+    /// while it runs, with no arrival counted, every part is served (`skip` 0: a CTA with no
+    /// entry has no control block to see an abort by), and every rank of each entry's LSA
+    /// domain is served by this grid (the grid barrier orders the operations at GPU scope
+    /// only).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn serve_launch(
         count: u32,
@@ -1775,7 +1782,8 @@ pub mod group {
             }
             if served {
                 let base = ops + ((j * count + part) * RANK_OP_STRIDE) as u64;
-                // SAFETY: each 16-byte chunk lies inside the entry, 8-byte aligned (contract).
+                // SAFETY: each 16-byte chunk lies inside the entry, 16-byte aligned (the
+                // entries' offset and stride are multiples of 16, checked above).
                 let entry = unsafe { read_entry(|c| arch::load_param_v2(base + 16 * c as u64)) };
                 control = entry.comm.control;
                 run_entry(entry, cta, per);

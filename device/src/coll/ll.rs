@@ -36,8 +36,10 @@
 //!   of flag `f + 1` (every rank receives from every other: [`applies_to`]), which `P`'s
 //!   CTA `b` wrote only in its kernel of call `f + 1`, after its kernel of call `f` (which
 //!   read every line of call `f`) had ended: stream order. (A shared launch that carries
-//!   several calls, `super::group::serve_launch`, meets at a grid barrier between them,
-//!   which orders them as the end of one kernel and the start of the next would.) A simple-protocol call in
+//!   several calls, `super::group::serve_launch`, does so only when every rank of the LSA
+//!   domain is in that launch, on one GPU, and meets at a grid barrier between the calls,
+//!   which orders them at GPU scope, the scope of every access between those ranks, as the
+//!   end of one kernel and the start of the next would.) A simple-protocol call in
 //!   between adds two to the flag and keeps the parity alternating; its barriers order
 //!   everything before it anyway.
 //! * *Freshness*: a line not written in this call holds the flag of an earlier call of the
@@ -50,8 +52,9 @@
 //!   epochs, so the host zeroes every LL buffer then (a captured graph may replay a call on
 //!   an old one).
 //! * *Diagnosis*: after its stores each sender arrives at barrier `b` (relaxed: it publishes
-//!   nothing: it is the index's only arrival in this kernel, and earlier rounds' writes were
-//!   performed when their kernels ended, see `crate::barrier`). A receiver whose data is
+//!   nothing: it is the index's only arrival in this call, and earlier rounds' writes were
+//!   performed when their kernels ended, or ordered by a shared launch's grid barrier, see
+//!   `crate::barrier`). A receiver whose data is
 //!   slow writes the barrier's wait record, so the host's watchdog names the senders that
 //!   have not arrived, and looks at the abort flag between polls: an abort ends the wait
 //!   (the output is then undefined).

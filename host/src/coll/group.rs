@@ -677,9 +677,9 @@ pub(crate) struct GpuGroup {
     /// on (set by the first shared launch's members).
     launcher: Launcher,
     launch_dev: OnceLock<crate::Device>,
-    /// Per member: the observers it registered with the launch stream (addresses), each
-    /// on cache lines of its own.
-    observed: Vec<Hot<Mutex<Vec<usize>>>>,
+    /// Per member: the observers it registered with the launch stream, each on cache lines
+    /// of its own.
+    observed: Vec<Hot<Mutex<Vec<Weak<dyn crate::runtime::stream::StreamObserver>>>>>,
 }
 
 /// Who queues a GPU group's shared launch ([`launcher_mode`]).
@@ -755,11 +755,16 @@ struct LaunchQueue {
 }
 
 /// Whether complete meeting `m` may share a launch with others whose parts have `ctas` CTAs
-/// each: every member served (none captured) with that grid, inside one LSA domain.
+/// each: every member served (none captured) with that grid, and the whole communicator in
+/// this group (one LSA domain, on this GPU: the grid barrier between the calls orders them at
+/// GPU scope only; `serve_launch`'s contract).
 fn batchable(m: &Meeting, ctas: u32) -> bool {
-    m.arrivals
-        .iter()
-        .all(|a| a.served && a.ctas == ctas && a.entry.as_ref().is_some_and(|e| e.comm.lsa_size == e.comm.nranks))
+    let members = m.arrivals.len();
+    m.arrivals.iter().all(|a| {
+        a.served
+            && a.ctas == ctas
+            && a.entry.as_ref().is_some_and(|e| e.comm.lsa_size == e.comm.nranks && e.comm.nranks as usize == members)
+    })
 }
 
 /// What a hand-over to the launcher asks for ([`GpuGroup::hand_over`]).
@@ -1090,7 +1095,9 @@ impl GpuGroup {
     }
 
     /// Takes `part` of meeting `(purpose, seq)` (see the [module docs](self)). Returns
-    /// `Some` to the last member to arrive, which does the work and publishes it. The others
+    /// `Some` to the last member to arrive, which does the work and publishes it (but for a
+    /// shared launch with the launcher thread, the default: the last member queues the
+    /// meeting for the launcher and gets `None` too). The others
     /// return at once without `wait`; for a shared launch ([`Purpose::Launch`]) at once too,
     /// their stream following the launch to come and their part's resources holding it
     /// ([`PendingLaunch`]); else once their stream waits for the work. Members must agree on
@@ -1229,15 +1236,15 @@ impl GpuGroup {
     /// (registering takes the launch stream's observer list, which the launcher reads).
     fn register_observers(&self, dev: &crate::Device, part: usize, uses: &LaunchTracking) -> Result<()> {
         let mut known = lock(&self.observed[part]);
-        let ptr = |w: &Weak<dyn crate::runtime::stream::StreamObserver>| w.as_ptr() as *const () as usize;
-        if known.len() == uses.observers.len() && known.iter().zip(&uses.observers).all(|(k, w)| *k == ptr(w)) {
+        // (`Weak`s kept: their allocations are not reused while held, so equal is the same.)
+        if known.len() == uses.observers.len() && known.iter().zip(&uses.observers).all(|(k, w)| Weak::ptr_eq(k, w)) {
             return Ok(());
         }
         let launch_stream = self.launch_stream(dev)?;
         for o in &uses.observers {
             launch_stream.core().add_observer(o.clone());
         }
-        *known = uses.observers.iter().map(ptr).collect();
+        known.clone_from(&uses.observers);
         Ok(())
     }
 
@@ -1274,10 +1281,16 @@ impl GpuGroup {
                 if let Err(e) = made {
                     tracing::warn!(target: "ferrolink::coll", error = %e,
                         "could not start a GPU group's launcher thread; the member launches");
-                    self.launch_queued();
-                    lock(&self.launcher.queue).running = false;
-                    // Work queued meanwhile found `running` set: launch it too.
-                    self.launch_queued();
+                    // `running` stays set until the queue is empty under its lock: one
+                    // launcher at a time (work queued meanwhile is launched here too).
+                    loop {
+                        self.launch_queued();
+                        let mut q = lock(&self.launcher.queue);
+                        if q.ready.is_empty() {
+                            q.running = false;
+                            break;
+                        }
+                    }
                 }
             }
         }
@@ -1330,7 +1343,7 @@ impl GpuGroup {
         }
         let limit = self.batch_limit();
         loop {
-            let batch: Vec<(u64, Meeting)> = {
+            let (batch, popped) = {
                 let mut q = lock(&self.launcher.queue);
                 let Some(first) = q.ready.pop_front() else { return true };
                 let ctas = first.1.arrivals.first().map_or(0, |a| a.ctas);
@@ -1340,9 +1353,24 @@ impl GpuGroup {
                         batch.push(q.ready.pop_front().expect("looked at"));
                     }
                 }
-                batch
+                let popped = batch.len();
+                // Taken while still under the queue's lock: `resync` (recovery) drains the
+                // queue under it, so a meeting is either given up there or taken here
+                // before the recovery can end, never taken after it.
+                batch.retain(|(seq, m)| match m.outcome.claim(&self.log, true) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        // A member gave the call up, or the communicator was aborted.
+                        tracing::debug!(target: "ferrolink::coll", seq, error = %e, "a shared launch was given up");
+                        false
+                    }
+                });
+                (batch, popped)
             };
-            self.launcher.pending.fetch_sub(batch.len(), Ordering::SeqCst);
+            self.launcher.pending.fetch_sub(popped, Ordering::SeqCst);
+            if batch.is_empty() {
+                continue;
+            }
             phases::begin();
             let first = batch[0].0;
             let launched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.launch_meetings(batch)));
@@ -1375,20 +1403,23 @@ impl GpuGroup {
         (MAX_LOCAL_RANKS / self.members.len().max(1)).min(wanted).max(1)
     }
 
-    /// The launcher's share of complete meetings `batch` (in order): what the last member
+    /// The launcher's share of complete meetings `batch` (in order, claimed): what the last member
     /// does with the last-member launcher ([`GpuGroup::meet`], then [`GpuGroup::run`]), for
     /// all of them in one launch whose CTAs meet between the calls.
     fn launch_meetings(self: &Arc<Self>, batch: Vec<(u64, Meeting)>) {
         let dev = self.launch_dev.get().expect("set by the members before a hand-over");
         let mut gathered: Vec<(u64, Gathered)> = Vec::with_capacity(batch.len());
-        for (seq, m) in batch {
-            if let Err(e) = m.outcome.claim(&self.log, true) {
-                // A member gave the call up, or the communicator was aborted: it never runs.
-                tracing::debug!(target: "ferrolink::coll", seq, error = %e, "a shared launch was given up");
-                continue;
-            }
+        // (Each meeting was claimed when it was taken from the queue.)
+        let mut batch = batch.into_iter();
+        while let Some((seq, m)) = batch.next() {
             let taken = Taken { group: self, outcome: m.outcome.clone(), seq, held: true };
-            let Ok(ring) = self.ring(dev) else { return }; // (made before any call; `taken` fails it)
+            let Ok(ring) = self.ring(dev) else {
+                // (Made before any call.) `taken` fails this one; the rest fail alike.
+                for (seq, m) in batch {
+                    drop(Taken { group: self, outcome: m.outcome.clone(), seq, held: true });
+                }
+                return;
+            };
             let g = self.gather(dev, Purpose::Launch, seq, ring, m);
             taken.release();
             if g.nothing_served() {

@@ -392,7 +392,7 @@ impl Communicator {
     /// this process, from now on: device waits (the watchdog), host waits of ranks sharing a
     /// GPU, and waits in progress at their next look. Not collective: other processes keep
     /// theirs. For example a test that waits for a timeout on purpose with a short one, then
-    /// goes on after [`recover`](crate::recover) with the default:
+    /// goes on after [`crate::recover`] with the default:
     ///
     /// ```
     /// # use ferrolink::{CommConfig, Communicator, Device};
