@@ -679,8 +679,12 @@ pub(crate) struct GpuGroup {
     launch_dev: OnceLock<crate::Device>,
     /// Per member: the observers it registered with the launch stream, each on cache lines
     /// of its own.
-    observed: Vec<Hot<Mutex<Vec<Weak<dyn crate::runtime::stream::StreamObserver>>>>>,
+    observed: Vec<Hot<Mutex<Vec<ObserverRef>>>>,
 }
+
+/// An observer that a member registered with the launch stream (held weakly, as the stream
+/// holds it; compared by address).
+type ObserverRef = Weak<dyn crate::runtime::stream::StreamObserver>;
 
 /// Who queues a GPU group's shared launch ([`launcher_mode`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1055,7 +1059,7 @@ impl GpuGroup {
         let _making = lock(&self.making);
         if self.launch_stream.get().is_none() {
             let s = dev.create_stream()?;
-            let observer: Weak<dyn crate::runtime::stream::StreamObserver> =
+            let observer: ObserverRef =
                 Arc::downgrade(&(self.control.clone() as Arc<dyn crate::runtime::stream::StreamObserver>));
             s.core().add_observer(observer);
             self.control.watch_stream(
