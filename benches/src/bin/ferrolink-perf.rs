@@ -231,7 +231,7 @@ struct CollCli {
     #[arg(long)]
     algo: Option<String>,
     /// Protocol, where it applies: simple, or ll (one-shot inside one LSA domain, small
-    /// messages, not in persistent mode); default: the tuner's.
+    /// messages; in persistent mode within the kernel's CTAs); default: the tuner's.
     #[arg(long)]
     proto: Option<String>,
     /// Print JSON lines instead of the table.

@@ -39,7 +39,12 @@
 //!   several calls, `super::group::serve_launch`, does so only when every rank of the LSA
 //!   domain is in that launch, on one GPU, and meets at a grid barrier between the calls,
 //!   which orders them at GPU scope, the scope of every access between those ranks, as the
-//!   end of one kernel and the start of the next would.) A simple-protocol call in
+//!   end of one kernel and the start of the next would. In persistent mode,
+//!   `super::group::serve`, the kernel of each GPU starts an operation only once every one of
+//!   its CTAs has ended the previous one, which thread 0 of each CTA acquires from the
+//!   completion word at system scope before its CTA goes on: it stands for the end of `P`'s
+//!   kernel of call `f`, and each operation's CTA `b` uses barrier `b` of the kernel's device
+//!   communicator, whose LL buffer is the kernel's alone.) A simple-protocol call in
 //!   between adds two to the flag and keeps the parity alternating; its barriers order
 //!   everything before it anyway.
 //! * *Freshness*: a line not written in this call holds the flag of an earlier call of the

@@ -112,9 +112,10 @@ pub struct Collective {
     /// same way).
     pub algo: Option<u32>,
     /// Forces a protocol ([`proto`]) where it applies (LL: one-shot all-reduce,
-    /// reduce-scatter, all-gather and all-to-all inside one LSA domain, outside
-    /// persistent mode, up to `ferrolink_device::coll::ll::MAX_BYTES` of `count` elements,
-    /// in a grid the GPU holds beside its other ranks'; simple: everywhere); `None`, or a
+    /// reduce-scatter, all-gather and all-to-all inside one LSA domain, up to
+    /// `ferrolink_device::coll::ll::MAX_BYTES` of `count` elements, in a grid the GPU holds
+    /// beside its other ranks' or, in persistent mode, within the kernel's CTAs per rank when
+    /// it has at most `ll::MAX_CTAS`; simple: everywhere); `None`, or a
     /// protocol that does not apply, lets the tuner pick (LL up to [`LL_TUNED_BYTES`];
     /// `FERROLINK_PROTO=simple|ll` overrides it the same way). LL is a one-shot: with
     /// another algorithm the simple protocol runs.
@@ -243,7 +244,7 @@ impl CollState {
 /// ([`CollState::ll_epochs`]): half the 32-bit flag's range, far from its wrap, and about 10^9
 /// calls (hours of back-to-back calls) between renewals, which cost one collective window
 /// registration.
-const LL_EPOCH_LIMIT: u64 = 1 << 31;
+pub(crate) const LL_EPOCH_LIMIT: u64 = 1 << 31;
 
 /// The collectives' state of `comm`, made by the first call.
 pub(crate) fn coll_state<'a>(comm: &Communicator, guard: &'a mut Option<CollState>) -> Result<&'a mut CollState> {
@@ -254,7 +255,8 @@ pub(crate) fn coll_state<'a>(comm: &Communicator, guard: &'a mut Option<CollStat
 }
 
 /// [`Communicator::recover`]'s step for the collectives: puts the ranks sharing `comm`'s GPU
-/// back in step and zeroes the LL buffers (nothing before the first collective call).
+/// back in step and zeroes the LL buffers, persistent mode's included (nothing before the
+/// first collective call).
 pub(crate) fn after_recover(comm: &Communicator) -> Result<()> {
     if let Some(state) = crate::runtime::lifetime::lock(&comm.shared.coll).as_mut() {
         state.group.resync();
@@ -268,7 +270,8 @@ pub(crate) fn after_recover(comm: &Communicator) -> Result<()> {
             w.zero(0, w.size())?;
         }
     }
-    Ok(())
+    // The persistent kernel's LL buffer likewise (its device communicator was reset too).
+    comm.persistent_after_recover()
 }
 
 impl Communicator {
@@ -398,8 +401,9 @@ impl Communicator {
         // The algorithm and protocol before the check: ranks that pick differently (another
         // `FERROLINK_ALGO` or `FERROLINK_PROTO`) would run different kernels.
         let algo = self.pick_algo(coll, size, across)?;
-        let persistent_ctas = self.persistent_ctas();
-        let proto = self.pick_proto(coll, size, algo, across, persistent_ctas.is_some())?;
+        let persistent = self.persistent_call();
+        let persistent_ctas = persistent.as_ref().map(|p| p.ctas);
+        let proto = self.pick_proto(coll, size, algo, across, persistent.as_ref())?;
         let ll = proto == proto::LL;
         if coll.check.unwrap_or_else(check_calls) {
             // The input's place: peers read it there (a window's id, from 1, and the offset),
@@ -450,11 +454,16 @@ impl Communicator {
         // without an LL buffer makes one, and a new device communicator with it (the
         // flags restart: see `CollState::ll`), as does one whose flags could come near their
         // wrap (`CollState::ll_epochs`); any other renewal drops it.
-        let ll_renews = ll && state.ll_epochs + 1 >= state.ll_epoch_limit;
-        if grew || state.handle.is_none() || (ll && state.ll.is_none()) || ll_renews {
-            state.renew_handle(self, ll)?;
+        // In persistent mode the kernel's device communicator and LL buffer serve the call
+        // (`persistent::PersistentCall`), and they count the epochs.
+        let own_ll = ll && !fixed;
+        let ll_renews = own_ll && state.ll_epochs + 1 >= state.ll_epoch_limit;
+        if grew || state.handle.is_none() || (own_ll && state.ll.is_none()) || ll_renews {
+            state.renew_handle(self, own_ll)?;
         }
-        state.ll_epochs += if ll { 1 } else { 2 };
+        if !fixed {
+            state.ll_epochs += if ll { 1 } else { 2 };
+        }
         let handle = state.handle.as_ref().expect("made above");
         let copy_cfg = |bytes: usize| crate::ops::staging_copy_config(dev, bytes);
         // Split the output (no borrow of `output` outlives this).
@@ -466,7 +475,7 @@ impl Communicator {
         // what the same CTAs of the peers read: `stage_input`), saving a launch per call,
         // from a buffer or in place in a buffer; else a copy first.
         let mut stage_from: Option<(u64, Option<TrackedPtr<'_, *const u8>>)> = None;
-        let ll_win = state.ll.as_ref();
+        let ll_win = if fixed { persistent.as_ref().and_then(|p| p.ll.as_ref()) } else { state.ll.as_ref() };
         let (send_win, send_off): (&Window, usize) = match input {
             // LL: the kernel reads the input where it is (`args.input`); no send window.
             Input::Buffer(b) if ll => {
@@ -787,13 +796,20 @@ impl Communicator {
 
     /// The protocol for `coll` ([`proto`]) run with `algo`. LL applies to one-shot calls of
     /// all-reduce, reduce-scatter, all-gather and all-to-all (`ll::applies_to`) inside one
-    /// LSA domain, outside persistent mode (its buffer would have to exist
-    /// before the kernel starts), up to
-    /// `ll::MAX_BYTES` of `count` elements per sender, in a grid (`ll::grid`) that fits
-    /// beside the GPU's other ranks' (`sm_count / ranks sharing the GPU` CTAs each); the
-    /// tuner picks it there up to [`LL_TUNED_BYTES`]. `coll.proto`, then `FERROLINK_PROTO`,
-    /// override the tuner where the protocol applies.
-    fn pick_proto(&self, coll: &Collective, size: usize, algo: u32, across: bool, persistent: bool) -> Result<u32> {
+    /// LSA domain, up to `ll::MAX_BYTES` of `count` elements per sender, in a grid
+    /// (`ll::grid`) that fits beside the GPU's other ranks' (`sm_count / ranks sharing the
+    /// GPU` CTAs each), or in persistent mode within the kernel's CTAs per rank, while the
+    /// kernel has its LL buffer (`persistent::PersistentCall::ll`); the tuner picks it there
+    /// up to [`LL_TUNED_BYTES`]. `coll.proto`, then `FERROLINK_PROTO`, override the tuner
+    /// where the protocol applies.
+    fn pick_proto(
+        &self,
+        coll: &Collective,
+        size: usize,
+        algo: u32,
+        across: bool,
+        persistent: Option<&persistent::PersistentCall>,
+    ) -> Result<u32> {
         let forced = match coll.proto {
             Some(p) => Some(p),
             None => match std::env::var("FERROLINK_PROTO").ok().as_deref() {
@@ -814,13 +830,14 @@ impl Communicator {
             )));
         }
         let bytes = coll.count * size;
-        let ctas_here = (self.device().sm_count() as usize / self.ranks_sharing_gpu()).max(1);
-        let ll_applies = algo == algo::ONE_SHOT
-            && ll::applies_to(coll.kind)
-            && !across
-            && !persistent
-            && bytes <= ll::MAX_BYTES
-            && ll::grid(bytes) <= ctas_here;
+        let fits = match persistent {
+            // The kernel's CTAs run every call, each with its barrier's flag (at most
+            // `ll::MAX_CTAS` of them: else no LL buffer was made).
+            Some(p) => p.ll.is_some() && ll::grid(bytes) <= p.ctas as usize,
+            None => ll::grid(bytes) <= (self.device().sm_count() as usize / self.ranks_sharing_gpu()).max(1),
+        };
+        let ll_applies =
+            algo == algo::ONE_SHOT && ll::applies_to(coll.kind) && !across && bytes <= ll::MAX_BYTES && fits;
         Ok(match forced {
             Some(proto::LL) if ll_applies => proto::LL,
             Some(proto::SIMPLE) => proto::SIMPLE,

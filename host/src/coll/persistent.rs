@@ -17,6 +17,12 @@
 //! abort of the communicator ends it too, and releases a stream waiting on it (its work then
 //! reports the abort).
 //!
+//! Small calls run with the LL protocol here too (the tuner's choice, or
+//! [`Collective::proto`](super::Collective::proto)): the start makes each rank an LL buffer of
+//! its own for the kernel (`ll::buffer_bytes(lsa_size)`, zeroed, with the kernel's device
+//! communicator, whose barrier epochs are the flags), when the kernel has at most
+//! `ll::MAX_CTAS` CTAs per rank.
+//!
 //! ```
 //! # fn main() -> ferrolink::Result<()> {
 //! use ferrolink::coll::ReduceOp;
@@ -46,6 +52,7 @@ use crate::runtime::stream::Stream;
 use crate::{Error, Result};
 use ferrolink_device::coll::CollArgs;
 use ferrolink_device::coll::group::{self as device_group, CollOp, GroupSync, MAX_LOCAL_RANKS, RankOp};
+use ferrolink_device::coll::{ll, proto};
 use ferrolink_device::kernels::coll::coll_gpu_group;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,8 +69,20 @@ pub struct PersistentConfig {
     /// Bytes of staging (each of the collectives' send and receive windows) made at the
     /// start: while the kernel runs nothing can be allocated (an allocation may wait for the
     /// device to idle, which a persistent kernel never does), so calls from device buffers
-    /// needing more are errors. Windows (zero copy) need none.
+    /// needing more are errors. Windows (zero copy) need none. (The LL buffer, made at the
+    /// start too when `ctas` is at most `ll::MAX_CTAS`, is apart from it: see the [module
+    /// docs](self).)
     pub staging_bytes: usize,
+}
+
+/// What persistent mode offers a collective call: the kernel's CTAs per rank and, while an
+/// LL call may run, the kernel's LL buffer.
+pub(crate) struct PersistentCall {
+    /// CTAs per rank (parts of every operation).
+    pub(crate) ctas: u32,
+    /// This rank's LL buffer for the kernel, while LL calls may run (made at the start, and
+    /// its flags, the kernel communicator's barrier epochs, far from their wrap).
+    pub(crate) ll: Option<Window>,
 }
 
 impl Default for PersistentConfig {
@@ -88,6 +107,16 @@ pub(crate) struct PersistentState {
     comm_stream: Stream,
     /// The kernel's device communicator for this rank (alive until stopped).
     handle: DevCommHandle,
+    /// The kernel's LL buffer for this rank (zeroed when made; the kernel keeps it), if the
+    /// kernel has few enough CTAs per rank for LL calls (`ll::MAX_CTAS`).
+    ll: Option<Window>,
+    /// An upper bound of the epochs of the kernel communicator's barriers (the LL flags):
+    /// two per simple-protocol operation, one per LL operation (as `CollState::ll_epochs`);
+    /// LL calls stop at `LL_EPOCH_LIMIT` (nothing can be renewed while the kernel runs:
+    /// simple-protocol calls then), far from the flags' wrap.
+    ll_epochs: u64,
+    /// See [`PersistentState::ll_epochs`]: `LL_EPOCH_LIMIT` (lowered by tests).
+    ll_epoch_limit: u64,
     /// Whether the shutdown is queued (the drop must not queue another).
     stopped: bool,
 }
@@ -164,14 +193,24 @@ impl Communicator {
         let sync = self.register_window(self.mem_alloc(size)?)?;
         sync.zero(0, size)?;
         let sync_addr = sync.slot_ptr::<*mut u8>(0, size)?.param() as u64;
+        // The kernel's LL buffer, zeroed (`mem_alloc`), with a new device communicator: no
+        // line carries a flag of its barriers yet (the buffer is this kernel's alone).
+        let ll_buffer = if ctas as usize <= ll::MAX_CTAS {
+            Some(self.register_window(self.mem_alloc(ll::buffer_bytes(self.lsa_size()))?)?)
+        } else {
+            None
+        };
         let handle = self.create_dev_comm(&DevCommRequirements { lsa_barrier_count: ctas, ..Default::default() })?;
-        step("sync block and device communicator made");
+        step("sync block, LL buffer and device communicator made");
         let stream = dev.create_stream()?;
         self.barrier()?;
         // The kernel keeps every member's communicator and sync block, and the ring, until
         // it ends (keepers: the members' own streams use them meanwhile).
         (&handle).track(&mut held);
         (&sync).track(&mut held);
+        if let Some(w) = &ll_buffer {
+            w.track(&mut held);
+        }
         let mut keep = LaunchTracking::new(dev);
         keep.keeps.extend(held.reads.into_iter().chain(held.writes).chain(held.holds).chain(held.keeps));
         let seq = group.next_seq(self.rank());
@@ -223,6 +262,9 @@ impl Communicator {
             _kernel_stream: kernel_stream,
             comm_stream: self.stream().share(),
             handle,
+            ll: ll_buffer,
+            ll_epochs: 0,
+            ll_epoch_limit: super::LL_EPOCH_LIMIT,
             stopped: false,
         });
         Ok(())
@@ -254,8 +296,8 @@ impl Communicator {
     /// Queues `op` (tracked by `uses`) for the persistent kernel, if persistent mode is on:
     /// `Ok(false)` if it is not.
     pub(crate) fn enqueue_persistent(&self, op: CollOp, uses: LaunchTracking) -> Result<bool> {
-        let guard = lock(&self.shared.persistent);
-        let Some(state) = guard.as_ref() else { return Ok(false) };
+        let mut guard = lock(&self.shared.persistent);
+        let Some(state) = guard.as_mut() else { return Ok(false) };
         if self.stream().is_capturing() {
             return Err(Error::InvalidArgument(
                 "a collective in persistent mode cannot be captured into a graph: its sequence number is \
@@ -263,13 +305,41 @@ impl Communicator {
                     .into(),
             ));
         }
+        // Counted before the post, as `persistent_call` read it: an LL operation past the
+        // bound could meet a stale line carrying its flag.
+        if op.args.proto == proto::LL {
+            if state.ll.is_none() || state.ll_epochs + 1 >= state.ll_epoch_limit {
+                return Err(Error::InvalidArgument(
+                    "persistent mode: an LL call without the kernel's LL buffer or past its flags' bound".into(),
+                ));
+            }
+            state.ll_epochs += 1;
+        } else {
+            state.ll_epochs += 2;
+        }
         post(Some(self), state, RankOp { op, comm: state.handle.dev_comm() }, uses)?;
         Ok(true)
     }
 
-    /// CTAs of the persistent kernel (parts of each collective), if on.
-    pub(crate) fn persistent_ctas(&self) -> Option<u32> {
-        lock(&self.shared.persistent).as_ref().map(|s| s.ctas)
+    /// What persistent mode offers the next collective call, if on.
+    pub(crate) fn persistent_call(&self) -> Option<PersistentCall> {
+        lock(&self.shared.persistent)
+            .as_ref()
+            .map(|s| PersistentCall { ctas: s.ctas, ll: s.ll.clone().filter(|_| s.ll_epochs + 1 < s.ll_epoch_limit) })
+    }
+
+    /// [`Communicator::recover`]'s step for persistent mode: the kernel communicator's
+    /// barrier epochs (the LL flags) start again from 0, so its LL buffer is zeroed (no kernel
+    /// runs now: the caller drained this rank's stream, and no rank calls before the next
+    /// barrier).
+    pub(crate) fn persistent_after_recover(&self) -> Result<()> {
+        if let Some(state) = lock(&self.shared.persistent).as_mut() {
+            if let Some(w) = &state.ll {
+                w.zero(0, w.size())?;
+            }
+            state.ll_epochs = 0;
+        }
+        Ok(())
     }
 }
 
@@ -342,5 +412,77 @@ impl Drop for PersistentState {
         if let Err(e) = post(None, self, shutdown(&self.handle), LaunchTracking::new(self.comm_stream.device())) {
             tracing::warn!(target: "ferrolink::coll", error = %e, "could not stop the persistent kernel");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coll::{CollKind, Collective, Input, Output};
+    use crate::run_ranks;
+    use crate::testing::for_each_backend;
+
+    /// Epochs counted for the persistent kernel's communicator so far (see
+    /// [`PersistentState::ll_epochs`]).
+    fn counted(c: &Communicator) -> u64 {
+        lock(&c.shared.persistent).as_ref().map_or(0, |s| s.ll_epochs)
+    }
+
+    /// Persistent mode runs LL calls in the kernel's own LL buffer: chains of in-place
+    /// all-reduces, each reading the previous one's output, LL and simple in turn, at one and
+    /// at four LL CTAs (16 KiB), each checked; the epochs counted say which protocol ran (one
+    /// per LL call, two per simple one). Near the (lowered) bound of the flags forced LL calls
+    /// run simple; with two CTAs per rank a call needing four runs simple; after the stop, LL
+    /// calls launch again on the communicator's own buffer.
+    #[test]
+    fn persistent_mode_runs_ll_calls_in_its_own_buffer() {
+        for_each_backend("persistent_mode_runs_ll_calls_in_its_own_buffer", |dev| {
+            for n in [2usize, 3] {
+                let comms = Communicator::init_all(&vec![dev.clone(); n])?;
+                let steps = run_ranks(&comms, |c| {
+                    let me = c.rank();
+                    // Element j of rank r starts at r + 1 + j % 7; every call sums the ranks.
+                    let chain = |count: usize, protos: &[u32]| -> Result<Vec<u64>> {
+                        let first: Vec<f32> = (0..count).map(|j| (me + 1 + j % 7) as f32).collect();
+                        let mut expect: Vec<f32> = (0..count).map(|j| (n * (n + 1) / 2 + n * (j % 7)) as f32).collect();
+                        let mut buf = c.device().alloc_from(&first)?;
+                        let mut steps = Vec::new();
+                        for (i, &p) in protos.iter().enumerate() {
+                            let coll = Collective { proto: Some(p), ..Collective::new(CollKind::AllReduce, count) };
+                            let before = counted(c);
+                            c.collective(&coll, Input::InPlace, Output::Buffer(&mut buf))?;
+                            assert_eq!(buf.to_vec()?, expect, "rank {me}, call {i} of {count} elements ({n} ranks)");
+                            steps.push(counted(c) - before);
+                            expect.iter_mut().for_each(|v| *v *= n as f32);
+                        }
+                        Ok(steps)
+                    };
+                    let (ll, simple) = (proto::LL, proto::SIMPLE);
+                    c.start_persistent(PersistentConfig::default())?;
+                    let mut steps = chain(1029, &[ll, ll, simple, ll, ll, simple, ll])?;
+                    steps.extend(chain(4096, &[ll, simple, ll, ll])?);
+                    // Two LL calls left below the bound, then the simple protocol.
+                    let limit = counted(c) + 3;
+                    lock(&c.shared.persistent).as_mut().expect("persistent").ll_epoch_limit = limit;
+                    steps.extend(chain(300, &[ll, ll, ll, ll])?);
+                    c.stop_persistent()?;
+                    c.start_persistent(PersistentConfig { ctas: Some(2), ..Default::default() })?;
+                    steps.extend(chain(4096, &[ll, ll])?);
+                    steps.extend(chain(1029, &[ll, ll])?);
+                    c.stop_persistent()?;
+                    // Launched again: the communicator's own LL buffer (none made before).
+                    let own = |c: &Communicator| lock(&c.shared.coll).as_ref().map_or(0, |s| s.ll_made.len());
+                    assert_eq!(own(c), 0, "persistent LL calls use the kernel's buffer");
+                    chain(300, &[ll, simple, ll])?;
+                    assert_eq!(own(c), 1, "launched LL calls make the communicator's buffer");
+                    Ok(steps)
+                })?;
+                let expected = vec![1, 1, 2, 1, 1, 2, 1, 1, 2, 1, 1, 1, 1, 2, 2, 2, 2, 1, 1];
+                for (r, s) in steps.iter().enumerate() {
+                    assert_eq!(s, &expected, "rank {r} of {n}: epochs per call (1: LL, 2: simple)");
+                }
+            }
+            Ok(())
+        });
     }
 }
