@@ -799,9 +799,10 @@ impl Communicator {
     /// LSA domain, up to `ll::MAX_BYTES` of `count` elements per sender, in a grid
     /// (`ll::grid`) that fits beside the GPU's other ranks' (`sm_count / ranks sharing the
     /// GPU` CTAs each), or in persistent mode within the kernel's CTAs per rank, while the
-    /// kernel has its LL buffer (`persistent::PersistentCall::ll`); the tuner picks it there
-    /// up to [`LL_TUNED_BYTES`]. `coll.proto`, then `FERROLINK_PROTO`, override the tuner
-    /// where the protocol applies.
+    /// kernel has its LL buffer (`persistent::PersistentCall::ll`); the tuner picks it up to
+    /// [`LL_TUNED_BYTES`] outside persistent mode (in it, LL was no faster on an H200: the
+    /// hand-over bounds the call; PERF.md, issue 12 nineteenth part). `coll.proto`, then
+    /// `FERROLINK_PROTO`, override the tuner where the protocol applies.
     fn pick_proto(
         &self,
         coll: &Collective,
@@ -841,7 +842,7 @@ impl Communicator {
         Ok(match forced {
             Some(proto::LL) if ll_applies => proto::LL,
             Some(proto::SIMPLE) => proto::SIMPLE,
-            _ if ll_applies && bytes <= LL_TUNED_BYTES => proto::LL,
+            _ if ll_applies && bytes <= LL_TUNED_BYTES && persistent.is_none() => proto::LL,
             _ => proto::SIMPLE,
         })
     }

@@ -17,8 +17,9 @@
 //! abort of the communicator ends it too, and releases a stream waiting on it (its work then
 //! reports the abort).
 //!
-//! Small calls run with the LL protocol here too (the tuner's choice, or
-//! [`Collective::proto`](super::Collective::proto)): the start makes each rank an LL buffer of
+//! Small calls run with the LL protocol here too when asked for
+//! ([`Collective::proto`](super::Collective::proto), `FERROLINK_PROTO=ll`; the tuner keeps the
+//! simple protocol here, which was as fast on an H200): the start makes each rank an LL buffer of
 //! its own for the kernel (`ll::buffer_bytes(lsa_size)`, zeroed, with the kernel's device
 //! communicator, whose barrier epochs are the flags), when the kernel has at most
 //! `ll::MAX_CTAS` CTAs per rank.
