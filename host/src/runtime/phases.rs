@@ -17,12 +17,16 @@ pub(crate) enum Phase {
     /// A member that is not last: for a shared launch, noting the launch to come in what it
     /// uses (it does not wait); else waiting for the last one's work.
     AwaitLast,
-    /// The last member of a shared launch: noting the launch to come in what its own part
-    /// uses and making its stream follow it (as every member does in `await-last`).
+    /// The last member of a shared launch when it launches (`FERROLINK_GROUP_LAUNCHER=last`):
+    /// noting the launch to come in what its own part uses and making its stream follow it
+    /// (as every member does in `await-last`). With the launcher thread (the default) the last
+    /// member does this in `await-last` like the others.
     Note,
-    /// The last member: taking the meeting and gathering the members' entries into the launch.
+    /// The launcher (the GPU group's launcher thread, or the last member with
+    /// `FERROLINK_GROUP_LAUNCHER=last`; the last member for other work): taking the meeting
+    /// and gathering the members' entries into the launch.
     Gather,
-    /// The last member: making the work stream wait for the members' arrivals.
+    /// The launcher: making the work stream wait for the members' arrivals.
     StreamWaits,
     /// Ordering the launch after other streams' uses of what it uses (event waits).
     Track,
@@ -30,9 +34,10 @@ pub(crate) enum Phase {
     Driver,
     /// Recording the launch's completion event and noting it in what it uses.
     Record,
-    /// The last member: making its stream follow the work's completion.
+    /// The launcher, when a member (the last one): making its own stream follow the work's
+    /// completion (the launcher thread has no stream of its own: nothing to do).
     Follow,
-    /// The last member: publishing the completion to the others.
+    /// The launcher: publishing the completion to the members.
     Publish,
     /// After the work is queued, to the call's return (copies out, the stream's following).
     Finish,
