@@ -183,14 +183,12 @@ pub(crate) struct CollState {
     ll_made: Vec<Window>,
     /// An upper bound on the epoch that any collective barrier of the current device
     /// communicator has reached (each call advances its barriers by two, an LL call by one):
-    /// an LL call that could take it to [`CollState::ll_epoch_limit`] renews the device
+    /// an LL call that could take it to its limit ([`FlagEpochs`]) renews the device
     /// communicator and the LL buffer first, so that a flag never wraps to one that a stale
     /// line still carries (`ferrolink_device::coll::ll`, *Freshness*). Every rank counts the
     /// same calls, so every rank renews in the same call. Replays of a captured graph are
     /// not counted.
-    ll_epochs: u64,
-    /// See [`CollState::ll_epochs`]: [`LL_EPOCH_LIMIT`] (lowered by tests).
-    ll_epoch_limit: u64,
+    ll_epochs: FlagEpochs,
     /// The ranks of this communicator on this rank's GPU in this process.
     pub(crate) group: Arc<group::GpuGroup>,
 }
@@ -210,8 +208,7 @@ impl CollState {
             gather: None,
             ll: None,
             ll_made: Vec::new(),
-            ll_epochs: 0,
-            ll_epoch_limit: LL_EPOCH_LIMIT,
+            ll_epochs: FlagEpochs::new(),
             group,
         })
     }
@@ -220,7 +217,7 @@ impl CollState {
     /// zeroed LL buffer if `with_ll` (else none: see [`CollState::ll`]).
     fn renew_handle(&mut self, comm: &Communicator, with_ll: bool) -> Result<()> {
         self.ll = None;
-        self.ll_epochs = 0;
+        self.ll_epochs.counted = 0;
         if with_ll {
             let bytes = ll::buffer_bytes(comm.lsa_size());
             // Zero-filled (`mem_alloc`): no line carries a flag yet.
@@ -244,7 +241,37 @@ impl CollState {
 /// ([`CollState::ll_epochs`]): half the 32-bit flag's range, far from its wrap, and about 10^9
 /// calls (hours of back-to-back calls) between renewals, which cost one collective window
 /// registration.
-pub(crate) const LL_EPOCH_LIMIT: u64 = 1 << 31;
+const LL_EPOCH_LIMIT: u64 = 1 << 31;
+
+/// An upper bound on the epochs that a device communicator's collective barriers have
+/// reached, which are the LL flags: each call advances them by two, an LL call by one. An LL
+/// call may run on them while one more stays below `limit`; else the communicator (and its LL
+/// buffer) must be renewed first, or, where nothing can be renewed (persistent mode), the
+/// simple protocol runs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FlagEpochs {
+    /// Epochs counted since the communicator was made (or recovered).
+    pub(crate) counted: u64,
+    /// [`LL_EPOCH_LIMIT`] (lowered by tests).
+    pub(crate) limit: u64,
+}
+
+impl FlagEpochs {
+    /// None counted, [`LL_EPOCH_LIMIT`].
+    pub(crate) const fn new() -> Self {
+        FlagEpochs { counted: 0, limit: LL_EPOCH_LIMIT }
+    }
+
+    /// Whether one more LL call stays below the limit.
+    pub(crate) fn ll_fits(&self) -> bool {
+        self.counted + 1 < self.limit
+    }
+
+    /// Counts a call (`ll`: with the LL protocol).
+    pub(crate) fn count(&mut self, ll: bool) {
+        self.counted += if ll { 1 } else { 2 };
+    }
+}
 
 /// The collectives' state of `comm`, made by the first call.
 pub(crate) fn coll_state<'a>(comm: &Communicator, guard: &'a mut Option<CollState>) -> Result<&'a mut CollState> {
@@ -457,12 +484,12 @@ impl Communicator {
         // In persistent mode the kernel's device communicator and LL buffer serve the call
         // (`persistent::PersistentCall`), and they count the epochs.
         let own_ll = ll && !fixed;
-        let ll_renews = own_ll && state.ll_epochs + 1 >= state.ll_epoch_limit;
+        let ll_renews = own_ll && !state.ll_epochs.ll_fits();
         if grew || state.handle.is_none() || (own_ll && state.ll.is_none()) || ll_renews {
             state.renew_handle(self, own_ll)?;
         }
         if !fixed {
-            state.ll_epochs += if ll { 1 } else { 2 };
+            state.ll_epochs.count(ll);
         }
         let handle = state.handle.as_ref().expect("made above");
         let copy_cfg = |bytes: usize| crate::ops::staging_copy_config(dev, bytes);
@@ -1083,7 +1110,7 @@ mod tests {
                 let made = |c: &Communicator| lock(&c.shared.coll).as_ref().map_or(0, |s| s.ll_made.len());
                 assert_eq!(made(c), 1, "the first LL call makes the buffer");
                 // From here: 1 (the call above), then renew when an LL call would reach 6.
-                lock(&c.shared.coll).as_mut().expect("made").ll_epoch_limit = 6;
+                lock(&c.shared.coll).as_mut().expect("made").ll_epochs.limit = 6;
                 let mut made_after = Vec::new();
                 for i in 0..8 {
                     let c_ = if i == 3 { &simple } else { &ll };

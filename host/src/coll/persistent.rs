@@ -111,13 +111,10 @@ pub(crate) struct PersistentState {
     /// The kernel's LL buffer for this rank (zeroed when made; the kernel keeps it), if the
     /// kernel has few enough CTAs per rank for LL calls (`ll::MAX_CTAS`).
     ll: Option<Window>,
-    /// An upper bound of the epochs of the kernel communicator's barriers (the LL flags):
-    /// two per simple-protocol operation, one per LL operation (as `CollState::ll_epochs`);
-    /// LL calls stop at `LL_EPOCH_LIMIT` (nothing can be renewed while the kernel runs:
-    /// simple-protocol calls then), far from the flags' wrap.
-    ll_epochs: u64,
-    /// See [`PersistentState::ll_epochs`]: `LL_EPOCH_LIMIT` (lowered by tests).
-    ll_epoch_limit: u64,
+    /// An upper bound of the epochs of the kernel communicator's barriers (the LL flags),
+    /// counted per operation; LL calls stop at its limit (nothing can be renewed while the kernel
+    /// runs: simple-protocol calls then), far from the flags' wrap.
+    ll_epochs: super::FlagEpochs,
     /// Whether the shutdown is queued (the drop must not queue another).
     stopped: bool,
 }
@@ -264,8 +261,7 @@ impl Communicator {
             comm_stream: self.stream().share(),
             handle,
             ll: ll_buffer,
-            ll_epochs: 0,
-            ll_epoch_limit: super::LL_EPOCH_LIMIT,
+            ll_epochs: super::FlagEpochs::new(),
             stopped: false,
         });
         Ok(())
@@ -308,16 +304,13 @@ impl Communicator {
         }
         // Counted before the post, as `persistent_call` read it: an LL operation past the
         // bound could meet a stale line carrying its flag.
-        if op.args.proto == proto::LL {
-            if state.ll.is_none() || state.ll_epochs + 1 >= state.ll_epoch_limit {
-                return Err(Error::InvalidArgument(
-                    "persistent mode: an LL call without the kernel's LL buffer or past its flags' bound".into(),
-                ));
-            }
-            state.ll_epochs += 1;
-        } else {
-            state.ll_epochs += 2;
+        let ll = op.args.proto == proto::LL;
+        if ll && (state.ll.is_none() || !state.ll_epochs.ll_fits()) {
+            return Err(Error::InvalidArgument(
+                "persistent mode: an LL call without the kernel's LL buffer or past its flags' bound".into(),
+            ));
         }
+        state.ll_epochs.count(ll);
         post(Some(self), state, RankOp { op, comm: state.handle.dev_comm() }, uses)?;
         Ok(true)
     }
@@ -326,7 +319,7 @@ impl Communicator {
     pub(crate) fn persistent_call(&self) -> Option<PersistentCall> {
         lock(&self.shared.persistent)
             .as_ref()
-            .map(|s| PersistentCall { ctas: s.ctas, ll: s.ll.clone().filter(|_| s.ll_epochs + 1 < s.ll_epoch_limit) })
+            .map(|s| PersistentCall { ctas: s.ctas, ll: s.ll.clone().filter(|_| s.ll_epochs.ll_fits()) })
     }
 
     /// [`Communicator::recover`]'s step for persistent mode: the kernel communicator's
@@ -338,7 +331,7 @@ impl Communicator {
             if let Some(w) = &state.ll {
                 w.zero(0, w.size())?;
             }
-            state.ll_epochs = 0;
+            state.ll_epochs.counted = 0;
         }
         Ok(())
     }
@@ -426,7 +419,7 @@ mod tests {
     /// Epochs counted for the persistent kernel's communicator so far (see
     /// [`PersistentState::ll_epochs`]).
     fn counted(c: &Communicator) -> u64 {
-        lock(&c.shared.persistent).as_ref().map_or(0, |s| s.ll_epochs)
+        lock(&c.shared.persistent).as_ref().map_or(0, |s| s.ll_epochs.counted)
     }
 
     /// Persistent mode runs LL calls in the kernel's own LL buffer: chains of in-place
@@ -464,7 +457,7 @@ mod tests {
                     steps.extend(chain(4096, &[ll, simple, ll, ll])?);
                     // Two LL calls left below the bound, then the simple protocol.
                     let limit = counted(c) + 3;
-                    lock(&c.shared.persistent).as_mut().expect("persistent").ll_epoch_limit = limit;
+                    lock(&c.shared.persistent).as_mut().expect("persistent").ll_epochs.limit = limit;
                     steps.extend(chain(300, &[ll, ll, ll, ll])?);
                     c.stop_persistent()?;
                     c.start_persistent(PersistentConfig { ctas: Some(2), ..Default::default() })?;
