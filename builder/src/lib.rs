@@ -69,6 +69,21 @@ pub enum BuildError {
         /// The unresolved functions.
         names: Vec<String>,
     },
+    /// A device function (`.func`) loads a parameter through a register: an address a kernel
+    /// took of its own parameter (`kernel_param_address!`) used outside the kernel's body.
+    #[error(
+        "the PTX of {crate_name} loads parameters through a register in device functions {functions:?}: \
+         there `ld.param` reads the function's own parameters, not the kernel's (garbage, then \
+         faults). Code that reads a kernel parameter by its address (load_param_v2) must be \
+         inlined into the kernel: mark every function between the entry and the load \
+         #[inline(always)]"
+    )]
+    ParamLoadInFunction {
+        /// The device crate's name.
+        crate_name: String,
+        /// The functions.
+        functions: Vec<String>,
+    },
     /// The PTX has no kernel entry point.
     #[error(
         "the PTX of {0} has no kernel entry (.entry): declare kernels with \
@@ -229,6 +244,10 @@ impl PtxBuilder {
             extern_functions(&ptx).into_iter().filter(|n| !self.allowed_externs.contains(n)).collect();
         if !externs.is_empty() {
             return Err(BuildError::ExternFunctions { crate_name, names: externs });
+        }
+        let functions = param_loads_in_functions(&ptx);
+        if !functions.is_empty() {
+            return Err(BuildError::ParamLoadInFunction { crate_name, functions });
         }
         let kernels = entries(&ptx);
         if kernels.is_empty() {
@@ -435,6 +454,37 @@ pub fn extern_functions(ptx: &str) -> Vec<String> {
             (!name.is_empty()).then(|| name.to_string())
         })
         .collect()
+}
+
+/// Names of the device functions (`.func`) in the PTX that load a parameter through a
+/// register (`ld.param… [%rd…]`): in a function `ld.param` reads its own parameters, so such
+/// an address can only be one a kernel took of its parameter, read in the wrong place. (A
+/// function reads its own parameters by name: `[name_param_0]`.)
+pub fn param_loads_in_functions(ptx: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut current: Option<String> = None;
+    for line in ptx.lines() {
+        let l = line.trim_start();
+        // A function or kernel starts at column 0 (`.func`, `.visible .func`, `.entry`…).
+        if !line.starts_with(char::is_whitespace) && (l.contains(".func") || l.contains(".entry")) {
+            current = l.contains(".func").then(|| {
+                let rest = &l[l.find(".func").expect("checked") + 5..];
+                let rest = rest.trim_start();
+                let after_ret =
+                    if rest.starts_with('(') { rest.find(')').map_or("", |i| &rest[i + 1..]) } else { rest };
+                after_ret.trim_start().split(|c: char| c == '(' || c.is_whitespace()).next().unwrap_or("").to_string()
+            });
+            continue;
+        }
+        if let Some(name) = &current
+            && l.starts_with("ld.param")
+            && l.contains("[%")
+            && !found.contains(name)
+        {
+            found.push(name.clone());
+        }
+    }
+    found
 }
 
 /// Names of the kernel entries (`.entry NAME(`) in the PTX.
@@ -699,6 +749,18 @@ fn source_files(crate_dir: &Path) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_device_functions_that_load_parameters_through_a_register() {
+        let ptx = ".func f(\n\t.param .b64 f_param_0\n)\n{\n\tld.param.b64 %rd1, [f_param_0];\n}\n\
+                   .visible .entry k(\n\t.param .align 8 .b8 k_param_0[480]\n)\n{\n\tmov.b64 %rd2, k_param_0;\n\
+                   \tld.param.v2.b64 {%rd3, %rd4}, [%rd2];\n}\n\
+                   .func (.param .b32 func_retval0) g(\n\t.param .b64 g_param_0\n)\n{\n\
+                   \tld.param.b64 %rd5, [g_param_0];\n\tld.param.v2.b64 {%rd6, %rd7}, [%rd5];\n}\n";
+        // The kernel's own load through a register is fine; `f` reads its parameter by name.
+        assert_eq!(param_loads_in_functions(ptx), vec!["g"]);
+        assert!(param_loads_in_functions(&ptx.replace("[%rd5]", "[g_param_0+8]")).is_empty());
+    }
 
     #[test]
     fn finds_extern_functions_but_not_entries() {

@@ -71,8 +71,15 @@ macro_rules! kernel_param_address {
 /// Loads 16 bytes of the kernel's parameters: `ld.param.v2.b64` from an address made by
 /// [`kernel_param_address!`](crate::kernel_param_address) plus an offset.
 ///
+/// It must run in the kernel's own body: code that calls it is `#[inline(always)]` from the
+/// kernel's entry down. In a called PTX function (`.func`) `ld.param` reads that function's
+/// parameters, not the kernel's: on an H200 such a read returned garbage and the kernel then
+/// faulted (illegal address). `ferrolink-builder` rejects PTX whose functions load parameters
+/// through a register.
+///
 /// # Safety
-/// `address` lies 16 bytes inside one of the running kernel's parameters, 8-byte aligned.
+/// `address` lies 16 bytes inside one of the running kernel's parameters, 8-byte aligned,
+/// and the call is inlined into that kernel's body (above).
 #[inline(always)]
 pub unsafe fn load_param_v2(address: u64) -> [u64; 2] {
     // SAFETY: forwarded contract.
