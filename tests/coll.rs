@@ -984,7 +984,8 @@ fn memory_shared_by_ranks_in_turn_lives_until_the_last_launch_using_it() {
 /// protocol's largest call (several CTAs, a partial last unit, unaligned windows), in place
 /// and out of place, back to back and with simple-protocol calls between them (both advance
 /// the barrier epochs the LL flags come from); reduce and broadcast forced to LL, and calls
-/// past the largest, where LL does not apply and the simple protocol runs.
+/// past the largest, where LL does not apply and the simple protocol runs; on three ranks of
+/// one GPU (a shared launch) and on one rank (a launch of its own).
 #[test]
 fn ll_protocol_every_collective() {
     ferrolink::testing::for_each_backend("ll_protocol_every_collective", |dev| {
@@ -993,7 +994,9 @@ fn ll_protocol_every_collective() {
         ll_cases::<bf16>(&comms, &[Form::Buffers, Form::InPlace])?;
         ll_cases::<f64>(&comms, &[Form::Windows])?;
         ll_cases::<u8>(&comms, &[Form::Buffers])?;
-        ll_cases::<i64>(&comms, &[Form::WindowInPlace])
+        ll_cases::<i64>(&comms, &[Form::WindowInPlace])?;
+        // A rank alone on its GPU launches its own LL kernel (`coll_ll`), the others share one.
+        ll_cases::<f32>(&comms_of(dev, 1)?, &[Form::Buffers, Form::InPlace])
     });
 }
 
@@ -1011,7 +1014,7 @@ fn ll_cases<T: Val>(comms: &[Communicator], forms: &[Form]) -> ferrolink::Result
             }
         }
         for kind in [CollKind::AllGather, CollKind::AllToAll, CollKind::Broadcast] {
-            forms_of::<T>(comms, ll(kind, ReduceOp::Sum, 1), forms)?;
+            forms_of::<T>(comms, ll(kind, ReduceOp::Sum, root.min(1)), forms)?;
         }
         if i.is_multiple_of(2) {
             let simple = Collective { proto: Some(proto::SIMPLE), ..Collective::new(CollKind::AllReduce, count) };

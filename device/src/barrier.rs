@@ -259,7 +259,8 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
         } else {
             core::ptr::null_mut()
         };
-        let poll_slot = win.local_ptr::<u32>(inbox_offset(comm, index, (p % n.max(1)) as u32)) as *const u32;
+        // (32-bit: a 64-bit remainder is a software routine on the GPU.)
+        let poll_slot = win.local_ptr::<u32>(inbox_offset(comm, index, p as u32 % (n as u32).max(1))) as *const u32;
         LsaBarrierSession {
             coop,
             comm,

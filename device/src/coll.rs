@@ -661,6 +661,31 @@ pub unsafe fn run_lsa(
     bar.sync();
 }
 
+/// Runs `args`, an LL call ([`proto::LL`]), as CTA `part` of `parts` of this rank: the body
+/// of [`crate::kernels::coll::coll_ll`], [`run_lsa`]'s LL path alone. A kernel with only
+/// this path is a small fraction of the one that runs every algorithm (on the H200 that one
+/// took 255 registers and its executed path was spread over megabytes of code); small calls,
+/// bound by the kernel's instructions, run it. Anything but an LL call is a fault.
+///
+/// # Safety
+/// As [`run_lsa`] with `recv_win` the LL buffer (see [`ll`]'s `run`).
+#[inline(always)] // (so that the kernels read the call's fields where they lie, see `ll::run`)
+pub unsafe fn run_lsa_ll(
+    comm: &DevComm,
+    ll_win: &DevWindow,
+    args: &CollArgs,
+    recv: *mut u8,
+    part: usize,
+    parts: usize,
+) {
+    let (kind, dtype, op) = parse_args(comm, args, comm.lsa_size);
+    if args.proto != proto::LL {
+        comm.fail(error_code::COLL_ARGS, u64::from(args.kind) << 32 | u64::from(args.algo), u64::from(args.proto));
+    }
+    // SAFETY: forwarded contract.
+    unsafe { ll::run(comm, ll_win, args, kind, dtype, op, recv, part, parts) };
+}
+
 /// Copies this CTA's share of the input from `args.input` into this rank's slot of
 /// `send_win` at `args.send_offset`: the bytes that CTA `part` of every rank reads from this
 /// rank's slot in [`run_lsa`], cut as it cuts them ([`lsa::split_16`] of each piece the
@@ -1615,6 +1640,8 @@ pub mod group {
     /// each entry is read with 16-byte loads); also the dynamic shared memory a CTA of the
     /// kernel needs.
     pub const RANK_OP_STRIDE: usize = core::mem::size_of::<RankOp>().div_ceil(16) * 16;
+    // `serve_own_ll` reads a `RankOp` parameter in 16-byte chunks: none past its end.
+    const _: () = assert!(core::mem::size_of::<RankOp>() == RANK_OP_STRIDE);
 
     /// The persistent kernel's words, in device memory: the sequence number of the last
     /// operation handed to it (written by a stream), a count of that operation's CTAs done,
@@ -1650,6 +1677,13 @@ pub mod group {
 
     /// The most ranks of one GPU that one kernel serves.
     pub const MAX_LOCAL_RANKS: usize = 16;
+
+    /// Entries of a shared launch's parameter ([`GroupLaunch::ops`]): one per served rank and
+    /// operation, so a launch carries up to `MAX_LAUNCH_ENTRIES / ranks` operations (2 at 8
+    /// ranks). Every launch passes the whole parameter: with 64 entries (30 KB) a launch of
+    /// one call took 2–3 times as long on the H200 as with 16 (7 KB), which more calls per
+    /// launch did not make up for (PERF.md, issue 12 twentieth part).
+    pub const MAX_LAUNCH_ENTRIES: usize = 16;
 
     /// The kernel's parameter: where the ring is and how the grid is cut.
     #[repr(C)]
@@ -1699,7 +1733,7 @@ pub mod group {
         pub reserved: u64,
         /// The entries: a [`RankOp`] in the first bytes of each ([`RANK_OP_STRIDE`] bytes
         /// apart).
-        pub ops: [[u64; RANK_OP_STRIDE / 8]; MAX_LOCAL_RANKS],
+        pub ops: [[u64; RANK_OP_STRIDE / 8]; MAX_LAUNCH_ENTRIES],
     }
 
     /// Where the CTAs of a shared launch of several operations meet between them
@@ -1728,6 +1762,24 @@ pub mod group {
             bytemuck::cast_slice_mut::<u64, u8>(words)[..core::mem::size_of::<RankOp>()]
                 .copy_from_slice(bytemuck::bytes_of(op));
         }
+
+        /// Entry `index` (as [`GroupLaunch::set`] put it).
+        pub fn entry(&self, index: usize) -> RankOp {
+            bytemuck::pod_read_unaligned(
+                &bytemuck::cast_slice::<u64, u8>(&self.ops[index])[..core::mem::size_of::<RankOp>()],
+            )
+        }
+
+        /// Whether every served entry of the launch is an LL call inside one LSA domain: then
+        /// [`crate::kernels::coll::coll_ll_group_launch`] runs it.
+        pub fn ll_only(&self) -> bool {
+            let count = self.count as usize;
+            let entries = (self.operations.max(1) as usize * count).min(MAX_LAUNCH_ENTRIES);
+            (0..entries).filter(|&i| count > 0 && self.skip & (1 << (i % count)) == 0).all(|i| {
+                let e = self.entry(i);
+                e.op.args.proto == super::proto::LL && e.comm.lsa_size == e.comm.nranks
+            })
+        }
     }
 
     // A kernel's parameters take at most 32764 bytes (sm_70 and later, CUDA 12.1 and later).
@@ -1747,16 +1799,21 @@ pub mod group {
     ///
     /// # Safety
     /// `ops` is the address of the launch's [`GroupLaunch::ops`], whose served entries (of
-    /// `operations` operations, `count * operations <= MAX_LOCAL_RANKS`) follow [`serve`]'s
+    /// `operations` operations, `count * operations <= MAX_LAUNCH_ENTRIES`) follow [`serve`]'s
     /// contract for the ring's, in order; the grid has `count * ctas_per_rank` CTAs, all
     /// resident at once, each with [`RANK_OP_STRIDE`] bytes of dynamic shared memory; with
     /// more than one operation, `grid_sync` is a live [`GridSync`] that only this launch uses
     /// while it runs, with no arrival counted, every part is served (`skip` 0: a CTA with no
     /// entry has no control block to see an abort by), and every rank of each entry's LSA
     /// domain is served by this grid (the grid barrier orders the operations at GPU scope
-    /// only).
+    /// only). With `LL_ONLY`, every entry is an LL call inside one LSA domain (anything else
+    /// is a fault): the kernel then holds that path alone ([`super::run_lsa_ll`]).
+    ///
+    /// Inlined into the kernel: `ops` is read with `ld.param`, which in a called function
+    /// would read that function's own parameters ([`arch::load_param_v2`]).
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn serve_launch(
+    #[inline(always)]
+    pub unsafe fn serve_launch<const LL_ONLY: bool>(
         count: u32,
         ctas_per_rank: u32,
         skip: u32,
@@ -1771,7 +1828,7 @@ pub mod group {
         let (part, cta) = (block / per, block % per);
         let count = (count as usize).min(MAX_LOCAL_RANKS);
         let served = part < count && skip & (1 << part) == 0;
-        let operations = (operations.max(1) as usize).min(MAX_LOCAL_RANKS / count.max(1));
+        let operations = (operations.max(1) as usize).min(MAX_LAUNCH_ENTRIES / count.max(1));
         // Where a CTA waiting between operations looks for an abort (its rank's).
         let mut control = 0u64;
         for j in 0..operations {
@@ -1786,7 +1843,11 @@ pub mod group {
                 // entries' offset and stride are multiples of 16, checked above).
                 let entry = unsafe { read_entry(|c| arch::load_param_v2(base + 16 * c as u64)) };
                 control = entry.comm.control;
-                run_entry(entry, cta, per);
+                if LL_ONLY {
+                    run_entry_ll(entry, cta, per);
+                } else {
+                    run_entry(entry, cta, per);
+                }
                 // Every thread is done with the entry before the next one is written.
                 coop.sync();
             }
@@ -1890,6 +1951,38 @@ pub mod group {
             unsafe { run_lsa(comm, &op.send, &op.recv_win, &args, op.recv as *mut u8, cta, per) };
         }
         false
+    }
+
+    /// Runs an LL call inside one LSA domain (else a fault) passed as the kernel's parameter
+    /// at `param` (its parameter-space address), as CTA `cta` of `per`: the entry is read
+    /// into shared memory (as a shared launch's, so that every thread reads it in place, not
+    /// a copy of its own in local memory: on the H200 the copy made a 512-thread CTA of one
+    /// rank's 4 KiB LL all-reduce 1.8 µs slower, PERF.md, issue 12 twentieth part).
+    ///
+    /// # Safety
+    /// `param` is the address of a kernel parameter holding a [`RankOp`] that follows
+    /// [`super::run_lsa_ll`]'s contract; the CTA has [`RANK_OP_STRIDE`] bytes of dynamic
+    /// shared memory; every thread of the CTA calls this, inlined into the kernel whose
+    /// parameter `param` is (as [`serve_launch`]).
+    #[inline(always)]
+    pub unsafe fn serve_own_ll(param: u64, cta: usize, per: usize) {
+        // SAFETY: each 16-byte chunk lies inside the parameter (a RankOp is RANK_OP_STRIDE
+        // bytes, checked above), 16-byte aligned (contract).
+        let entry = unsafe { read_entry(|c| arch::load_param_v2(param + 16 * c as u64)) };
+        run_entry_ll(entry, cta, per);
+    }
+
+    /// Runs part `cta` of `per` of `entry`'s operation, an LL call inside one LSA domain
+    /// (else a fault), by [`super::run_lsa_ll`].
+    #[inline(always)]
+    fn run_entry_ll(entry: &RankOp, cta: usize, per: usize) {
+        let (op, comm) = (&entry.op, &entry.comm);
+        if comm.lsa_size < comm.nranks {
+            comm.fail(crate::comm::error_code::COLL_ARGS, u64::from(op.args.kind) << 32, u64::from(op.args.proto));
+        }
+        let args = CollArgs { barrier: 0, ..op.args };
+        // SAFETY: the operation follows `run_lsa_ll`'s contract (the callers' contracts).
+        unsafe { super::run_lsa_ll(comm, &op.recv_win, &args, op.recv as *mut u8, cta, per) };
     }
 
     /// Polls between looks at the abort flag.

@@ -157,6 +157,11 @@ unsafe impl KernelParam for crate::coll::group::LocalRanks {
 unsafe impl KernelParam for crate::coll::group::GroupLaunch {
     const HOLDS_ADDRESS: bool = true;
 }
+// SAFETY: a `#[repr(C)]` Pod struct of u32 and u64 words, device addresses inside (its
+// communicator and windows).
+unsafe impl KernelParam for crate::coll::group::RankOp {
+    const HOLDS_ADDRESS: bool = true;
+}
 // SAFETY: a `#[repr(C)]` Pod struct of u32 words (checked in the PTX), no addresses.
 unsafe impl KernelParam for crate::p2p::P2pArgs {
     const HOLDS_ADDRESS: bool = false;

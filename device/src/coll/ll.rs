@@ -247,10 +247,12 @@ impl Waits<'_, '_> {
         to: usize,
         skip: usize,
     ) -> bool {
-        // Bit k: sender `from + k` still awaited.
+        // Bit k: sender `from + k` still awaited. (32-bit: ranks fit, and each 64-bit
+        // comparison is two instructions on the GPU.)
+        let (from32, to32, skip32) = (from as u32, to as u32, skip as u32);
         let mut awaited = 0u32;
-        for k in 0..SENDERS_AT_ONCE {
-            if from + k < to && from + k != skip {
+        for k in 0..SENDERS_AT_ONCE as u32 {
+            if from32 + k < to32 && from32 + k != skip32 {
                 awaited |= 1 << k;
             }
         }
@@ -402,7 +404,11 @@ impl<L: Fn(usize, usize) -> *const [u64; 2]> ReductionBody for ReceiveReduction<
 /// written only by LL calls of this stream, checked for size); in place, `recv` may hold the
 /// input (all-reduce; all-gather at this rank's block), each unit read and then written by
 /// one thread. `kind` is one of [`applies_to`]'s (else a fault).
+// Inlined: called as a function, it took the communicator, windows and arguments through
+// generic pointers (the entry lies in shared memory), each field a generic load, and kept its
+// locals on the stack (PERF.md, issue 12 twentieth part).
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 pub(super) unsafe fn run(
     comm: &DevComm,
     ll_win: &DevWindow,
@@ -446,7 +452,12 @@ pub(super) unsafe fn run(
     let mut bar = unsafe { LsaBarrierSession::new(coop, comm, args.barrier + part as u32) };
     let flag = bar.epoch().wrapping_add(1);
     let parity = (flag & 1) as usize;
-    let at = |sender: usize, unit: usize| base + line_offset(parity, part, n, sender, unit - first);
+    // This CTA's regions of the parity, sender after sender; offsets inside them in 32 bits
+    // (a sender's region is 8 KiB), as the kernel's hot loops compute them per unit and sender.
+    let regions = base + line_offset(parity, part, n, 0, 0);
+    let at = |sender: usize, unit: usize| {
+        regions + ((sender as u32 * UNITS_PER_CTA as u32 + (unit - first) as u32) * UNIT_LINE_BYTES as u32) as usize
+    };
     // Send: each thread its units, to every peer that receives from this rank. Where every
     // peer gets the same block (all-reduce, all-gather) the unit is loaded once.
     let same_block = !matches!(kind, CollKind::ReduceScatter | CollKind::AllToAll);
@@ -454,15 +465,19 @@ pub(super) unsafe fn run(
     while u < last {
         // SAFETY: the input holds this rank's block (contract).
         let own_unit = if same_block { unsafe { load_unit(input, block, u, size) } } else { 0 };
-        for p in 0..n {
-            if p != me {
+        // The unit's lines in peer 0's buffer; each next peer's are a slot stride further.
+        let mut lines = ll_win.lsa_ptr::<[u64; 2]>(at(me, u), 0);
+        for p in 0..n as u32 {
+            if p != me as u32 {
                 // SAFETY: the input holds the peer's block (contract); the unit's lines in
                 // peer p's buffer are this rank's, CTA `part`'s, this thread's.
                 unsafe {
-                    let v = if same_block { own_unit } else { load_unit(input.add(block_for(p)), block, u, size) };
-                    send_unit(ll_win.lsa_ptr::<[u64; 2]>(at(me, u), p as u32), v, flag);
+                    let v =
+                        if same_block { own_unit } else { load_unit(input.add(block_for(p as usize)), block, u, size) };
+                    send_unit(lines, v, flag);
                 }
             }
+            lines = lines.wrapping_byte_add(ll_win.stride as usize);
         }
         u += coop.size();
     }

@@ -25,6 +25,24 @@ kernel! {
 }
 
 kernel! {
+    /// Runs one rank's LL call over the LSA domain ([`coll::run_lsa_ll`]: [`coll_lsa`]'s LL
+    /// path alone, a much smaller kernel), given as a shared launch's entry is: `entry.op`'s
+    /// `args` (every rank's input at `args.input`, any device memory), `recv_win` the
+    /// communicator's LL buffer (at `args.recv_offset`) and `recv` the output; `entry.comm`
+    /// the rank's device communicator. CTA `b` of the grid uses LSA barrier `b`. Needs
+    /// `RANK_OP_STRIDE` bytes of dynamic shared memory per CTA.
+    ///
+    /// # Safety
+    /// As [`coll::run_lsa_ll`], for the entry's call.
+    pub unsafe fn coll_ll(entry: coll::group::RankOp) {
+        // Read in place from the parameter (see `kernel_param_address!`).
+        let param = crate::kernel_param_address!(coll_ll, 0, entry);
+        // SAFETY: the kernel's contract; `param` is the entry.
+        unsafe { coll::group::serve_own_ll(param, arch::block_idx_x(), arch::grid_dim_x()) }
+    }
+}
+
+kernel! {
     /// Runs the collective `args` over every rank of the communicator, across LSA domains,
     /// through GIN (see [`coll::run_gin`]): every rank's input at `args.send_offset` of its
     /// slot of `send`; `gather` (`nranks * count` elements per rank) receives the peers'
@@ -69,7 +87,34 @@ kernel! {
             + coll::group::GROUP_LAUNCH_OPS_OFFSET as u64;
         // SAFETY: the kernel's contract; `ops` is the parameter's entries.
         unsafe {
-            coll::group::serve_launch(
+            coll::group::serve_launch::<false>(
+                launch.count,
+                launch.ctas_per_rank,
+                launch.skip,
+                launch.operations,
+                launch.grid_sync,
+                ops,
+                arch::block_idx_x(),
+                arch::grid_dim_x(),
+            )
+        }
+    }
+}
+
+kernel! {
+    /// [`coll_gpu_group_launch`] for launches whose entries are all LL calls inside one LSA
+    /// domain: that path alone ([`coll::run_lsa_ll`]), a much smaller kernel. Needs
+    /// `RANK_OP_STRIDE` bytes of dynamic shared memory per CTA.
+    ///
+    /// # Safety
+    /// As [`coll::group::serve_launch`] with `LL_ONLY`, for the entries in `launch`.
+    pub unsafe fn coll_ll_group_launch(launch: coll::group::GroupLaunch) {
+        // As in `coll_gpu_group_launch`.
+        let ops = crate::kernel_param_address!(coll_ll_group_launch, 0, launch)
+            + coll::group::GROUP_LAUNCH_OPS_OFFSET as u64;
+        // SAFETY: the kernel's contract; `ops` is the parameter's entries.
+        unsafe {
+            coll::group::serve_launch::<true>(
                 launch.count,
                 launch.ctas_per_rank,
                 launch.skip,

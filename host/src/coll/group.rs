@@ -98,9 +98,10 @@ use crate::runtime::phases::{self, Phase};
 use crate::runtime::stream::Stream;
 use crate::{Error, Result};
 use ferrolink_device::coll::group::{
-    COMPLETED_OFFSET, GridSync, GroupLaunch, LocalRanks, MAX_LOCAL_RANKS, RANK_OP_STRIDE, RankOp, SEQ_OFFSET,
+    COMPLETED_OFFSET, GridSync, GroupLaunch, LocalRanks, MAX_LAUNCH_ENTRIES, MAX_LOCAL_RANKS, RANK_OP_STRIDE, RankOp,
+    SEQ_OFFSET,
 };
-use ferrolink_device::kernels::coll::coll_gpu_group_launch;
+use ferrolink_device::kernels::coll::{coll_gpu_group_launch, coll_ll_group_launch};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
@@ -643,6 +644,8 @@ pub(crate) struct GpuGroup {
     /// How many CTAs of the group's kernel the GPU holds at once (occupancy API; `None`: no
     /// limit), once asked.
     pub(crate) resident: OnceLock<Option<u64>>,
+    /// Threads per CTA of the LL kernels ([`super::ll_threads`]), once asked.
+    pub(crate) ll_threads: OnceLock<u32>,
     /// Made once, by the first member to need it (it may allocate: before any kernel runs).
     ring: OnceLock<Arc<Ring>>,
     /// Every member's call takes it: on cache lines of its own (`Hot`), apart from the
@@ -843,6 +846,7 @@ impl GpuGroup {
     fn new(members: Vec<usize>, control: Arc<CommControl>) -> GpuGroup {
         GpuGroup {
             resident: OnceLock::new(),
+            ll_threads: OnceLock::new(),
             ring: OnceLock::new(),
             meetings: Hot(Mutex::new(HashMap::new())),
             log: Arc::new(LaunchLog {
@@ -960,6 +964,14 @@ impl GpuGroup {
             phases::mark(Phase::StreamWaits);
             match work {
                 Work::Launch { module, threads } => {
+                    // The LL kernel, when every entry is an LL call: the general one's LL
+                    // path alone, with the same contract for such entries.
+                    let ll_only = super::ll_kernels() && g.launch.ll_only();
+                    let (kernel, threads) = if ll_only {
+                        (&coll_ll_group_launch, super::ll_threads(dev, module, &self.ll_threads))
+                    } else {
+                        (&coll_gpu_group_launch, threads)
+                    };
                     let cfg = kernel_config(g.launch.count * g.launch.ctas_per_rank, threads);
                     // Its place in the launch stream's order, as the members' completions (of
                     // several calls, the last one's).
@@ -980,7 +992,7 @@ impl GpuGroup {
                     // time (shared launches run in order on the launch stream, after the
                     // members' arrivals, which follow their earlier work); shared
                     // memory per `kernel_config`.
-                    unsafe { stream.launch_tracked(module, &coll_gpu_group_launch, cfg, (&param,), uses) }
+                    unsafe { stream.launch_tracked(module, kernel, cfg, (&param,), uses) }
                 }
                 Work::Persistent { sync, wait } => {
                     let mut uses = uses;
@@ -1398,13 +1410,13 @@ impl GpuGroup {
     }
 
     /// How many calls one shared launch may carry: as many as the launch's entries hold
-    /// (`MAX_LOCAL_RANKS / members`), at most `FERROLINK_GROUP_BATCH` (1: one call per launch).
+    /// (`MAX_LAUNCH_ENTRIES / members`), at most `FERROLINK_GROUP_BATCH` (1: one call per launch).
     fn batch_limit(&self) -> usize {
         static LIMIT: OnceLock<usize> = OnceLock::new();
         let wanted = *LIMIT.get_or_init(|| {
             std::env::var("FERROLINK_GROUP_BATCH").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(usize::MAX)
         });
-        (MAX_LOCAL_RANKS / self.members.len().max(1)).min(wanted).max(1)
+        (MAX_LAUNCH_ENTRIES / self.members.len().max(1)).min(wanted).max(1)
     }
 
     /// The launcher's share of complete meetings `batch` (in order, claimed): what the last member
@@ -1716,6 +1728,34 @@ mod tests {
             outcome: outcome.clone(),
             since,
         }
+    }
+
+    #[test]
+    fn the_ll_kernel_runs_a_launch_only_when_every_served_entry_is_an_ll_call_inside_one_domain() {
+        let entry = |proto: u32, lsa_size: u32, nranks: u32| {
+            let mut e = RankOp::default();
+            (e.op.args.proto, e.comm.lsa_size, e.comm.nranks) = (proto, lsa_size, nranks);
+            e
+        };
+        let mut launch = GroupLaunch { count: 2, ctas_per_rank: 1, operations: 2, ..GroupLaunch::default() };
+        for i in 0..4 {
+            launch.set(i, &entry(ferrolink_device::coll::proto::LL, 2, 2));
+        }
+        assert_eq!(launch.entry(3), entry(ferrolink_device::coll::proto::LL, 2, 2), "an entry reads back as set");
+        assert!(launch.ll_only());
+        // A simple-protocol call in the second operation: the general kernel.
+        launch.set(3, &entry(ferrolink_device::coll::proto::SIMPLE, 2, 2));
+        assert!(!launch.ll_only());
+        // ... unless its part is not served by the launch (its rank runs it otherwise).
+        launch.skip = 1 << 1;
+        assert!(launch.ll_only());
+        // An LL entry across LSA domains is not the LL kernel's.
+        launch.skip = 0;
+        launch.set(3, &entry(ferrolink_device::coll::proto::LL, 1, 2));
+        assert!(!launch.ll_only());
+        // Entries past the launch's operations are not looked at.
+        launch.operations = 1;
+        assert!(launch.ll_only());
     }
 
     #[test]

@@ -51,7 +51,7 @@ use ferrolink_device::coll::CollArgs;
 use ferrolink_device::coll::group::{CollOp, RankOp};
 use ferrolink_device::coll::ll;
 pub use ferrolink_device::coll::{CollElem, CollKind, DataType, RedOp as ReduceOp, algo, proto};
-use ferrolink_device::kernels::coll::{coll_gin, coll_gpu_group_launch, coll_lsa};
+use ferrolink_device::kernels::coll::{coll_gin, coll_gpu_group_launch, coll_ll, coll_ll_group_launch, coll_lsa};
 use ferrolink_device::kernels::copy::ferrolink_copy;
 pub use half::{bf16, f16};
 pub use p2p::{MAX_GROUP_OPS, P2pConfig, P2pGroup};
@@ -590,7 +590,11 @@ impl Communicator {
             recv_offset: recv_offset as u64,
             input: stage_from.as_ref().map_or(0, |(addr, _)| *addr),
         };
-        let cfg = LaunchConfig::linear(ctas, threads(dev));
+        let ll_kernel = ll && ll_kernels();
+        let cfg = LaunchConfig::linear(
+            ctas,
+            if ll_kernel { ll_threads(dev, module, &group.ll_threads) } else { threads(dev) },
+        );
         {
             let out_ptr: TrackedPtr<'_, *mut u8> = match (&mut out_buf, out_via_recv || out_window.is_some()) {
                 (_, true) if !out_via_recv && ll => {
@@ -637,6 +641,25 @@ impl Communicator {
                     // barriers 0..ctas (MAX_CTAS of each made by `renew_handle`) serve one
                     // collective at a time on this stream.
                     unsafe { stream.launch(module, &coll_gin, cfg, (handle, send_win, gather, args, out_ptr)) }
+                } else if ll_kernel {
+                    // The call as a shared launch's entry; what it uses tracked here (the
+                    // parameter carries no tracking).
+                    let mut uses = own_extra;
+                    handle.track(&mut uses);
+                    recv_win.track(&mut uses);
+                    out_ptr.track(&mut uses);
+                    let entry = group::GroupParam(RankOp { op, comm: handle.dev_comm() });
+                    let cfg = group::kernel_config(cfg.grid.0, cfg.block.0);
+                    // SAFETY: `coll_ll`'s contract (`coll_lsa`'s for an LL call, below): every
+                    // rank launches the same args and grid (the call is collective); the
+                    // kernel reads the input at `args.input` only (a tracked buffer or window
+                    // slot, or the output in place); `op.recv_win` is this communicator's LL
+                    // buffer, zeroed when made with this device communicator (or at
+                    // `recover`, which also resets its epochs, the flags); the output holds
+                    // `out_bytes` (checked); barriers 0..ctas of the default set (MAX_CTAS of
+                    // them) are used by this stream only, one collective at a time; shared
+                    // memory per `kernel_config`.
+                    unsafe { stream.launch_tracked(module, &coll_ll, cfg, (&entry,), uses).map(drop) }
                 } else {
                     // SAFETY: the kernel's contract: every rank launches the same args and
                     // grid (the call is collective; the debug check verifies it); the input
@@ -980,6 +1003,14 @@ fn shared_launches() -> bool {
     std::env::var("FERROLINK_SHARED_LAUNCH").ok().as_deref() != Some("0")
 }
 
+/// Whether LL calls run in the LL kernels (`coll_ll`, `coll_ll_group_launch`: that
+/// protocol's path alone, at [`ll_threads`]), as by default, or in the general ones at
+/// [`threads`] (`FERROLINK_LL_KERNELS=0`, for comparisons). Read once per process.
+pub(crate) fn ll_kernels() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERROLINK_LL_KERNELS").ok().as_deref() != Some("0"))
+}
+
 /// Whether calls are compared across ranks (debug builds, or `FERROLINK_COLL_CHECK=1`).
 fn check_calls() -> bool {
     match std::env::var("FERROLINK_COLL_CHECK").ok().as_deref() {
@@ -1032,6 +1063,38 @@ fn gin_grid(bytes: usize) -> Result<u32> {
     }
 }
 
+/// Threads per CTA of the LL kernels (`coll_ll`, `coll_ll_group_launch`), cached in `cache`:
+/// the launch profile's `ll_threads` where the GPU holds as many CTAs of each LL kernel at that
+/// width per SM as of its general counterpart (`coll_lsa`, `coll_gpu_group_launch`) at
+/// [`threads`], so that a grid checked as resident for the general kernel is resident for the
+/// LL one too; else [`threads`] (a later compiler giving the LL kernels more registers
+/// costs speed, never a failed launch).
+pub(crate) fn ll_threads(dev: &crate::Device, module: &crate::Module, cache: &std::sync::OnceLock<u32>) -> u32 {
+    *cache.get_or_init(|| {
+        let (wide, narrow) = (dev.launch_profile().ll_threads, threads(dev));
+        if wide == narrow {
+            return narrow;
+        }
+        let holds = |ll: Option<u64>, general: Option<u64>| match (ll, general) {
+            (Some(l), Some(g)) => l >= g && l > 0,
+            (None, None) => true,
+            _ => false,
+        };
+        let cfg = |t| LaunchConfig::linear(1, t);
+        let own = holds(
+            module.resident_ctas(&coll_ll, group::kernel_config(1, wide)).ok().flatten(),
+            module.resident_ctas(&coll_lsa, cfg(narrow)).ok().flatten(),
+        );
+        let shared = holds(
+            module.resident_ctas(&coll_ll_group_launch, group::kernel_config(1, wide)).ok().flatten(),
+            module.resident_ctas(&coll_gpu_group_launch, group::kernel_config(1, narrow)).ok().flatten(),
+        );
+        let chosen = if own && shared { wide } else { narrow };
+        tracing::debug!(target: "ferrolink::coll", chosen, own, shared, "threads per CTA of the LL kernels");
+        chosen
+    })
+}
+
 /// Threads per CTA: 256 on the GPU (the kernel, one body for every type and reduction, uses
 /// up to 254 registers per thread on sm_90: 256 threads is the most a CTA can hold).
 pub(crate) fn threads(dev: &crate::Device) -> u32 {
@@ -1045,8 +1108,8 @@ mod tests {
     use crate::testing::for_each_backend;
     use crate::{Communicator, run_ranks};
 
-    /// Calls that queue up for a GPU group's launcher (held here) run in one launch, one
-    /// after the other: each round's in-place all-reduce reads the previous round's output,
+    /// Calls that queue up for a GPU group's launcher (held here) run in one launch (or a few),
+    /// one after the other: each round's in-place all-reduce reads the previous round's output,
     /// with the LL protocol and with the simple one. From one thread: members of a shared
     /// launch do not wait for it.
     #[test]
@@ -1077,17 +1140,19 @@ mod tests {
                 let mut bufs =
                     (0..2).map(|r| dev.alloc_from(&vec![r as f32 + 1.0; count])).collect::<crate::Result<Vec<_>>>()?;
                 group.hold_launches(true);
-                for _round in 0..3 {
+                // More calls than a launch of two ranks carried with 16 entries (8).
+                const ROUNDS: i32 = 10;
+                for _round in 0..ROUNDS {
                     for (c, b) in comms.iter().zip(&mut bufs) {
                         c.collective::<f32>(&call, Input::InPlace, Output::Buffer(b))?;
                     }
                 }
                 group.hold_launches(false);
-                // 1 + 2 = 3, then 6, then 12 on both ranks.
+                // 1 + 2 = 3, then 6, 12, … on both ranks.
                 for b in &bufs {
-                    assert_eq!(b.to_vec()?, vec![12.0f32; count], "{proto:?}");
+                    assert_eq!(b.to_vec()?, vec![3.0 * 2f32.powi(ROUNDS - 1); count], "{proto:?}");
                 }
-                assert!(group.batched_launches() > before, "{proto:?}: the three calls were launched one by one");
+                assert!(group.batched_launches() > before, "{proto:?}: the calls were launched one by one");
             }
             Ok(())
         });

@@ -331,6 +331,10 @@ pub(crate) trait AddressRange: Send + Sync {
 pub(crate) struct LaunchProfile {
     /// Threads per CTA of the collective and point-to-point kernels.
     pub(crate) coll_threads: u32,
+    /// Threads per CTA of the LL collective kernels (`coll_ll`, `coll_ll_group_launch`),
+    /// when the GPU holds as many of them per SM as of the general kernel at
+    /// [`LaunchProfile::coll_threads`] (else they run at that width).
+    pub(crate) ll_threads: u32,
     /// Bytes per CTA that a collective inside one LSA domain aims for.
     pub(crate) coll_bytes_per_cta: usize,
     /// The most CTAs per rank of a kernel whose CTAs wait for each other (point to point,

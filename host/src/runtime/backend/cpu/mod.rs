@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// cross many, and a 60 s timeout.
 pub(crate) const LAUNCH_PROFILE: super::LaunchProfile = super::LaunchProfile {
     coll_threads: 8,
+    ll_threads: 8,
     coll_bytes_per_cta: 1 << 20,
     waiting_ctas: Some(4),
     moe_threads: 64,

@@ -56,12 +56,15 @@ struct Ctx {
 
 /// The GPU's launch figures. 256 threads per CTA: the collective kernel, one body for every
 /// type and reduction, takes up to 254 registers per thread on sm_90, so 256 threads is the
-/// most a CTA holds. Collectives aim at 16 KiB per CTA; copies cover their bytes in one pass of
+/// most a CTA holds. The LL kernels, that protocol's path alone, take under 128 (118 with
+/// ptxas 13.0): 512 threads, one per unit of payload of an LL CTA (`ll::UNITS_PER_CTA`), so
+/// that no thread handles two units one after the other. Collectives aim at 16 KiB per CTA; copies cover their bytes in one pass of
 /// the warp-contiguous copy. Point to point: 32 channels of 2 slots (128 KiB per channel and
 /// step is where sendrecv reaches NVLink's rate on two H200s, docs/PERF.md). Kernels whose
 /// CTAs wait for each other take the SMs, shared by the ranks on the GPU.
 pub(crate) const LAUNCH_PROFILE: super::LaunchProfile = super::LaunchProfile {
     coll_threads: 256,
+    ll_threads: 512,
     coll_bytes_per_cta: 16 << 10,
     waiting_ctas: None,
     moe_threads: 256,
