@@ -454,8 +454,9 @@ pub mod moe_fused {
     //! with their sources ([`Moe::dispatch_with_sources`](ferrolink::moe::Moe::dispatch_with_sources));
     //! then the expert kernel (`moe_expert_mlp_fused`, written on the public device API)
     //! computes `y = W2_e relu(W1_e x)` for each row an expert received and adds `weight * y`
-    //! into the token's `f32` accumulator on the token's rank through the LSA mapping; then
-    //! [`Moe::finish_fused`](ferrolink::moe::Moe::finish_fused) waits for every add and
+    //! into the token's `f32` accumulator on the token's rank through the LSA mapping (for a
+    //! token rank in another LSA domain, the row of `weight * y` goes back by a GIN put); then
+    //! [`Moe::finish_fused`](ferrolink::moe::Moe::finish_fused) waits for every result and
     //! rounds the sums to bf16. Each rank checks its output against a host model, exactly:
     //! the values are chosen so that every `f32` sum is exact in any order.
     use super::*;
@@ -560,8 +561,8 @@ pub mod moe_fused {
         (0..s.hidden).map(|c| (0..s.ffn).map(|j| w2(e, c, j) * h[j]).sum()).collect()
     }
 
-    /// One rank's program: `rounds` fused dispatch-expert-combine steps, each checked.
-    /// Needs every rank in one LSA domain.
+    /// One rank's program: `rounds` fused dispatch-expert-combine steps, each checked. Any
+    /// LSA domains.
     pub fn rank(comm: &Communicator, s: Shape) -> Result<String> {
         let (n, me) = (comm.nranks(), comm.rank());
         let dev = comm.device();

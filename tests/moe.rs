@@ -465,20 +465,12 @@ fn fp8_tokens(c: &Communicator) -> ferrolink::Result<()> {
     Ok(())
 }
 
-/// One LSA domain with every peer forced through the proxy (`FERROLINK_GIN=proxy`): the
-/// fused combine is refused, as its adds are direct stores.
-fn fused_refused_through_proxy(c: &Communicator) -> ferrolink::Result<()> {
-    check(c.lsa_size() == c.nranks(), || format!("one LSA domain expected, {} of {}", c.lsa_size(), c.nranks()))?;
-    let cfg = MoeConfig { num_experts: 2 * c.nranks(), hidden: 8, top_k: 1, max_tokens: 2, capacity: None };
-    let err = c.moe(cfg)?.enable_fused().expect_err("fused through the proxy").to_string();
-    check(err.contains("FERROLINK_GIN=proxy"), || format!("fused through the proxy: {err}"))
-}
-
 /// The fused combine (the experts' MLP adds its results into the tokens' ranks: the
 /// `moe_fused` example, which checks every output exactly): random and skewed routing, ranks
 /// without tokens, overflow at a capacity of 3, several rounds; on CUDA also a GPU-sized
-/// shape; rounds of the plain combine between fused ones on one `Moe`. Across LSA domains,
-/// or with every peer forced through the proxy, it is a clear error.
+/// shape; rounds of the plain combine between fused ones on one `Moe`. In one LSA domain,
+/// across domains (results of other domains come back as return rows through the GIN
+/// proxy) and with every peer forced through the proxy (`FERROLINK_GIN=proxy`).
 /// Launches the built-in fused expert kernel (`moe_expert_mlp_fused`) for `moe`'s call
 /// `target` on `c`'s stream: one hidden unit, every weight of W1 and W2 taken from `ones`
 /// (16 ones: 2 experts of 1 x 8, for `hidden` 8), one warp: each row `x` gives `y = W2
@@ -503,14 +495,6 @@ fn launch_unit_expert(
 
 fn fused_combine(c: &Communicator) -> ferrolink::Result<()> {
     use ferrolink_examples::moe_fused::{Shape, rank};
-    let cfg = MoeConfig { num_experts: 2 * c.nranks(), hidden: 8, top_k: 1, max_tokens: 2, capacity: None };
-    if c.lsa_size() != c.nranks() {
-        let err = c.moe(cfg)?.enable_fused().expect_err("fused across domains").to_string();
-        return check(err.contains("every rank in one LSA domain"), || format!("fused across domains: {err}"));
-    }
-    if std::env::var("FERROLINK_GIN").as_deref() == Ok("proxy") {
-        return fused_refused_through_proxy(c);
-    }
     let small = Shape::small();
     let mut shapes = vec![
         small,
@@ -868,10 +852,11 @@ fn bad_low_latency_calls_are_clear_errors() {
 }
 
 /// One process per rank: every case with the ranks in one LSA domain, and with each process
-/// its own domain (the GIN proxy between them).
+/// its own domain (the GIN proxy between them); the fused combine with every peer forced
+/// through the proxy.
 #[test]
 fn moe_jobs_of_one_process_per_rank() {
-    if child(|c| if scenario() == "proxy" { fused_refused_through_proxy(c) } else { every_case(c) }) {
+    if child(|c| if scenario() == "proxy" { fused_combine(c) } else { every_case(c) }) {
         return;
     }
     for n in [2, 3] {
@@ -881,7 +866,8 @@ fn moe_jobs_of_one_process_per_rank() {
         job_passes("moe_jobs_of_one_process_per_rank", "lsa", n);
         job_passes_with("moe_jobs_of_one_process_per_rank", "gin", n, &[("FERROLINK_LSA", "process")]);
     }
-    // Every peer through the proxy: the fused combine is refused.
+    // Every peer through the proxy, the own rank too: the fused combine's results all travel
+    // as return rows.
     if fits(2) {
         job_passes_with("moe_jobs_of_one_process_per_rank", "proxy", 2, &[("FERROLINK_GIN", "proxy")]);
     }

@@ -191,8 +191,8 @@ pub mod error_code {
     /// Low-latency MoE: more than `max_tokens` entries of this rank to one expert in a call
     /// (`a` = the expert, `b` = `max_tokens`).
     pub const MOE_CAPACITY: u32 = 12;
-    /// The fused MoE combine on a communicator where some peer is not reached by direct
-    /// stores (`a` = `lsa_size << 32 | nranks`, `b` = 1 when GIN is forced through the proxy).
+    /// The fused MoE combine's finish, where some peer is not reached directly, without
+    /// return rows for its results (`a` = the bytes needed, `b` = the return window's size).
     pub const MOE_FUSED_PATH: u32 = 13;
 }
 

@@ -193,7 +193,8 @@ pub struct MoeState {
     /// Rows received by every dispatch so far (the data signal's target).
     pub data_total: u64,
     /// Results put back to this rank by every combine so far (the return signal's target:
-    /// those from ranks that are not direct peers).
+    /// those from ranks that are not direct peers). Each dispatch adds its `pushed`; a fused
+    /// finish, after which no combine puts them, takes them out again.
     pub ret_total: u64,
     /// Entries of this rank dropped at capacity by the last dispatch.
     pub dropped: u64,
@@ -208,8 +209,9 @@ pub struct MoeState {
     /// The [`signal::FUSED`] total every fused combine so far waited for (written by the
     /// fused finish, as its call's `fused_target`).
     pub fused_done: u64,
-    /// Unused.
-    pub _reserved: u64,
+    /// Results of the last dispatch that a plain combine would put back to this rank (in
+    /// `ret_total`).
+    pub pushed: u64,
 }
 
 /// Bytes of the state and the dispatch's scratch after it, for `num_experts` experts: the
@@ -901,6 +903,7 @@ pub unsafe fn dispatch(
                     received: expected,
                     kept,
                     fused_target: s.fused_done + kept,
+                    pushed,
                     ..s
                 };
                 state.write_volatile(next);

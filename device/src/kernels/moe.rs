@@ -74,13 +74,14 @@ kernel! {
 
 kernel! {
     /// The fused combine's last step on a token's rank (see [`fused::finish`]): waits for
-    /// every kept entry's add, then rounds the accumulators into `args.out` and zeroes them.
+    /// every kept entry's report, then rounds the accumulators (plus the return rows of
+    /// results from other domains) into `args.out` and zeroes them.
     ///
     /// # Safety
     /// As [`fused::finish`].
-    pub unsafe fn moe_fused_finish(comm: DevComm, acc: DevWindow, args: MoeArgs) {
+    pub unsafe fn moe_fused_finish(comm: DevComm, acc: DevWindow, ret: DevWindow, args: MoeArgs) {
         // SAFETY: the kernel's contract. An abort ends it early: the host reports it.
-        let _ = unsafe { fused::finish(&comm, &acc, &args, arch::block_idx_x(), arch::grid_dim_x()) };
+        let _ = unsafe { fused::finish(&comm, &acc, &ret, &args, arch::block_idx_x(), arch::grid_dim_x()) };
     }
 }
 
@@ -95,7 +96,9 @@ kernel! {
     /// computes `h = relu(W1_l x)` (a warp-wide dot
     /// product per hidden unit, kept in shared memory), then `y = W2_l h`, four channels per
     /// lane at a time, and adds `weight * y` straight into the token's accumulator on its
-    /// rank ([`FusedCombineArgs::add`]); then reports the row ([`FusedCombineArgs::row_added`]).
+    /// rank ([`FusedCombineArgs::add`]; for a token rank in another domain, into a staging
+    /// row); then reports the row ([`FusedCombineArgs::row_added`]: a signal, or the staging
+    /// row's put).
     /// One launch per call, between the dispatch and `Moe::finish_fused`.
     ///
     /// # Safety

@@ -5,17 +5,22 @@
 //! it puts, the row's [`RowSource`] (source rank, token, k, weight) into the receive window
 //! after the rows (from [`sources_offset`]). An expert kernel (the caller's, launched after
 //! the dispatch on its stream with a [`FusedCombineArgs`]) computes its rows and, per row,
-//! adds `weight * y` into the token's `f32` accumulator row on the source rank through the
-//! LSA mapping ([`FusedCombineArgs::add`]: `red.add.v4.f32` at system scope), then reports
-//! the row done ([`FusedCombineArgs::row_added`]: signal [`signal::FUSED`] there). The token
-//! rank's [`finish`] waits until every entry it kept was added, rounds its accumulators to
-//! bf16 into `out` and zeroes them for the next call. Each result crosses NVLink once, as
-//! its expert's adds; the sum over `k` happens in the accumulator (in arrival order, so its
-//! `f32` rounding may differ from the combine's `k` order).
+//! hands over `weight * y` ([`FusedCombineArgs::add`]) and then reports the row done
+//! ([`FusedCombineArgs::row_added`]). Where the result goes depends on the token's rank:
+//! * **reached directly** (in this rank's LSA domain, GIN not forced through the proxy): the
+//!   adds go straight into the token's `f32` accumulator row on its rank through the LSA
+//!   mapping (`red.add.v4.f32` at system scope), and the report raises [`signal::FUSED`]
+//!   there. Each result crosses NVLink once, as its expert's adds.
+//! * **another domain** (or `FERROLINK_GIN=proxy`): GIN has no remote float add, so the adds
+//!   write `weight * y` into this rank's staging row for the entry (`stage`, `f32`), and the
+//!   report puts that row (one GIN put, `4 * hidden` bytes) into the entry's return row on
+//!   the token's rank (`ret`, row `token * top_k + k`) with [`signal::FUSED`] as its signal.
 //!
-//! Every rank must be a direct (LSA) peer of every other, with no peer forced through the
-//! proxy (`FERROLINK_GIN=proxy`): the adds are stores through the mapping (GIN has no remote
-//! float add). [`finish`] fails with [`error_code::MOE_FUSED_PATH`] otherwise.
+//! The token rank's [`finish`] waits until every entry it kept was reported, then writes
+//! `out[t] = bf16(acc[t] + sum of the return rows of t's entries from other domains)` (`k`
+//! order after the accumulator), and zeroes the accumulators for the next call. The sum over
+//! `k` happens in arrival order for the adds, so its `f32` rounding may differ from the
+//! combine's `k` order.
 //!
 //! Per call: one dispatch given the weights, then **one** expert launch that reports every
 //! received row once, then [`finish`] (the host's `Moe` refuses other orders).
@@ -24,13 +29,21 @@
 //! * Sources: each goes with its row (two `put_value`s on the row's path) before the CTA's
 //!   data signal, which is raised after them (`PeerTally`); an expert kernel runs after
 //!   its dispatch, which waited for that signal, on its stream.
-//! * Adds → [`finish`]: a lane's adds are relaxed at system scope; the warp meets
+//! * Adds → [`finish`] (direct): a lane's adds are relaxed at system scope; the warp meets
 //!   (`bar.warp.sync` orders the lanes' memory operations), then lane 0 adds 1 to the
 //!   source rank's `FUSED` signal with a release at system scope, cumulative over the lanes'
 //!   adds. `finish` waits for its target with an acquire at system scope, then reads.
-//! * The target: `FUSED` counts every add report since the `Moe` was made (never reset).
-//!   The state's `fused_done` is the total the last fused finish waited for, and the
-//!   dispatch sets `fused_target = fused_done + kept` (no signal read on its path). Every
+//! * Staged rows → [`finish`] (other domains): the lanes' plain stores into the staging row
+//!   are ordered before the put by the warp's meeting inside [`Gin::put`]; the put's signal
+//!   is strong (raised on the token's rank after the row landed: see [`crate::gin`]), so the
+//!   same acquiring wait covers the return rows. A staging row is written again only for
+//!   the same entry of a later call, whose row reaches this rank only after the token rank's
+//!   `finish` saw this call's put land (its next dispatch is after that `finish` on its
+//!   stream), so the proxy has read it by then.
+//! * The target: `FUSED` counts every report since the `Moe` was made (never reset; a put's
+//!   signal and an add's report count 1 each). The state's `fused_done` is the total the last
+//!   fused finish waited for, and the dispatch sets `fused_target = fused_done + kept` (no
+//!   signal read on its path). Every
 //!   report of an earlier call is in `fused_done`: its `finish` waited for all of them,
 //!   earlier on the stream, and its CTA 0 then wrote `fused_done` (read by the next dispatch
 //!   after the kernel boundary). A dispatch given weights and followed by the plain combine
@@ -41,17 +54,21 @@
 //! * Reuse: `finish` zeroes the accumulators after reading them; the next dispatch runs after
 //!   it on the stream, and an expert adds into this rank for that call only after it received
 //!   a row this rank put after its dispatch started (the count exchange in between), so the
-//!   zeroes come first. The receive window's rows and sources of call `c` are read by the
+//!   zeroes come first. Return rows of call `c + 1` land, likewise, only after this rank's
+//!   dispatch `c + 1` started, after `finish` read them. The receive window's rows and sources of call `c` are read by the
 //!   expert kernel before its rank's dispatch `c + 1` starts (stream order), and rows of
 //!   `c + 1` land only after every rank started `c + 1` (as for the combine).
+//! * `RETURN`: the dispatch counts, in the state's `ret_total`, the results a plain combine
+//!   would put back; `finish` takes them out (its CTA 0's thread 0, with `fused_done`), as
+//!   no combine follows, so a later combine's target stays right.
 //! * `READY`: `finish` raises it on every direct peer as a combine does (nothing is read in
 //!   place here), so a later combine's target stays `epoch` times the direct peers.
 
-use super::{MoeArgs, MoeState, signal, signal_ready};
+use super::{MoeArgs, MoeState, NO_RETURN, PUSHED, ResultPlace, signal, signal_ready};
 use crate::arch::{self, Scope, U32x4, atomic};
 use crate::comm::{DevComm, error_code};
 use crate::coop::{Coop, CoopCta, CoopWarp};
-use crate::gin::{Gin, RemoteAction};
+use crate::gin::{Gin, LocalAction, RemoteAction};
 use crate::window::DevWindow;
 use bytemuck::{Pod, Zeroable};
 
@@ -107,6 +124,13 @@ pub struct FusedCombineArgs {
     pub recv: DevWindow,
     /// The accumulators: every rank's `f32 [max_tokens][hidden]`, through the LSA mapping.
     pub acc: DevWindow,
+    /// The return rows of results from other domains: every rank's `f32 [max_tokens *
+    /// top_k][hidden]`, written by GIN puts (empty when every rank is reached directly).
+    pub ret: DevWindow,
+    /// This rank's staging rows for results going to other domains: `f32 [(nranks -
+    /// domain_size) * max_tokens * top_k][hidden]` (see [`FusedCombineArgs::stage_row`];
+    /// empty when every rank is reached directly).
+    pub stage: DevWindow,
     /// Device address of `i32 [experts_per_rank]`: rows received per local expert.
     pub recv_counts: u64,
     /// Local experts.
@@ -115,6 +139,15 @@ pub struct FusedCombineArgs {
     pub capacity: u32,
     /// Elements per token (a multiple of 8).
     pub hidden: u32,
+    /// Experts per token.
+    pub top_k: u32,
+    /// The most tokens per rank.
+    pub max_tokens: u32,
+    /// World rank of the first rank of this rank's LSA domain.
+    pub domain_first: u32,
+    /// Ranks reached directly from this one: `domain_first..domain_first + domain_size` (the
+    /// LSA domain; 0 when GIN is forced through the proxy).
+    pub domain_size: u32,
     /// Padding.
     pub _reserved: u32,
 }
@@ -151,8 +184,25 @@ impl FusedCombineArgs {
         bytemuck::cast(v.0)
     }
 
-    /// Adds `source.weight * y[j]` to channels `channel + j` (`j < 4`) of the token's
-    /// accumulator row on its rank (relaxed, system scope; any lane, any order).
+    /// Whether world rank `rank` is reached directly (the same rule as GIN's).
+    #[inline(always)]
+    pub fn is_direct(&self, rank: u32) -> bool {
+        rank.wrapping_sub(self.domain_first) < self.domain_size
+    }
+
+    /// Row of [`FusedCombineArgs::stage`] for `source` (a rank not reached directly): the
+    /// ranks outside this domain in order, then `(token, k)`.
+    #[inline(always)]
+    pub fn stage_row(&self, source: &RowSource) -> usize {
+        let r = source.rank;
+        let outside = if r < self.domain_first { r } else { r - self.domain_size };
+        (outside as usize * self.max_tokens as usize + source.token as usize) * self.top_k as usize + source.k as usize
+    }
+
+    /// Hands over `source.weight * y[j]` for channels `channel + j` (`j < 4`) of `source`'s
+    /// row: added to the token's accumulator row on its rank (relaxed, system scope) when that
+    /// rank is reached directly, else written into the row's staging place, which
+    /// [`FusedCombineArgs::row_added`] puts. Any lane, any order; each channel of a row once.
     ///
     /// # Safety
     /// As [`FusedCombineArgs::source`] for the `source` passed (read by this launch);
@@ -160,18 +210,33 @@ impl FusedCombineArgs {
     #[inline(always)]
     pub unsafe fn add(&self, source: &RowSource, channel: usize, y: [f32; 4]) {
         let w = source.weight;
-        let at = (source.token as usize * self.hidden as usize + channel) * 4;
-        let p = self.acc.lsa_ptr::<f32>(at, source.rank % self.acc.lsa_size);
-        // SAFETY: the accumulators hold `max_tokens` rows of `hidden` f32 on every rank and
-        // the source names a token of its rank; 16-byte aligned (`channel % 4 == 0`,
-        // `hidden % 8 == 0`); only these reductions touch them until `finish` acquires.
-        unsafe { atomic::red_add_f32x4(p, [w * y[0], w * y[1], w * y[2], w * y[3]], Scope::Sys) };
+        let v = [w * y[0], w * y[1], w * y[2], w * y[3]];
+        if self.is_direct(source.rank) {
+            let at = (source.token as usize * self.hidden as usize + channel) * 4;
+            let p = self.acc.lsa_ptr::<f32>(at, source.rank % self.acc.lsa_size);
+            // SAFETY: the accumulators hold `max_tokens` rows of `hidden` f32 on every rank
+            // and the source names a token of its rank; 16-byte aligned (`channel % 4 == 0`,
+            // `hidden % 8 == 0`); only these reductions touch them until `finish` acquires.
+            unsafe { atomic::red_add_f32x4(p, v, Scope::Sys) };
+        } else {
+            let at = (self.stage_row(source) * self.hidden as usize + channel) * 4;
+            // Outside the staging window (a target made wrong) nothing is written: the
+            // row's put in `row_added` covers this place and faults naming the window.
+            if at + 16 <= self.stage.size as usize {
+                let words = U32x4(v.map(f32::to_bits));
+                // SAFETY: inside the staging window (16-byte aligned as above); the row is
+                // this entry's alone, and its last put has been read (module docs: ordering).
+                unsafe { arch::store_v4(self.stage.local_ptr(at), words) };
+            }
+        }
     }
 
-    /// Reports `source`'s row added (every lane of the warp calls, after all its
-    /// [`FusedCombineArgs::add`]s for the row): the warp meets, then lane 0 raises
-    /// [`signal::FUSED`] on the token's rank with a release at system scope. Each received
-    /// row must be reported exactly once per call.
+    /// Reports `source`'s row done (every lane of the warp calls, after all its
+    /// [`FusedCombineArgs::add`]s for the row): the warp meets, then, for a token rank
+    /// reached directly, lane 0 raises [`signal::FUSED`] there with a release at system
+    /// scope; else the warp puts the row's staging place into the entry's return row there,
+    /// with [`signal::FUSED`] as the put's signal. Each received row must be reported
+    /// exactly once per call.
     ///
     /// # Safety
     /// Every lane of the warp calls it with the same `source`, read by this launch
@@ -180,33 +245,69 @@ impl FusedCombineArgs {
     /// the accumulators while adds still land.
     #[inline(always)]
     pub unsafe fn row_added(&self, comm: &DevComm, source: &RowSource) {
-        Gin::new(comm, 0).signal(CoopWarp, comm.world(), source.rank, RemoteAction::SignalInc(signal::FUSED));
+        let gin = Gin::new(comm, 0);
+        if self.is_direct(source.rank) {
+            gin.signal(CoopWarp, comm.world(), source.rank, RemoteAction::SignalInc(signal::FUSED));
+            return;
+        }
+        let bytes = self.hidden as usize * 4;
+        let entry = source.token as usize * self.top_k as usize + source.k as usize;
+        // SAFETY: both windows are this Moe's (the host made the target); `put` checks the
+        // ranges (a fault names them); the staging row is not written again until the token
+        // rank has seen this put land, and the return row is this entry's alone, read by the
+        // token rank's `finish` after the put's signal (module docs: ordering).
+        unsafe {
+            gin.put(
+                CoopWarp,
+                comm.world(),
+                source.rank,
+                self.ret,
+                entry * bytes,
+                self.stage,
+                self.stage_row(source) * bytes,
+                bytes,
+                RemoteAction::SignalInc(signal::FUSED),
+                LocalAction::None,
+            )
+        };
     }
 }
 
 /// One CTA (`block` of `grid`) of the fused combine's last step on a token's rank: waits
-/// until every entry this rank kept in the last dispatch was added into its accumulators
-/// (`acc`, `f32 [tokens][hidden]`), then writes `out[t] = bf16(acc[t])` for its share of the
-/// units and zeroes them. False on an abort or a timeout (the host reports it).
+/// until every entry this rank kept in the last dispatch was reported (added into its
+/// accumulators `acc`, `f32 [tokens][hidden]`, or put into its return rows `ret`), then
+/// writes `out[t] = bf16(acc[t] + the return rows of t's entries from other domains)` for
+/// its share of the units and zeroes the accumulators. False on an abort or a timeout (the
+/// host reports it).
 ///
 /// # Safety
-/// As the [`super::combine`] it replaces: the same `args` (`out`, `state`, `tokens`,
-/// `hidden`, `epoch`) after a dispatch given the weights, on the same stream, after the
-/// expert kernel; `acc` is this `Moe`'s accumulator window (every rank's `tokens * hidden`
-/// f32 at least). The kernel writes the state's `fused_done` (nothing else uses the state
-/// while it runs).
-pub unsafe fn finish(comm: &DevComm, acc: &DevWindow, args: &MoeArgs, block: usize, grid: usize) -> bool {
+/// As the [`super::combine`] it replaces: the same `args` (`out`, `state`, `ret_index`,
+/// `tokens`, `top_k`, `hidden`, `epoch`) after a dispatch given the weights, on the same
+/// stream, after the expert kernel; `acc` is this `Moe`'s accumulator window (every rank's
+/// `tokens * hidden` f32 at least) and `ret` its return rows (`tokens * top_k * hidden` f32
+/// when some rank is not reached directly: checked). The kernel writes the state's
+/// `fused_done` (nothing else uses the state while it runs).
+pub unsafe fn finish(
+    comm: &DevComm,
+    acc: &DevWindow,
+    ret: &DevWindow,
+    args: &MoeArgs,
+    block: usize,
+    grid: usize,
+) -> bool {
     let cta = CoopCta;
     let gin = Gin::new(comm, 0);
     let n = comm.nranks as usize;
-    // Ranks not reached directly could not have added (the host's `enable_fused` refuses
-    // them: another LSA domain, or `FERROLINK_GIN=proxy`).
-    if comm.lsa_size != comm.nranks || gin.uses_proxy() {
-        let domains = u64::from(comm.lsa_size) << 32 | u64::from(comm.nranks);
-        comm.fail(error_code::MOE_FUSED_PATH, domains, u64::from(gin.uses_proxy()));
-    }
+    let (hidden, top_k) = (args.hidden as usize, args.top_k as usize);
+    // Results of ranks not reached directly come as return rows (other domains, or
+    // `FERROLINK_GIN=proxy`).
+    let returns = comm.lsa_size != comm.nranks || gin.uses_proxy();
     if !args.hidden.is_multiple_of(8) {
         comm.fail(error_code::MOE_ARGS, u64::from(args.num_experts.max(1)) << 32 | u64::from(args.hidden), 0);
+    }
+    let ret_bytes = args.tokens as u64 * top_k as u64 * hidden as u64 * 4;
+    if returns && ret.size < ret_bytes {
+        comm.fail(error_code::MOE_FUSED_PATH, ret_bytes, ret.size);
     }
     if block == 0 {
         signal_ready(&gin, cta, n, signal::READY);
@@ -219,24 +320,55 @@ pub unsafe fn finish(comm: &DevComm, acc: &DevWindow, args: &MoeArgs, block: usi
     }
     if block == 0 && cta.thread_rank() == 0 {
         // SAFETY: the state is this rank's; only this thread writes it during this kernel,
-        // and every thread reads only `fused_target`, another word.
-        unsafe { core::ptr::addr_of_mut!((*(args.state as *mut MoeState)).fused_done).write_volatile(target) };
+        // and every other thread reads only `fused_target`, another word.
+        unsafe {
+            let state = args.state as *mut MoeState;
+            core::ptr::addr_of_mut!((*state).fused_done).write_volatile(target);
+            // No combine puts this call's results back: the return signal's target drops
+            // what the dispatch added for one.
+            let (ret_total, pushed) =
+                (core::ptr::addr_of_mut!((*state).ret_total), core::ptr::addr_of_mut!((*state).pushed));
+            ret_total.write_volatile(ret_total.read_volatile() - pushed.read_volatile());
+            pushed.write_volatile(0);
+        }
     }
-    let units = args.tokens as usize * args.hidden as usize / 8;
+    let units = args.tokens as usize * hidden / 8;
     let out = args.out as *mut U32x4;
+    let places = args.ret_index as *const ResultPlace;
     let threads = cta.size();
     let mut u = block * threads + cta.thread_rank();
     while u < units {
         let (lo, hi) = (acc.local_ptr::<U32x4>(u * 32), acc.local_ptr::<U32x4>(u * 32 + 16));
         // SAFETY: unit `u` (8 f32) lies in this rank's accumulators and 8 bf16 in `out`
-        // (the contract); every add landed (the wait above), none comes until the next call.
+        // (the contract); every add and put landed (the wait above), none comes until the
+        // next call; with `returns`, `ret_index` holds the dispatch's `tokens * top_k`
+        // places and `ret` their rows (checked above).
         unsafe {
             let (a, b) = (arch::load_v4(lo), arch::load_v4(hi));
             arch::store_v4(lo, U32x4::default());
             arch::store_v4(hi, U32x4::default());
-            let mut words = [0u32; 4];
+            let mut sum = [0f32; 8];
             for (i, w) in a.0.iter().chain(b.0.iter()).enumerate() {
-                words[i / 2] |= u32::from(half::bf16::from_f32(f32::from_bits(*w)).to_bits()) << (16 * (i % 2));
+                sum[i] = f32::from_bits(*w);
+            }
+            if returns {
+                let (t, c) = (u / (hidden / 8), u % (hidden / 8) * 8);
+                for k in 0..top_k {
+                    let entry = t * top_k + k;
+                    let place = places.add(entry).read();
+                    if place.rank != PUSHED || place.row == NO_RETURN {
+                        continue;
+                    }
+                    let row = ret.local_ptr::<U32x4>((entry * hidden + c) * 4);
+                    let (p, q) = (arch::load_v4(row), arch::load_v4(row.add(1)));
+                    for (s, w) in sum.iter_mut().zip(p.0.iter().chain(q.0.iter())) {
+                        *s += f32::from_bits(*w);
+                    }
+                }
+            }
+            let mut words = [0u32; 4];
+            for (i, v) in sum.iter().enumerate() {
+                words[i / 2] |= u32::from(half::bf16::from_f32(*v).to_bits()) << (16 * (i % 2));
             }
             arch::store_v4(out.add(u), U32x4(words));
         }

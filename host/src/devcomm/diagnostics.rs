@@ -87,11 +87,9 @@ pub(crate) fn describe_fault(r: &DevErrorRecord) -> String {
             r.b & 0xffff_ffff
         ),
         error_code::MOE_FUSED_PATH => format!(
-            "{at}: the fused MoE combine needs every peer reached by direct stores ({} LSA ranks of {}{}); \
-             Moe::enable_fused refuses this communicator, use Moe::combine",
-            r.a >> 32,
-            r.a & 0xffff_ffff,
-            if r.b == 1 { ", GIN forced through the proxy by FERROLINK_GIN=proxy" } else { "" }
+            "{at}: the fused MoE combine's finish needs return rows of {} bytes for results from ranks not reached \
+             directly, and was given {} bytes; use Moe::finish_fused, which passes them",
+            r.a, r.b
         ),
         error_code::MOE_CAPACITY => format!(
             "{at}: low-latency MoE: more than max_tokens ({}) entries of this rank to expert {} in one call; each \
@@ -130,11 +128,9 @@ mod tests {
     }
 
     #[test]
-    fn fused_moe_path_faults_name_the_domains_and_the_proxy() {
-        let r = DevErrorRecord { code: error_code::MOE_FUSED_PATH, rank: 0, cta: 0, thread: 0, a: 2 << 32 | 4, b: 0 };
+    fn fused_moe_path_faults_name_the_return_rows() {
+        let r = DevErrorRecord { code: error_code::MOE_FUSED_PATH, rank: 0, cta: 0, thread: 0, a: 4096, b: 0 };
         let s = describe_fault(&r);
-        assert!(s.contains("(2 LSA ranks of 4)") && s.contains("use Moe::combine"), "{s}");
-        let r = DevErrorRecord { code: error_code::MOE_FUSED_PATH, rank: 0, cta: 0, thread: 0, a: 4 << 32 | 4, b: 1 };
-        assert!(describe_fault(&r).contains("(4 LSA ranks of 4, GIN forced through the proxy by FERROLINK_GIN=proxy)"));
+        assert!(s.contains("return rows of 4096 bytes") && s.contains("given 0 bytes"), "{s}");
     }
 }

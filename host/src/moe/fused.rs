@@ -25,7 +25,18 @@ pub struct FusedTarget<'a> {
     args: FusedCombineArgs,
     recv: &'a Window,
     acc: &'a Window,
+    returns: Option<&'a FusedReturns>,
     counts: TrackedPtr<'a, *const u8>,
+}
+
+/// The fused combine's windows for results that cross LSA domains (made by
+/// [`Moe::enable_fused`] when some rank is not reached directly).
+pub(super) struct FusedReturns {
+    /// `f32 [max_tokens * top_k][hidden]`: results put back into this rank, a row per entry.
+    ret: Window,
+    /// `f32 [(nranks - direct) * max_tokens * top_k][hidden]`: this rank's results for
+    /// tokens of ranks not reached directly, a row per (rank, token, k), put from here.
+    stage: Window,
 }
 
 impl crate::runtime::launch::sealed::Sealed for FusedTarget<'_> {}
@@ -40,6 +51,10 @@ impl LaunchArg for FusedTarget<'_> {
     fn track(&self, t: &mut LaunchTracking) {
         self.recv.track(t);
         self.acc.track(t);
+        if let Some(r) = self.returns {
+            (&r.ret).track(t);
+            (&r.stage).track(t);
+        }
         self.counts.track(t);
     }
 }
@@ -47,34 +62,39 @@ impl LaunchArg for FusedTarget<'_> {
 impl Moe {
     /// Makes the fused combine's accumulators, `f32 [max_tokens][hidden]` per rank
     /// (collective, once; host set-up: call it before the first dispatch, as other
-    /// allocations). Every rank must be in one LSA domain and reached directly: the experts
-    /// add through the LSA mapping (across domains, or with `FERROLINK_GIN=proxy`, use
-    /// [`Moe::combine`]).
+    /// allocations). When some rank is not reached directly (another LSA domain, or
+    /// `FERROLINK_GIN=proxy`), also the windows its results travel through: return rows of
+    /// `f32 [max_tokens * top_k][hidden]` per rank, and staging rows of `f32 [(nranks -
+    /// direct ranks) * max_tokens * top_k][hidden]` (every entry of every such rank may name
+    /// an expert here). Results inside the domain are added in place and need neither.
     pub fn enable_fused(&mut self) -> Result<()> {
-        let (n, lsa) = (self.comm.nranks(), self.comm.lsa_size());
-        if lsa != n {
-            return Err(Error::InvalidArgument(format!(
-                "moe enable_fused: the fused combine needs every rank in one LSA domain (the experts add into the \
-                 tokens' ranks through the LSA mapping); this communicator's {n} ranks are in domains of {lsa}: \
-                 use combine"
-            )));
-        }
-        if self.handle.uses_proxy() {
-            return Err(Error::InvalidArgument(
-                "moe enable_fused: every peer goes through the GIN proxy (FERROLINK_GIN=proxy), and the fused \
-                 combine's experts add through the LSA mapping: use combine, or unset FERROLINK_GIN"
-                    .into(),
-            ));
-        }
         if self.pending.is_some() {
             return Err(Error::InvalidArgument(
                 "moe enable_fused: a dispatch is waiting for its combine: call enable_fused after the combine (or finish_fused)".into(),
             ));
         }
-        if self.acc.is_none() {
-            self.acc = Some(new_window(&self.comm, self.cfg.max_tokens * self.cfg.hidden * 4)?);
+        if self.acc.is_some() {
+            return Ok(());
         }
+        let (n, cfg) = (self.comm.nranks(), self.cfg);
+        let direct = self.direct_ranks();
+        let acc = new_window(&self.comm, cfg.max_tokens * cfg.hidden * 4)?;
+        if direct.len() < n {
+            let entries = cfg.max_tokens * cfg.top_k;
+            let ret = new_window(&self.comm, entries * cfg.hidden * 4)?;
+            let stage = new_window(&self.comm, (n - direct.len()) * entries * cfg.hidden * 4)?;
+            self.fused_returns = Some(FusedReturns { ret, stage });
+        }
+        self.acc = Some(acc);
         Ok(())
+    }
+
+    /// The world ranks this rank reaches directly (GIN's rule: its LSA domain, none when
+    /// every peer goes through the proxy).
+    fn direct_ranks(&self) -> std::ops::Range<usize> {
+        let (rank, lsa) = (self.comm.rank(), self.comm.lsa_size());
+        let first = rank - rank % lsa;
+        if self.handle.uses_proxy() { first..first } else { first..first + lsa }
     }
 
     /// The device communicator of this `Moe`'s kernels: the expert kernel of the fused
@@ -137,13 +157,21 @@ impl Moe {
                     .into(),
             ));
         }
+        let direct = self.direct_ranks();
+        let returns = self.fused_returns.as_ref();
         let args = FusedCombineArgs {
             recv: (&self.recv).param(),
             acc: acc.param(),
+            ret: returns.map(|r| (&r.ret).param()).unwrap_or_default(),
+            stage: returns.map(|r| (&r.stage).param()).unwrap_or_default(),
             recv_counts: 0,
             experts_per_rank: self.experts_per_rank() as u32,
             capacity: self.capacity as u32,
             hidden: self.cfg.hidden as u32,
+            top_k: self.cfg.top_k as u32,
+            max_tokens: self.cfg.max_tokens as u32,
+            domain_first: direct.start as u32,
+            domain_size: direct.len() as u32,
             _reserved: 0,
         };
         let counts = self.recv_counts.bytes_at(0)?;
@@ -151,6 +179,7 @@ impl Moe {
             args: FusedCombineArgs { recv_counts: counts.param() as u64, ..args },
             recv: &self.recv,
             acc,
+            returns,
             counts,
         })
     }
@@ -193,15 +222,23 @@ impl Moe {
             args.out = o.param() as u64;
             writes.push(o);
         }
-        let tracked = TrackedArgs { args, reads: &[], writes: &writes };
+        // The places of the dispatch's entries: which results came back as return rows.
+        let places = self.ret_index.bytes_at(0)?;
+        args.ret_index = places.param() as u64;
+        let reads = [places];
+        let tracked = TrackedArgs { args, reads: &reads, writes: &writes };
+        // Without return rows (every rank reached directly) the kernel reads none: it is
+        // given the accumulators in their place.
+        let ret = self.fused_returns.as_ref().map_or(&acc, |r| &r.ret);
         let (threads, ctas) = kernel_shape(&comm);
         let cfg = LaunchConfig::linear(ctas as u32, threads);
         // SAFETY: `moe_fused_finish`'s contract: after this Moe's dispatch given the weights
         // on this stream (checked: pending with sources), the one expert kernel queued by
         // the caller before it (its argument was taken once: checked); `out` holds the
-        // dispatch's tokens (checked); the state (written: `fused_done`) and `acc` (every
-        // rank's, one domain: checked when made) are this Moe's; all tracked.
-        unsafe { comm.stream().launch(module, &moe_fused_finish, cfg, (&self.handle, &acc, &tracked))? };
+        // dispatch's tokens (checked); the state (written: `fused_done`), the places, `acc`
+        // and the return rows (made whenever some rank is not reached directly) are this
+        // Moe's; all tracked.
+        unsafe { comm.stream().launch(module, &moe_fused_finish, cfg, (&self.handle, &acc, ret, &tracked))? };
         tracing::debug!(target: "ferrolink::moe", rank = comm.rank(), epoch = self.epoch, tokens, "fused finish queued");
         self.pending = None;
         *self.expert_launched.get_mut() = false;

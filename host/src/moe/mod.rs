@@ -128,6 +128,9 @@ pub struct Moe {
     recoveries: u64,
     /// The fused combine's accumulators (`f32 [max_tokens][hidden]`), once enabled.
     acc: Option<Window>,
+    /// The fused combine's return and staging rows, once enabled where some rank is not
+    /// reached directly.
+    fused_returns: Option<fused::FusedReturns>,
 }
 
 impl Communicator {
@@ -181,6 +184,7 @@ impl Communicator {
             expert_launched: AtomicBool::new(false),
             recoveries: self.recoveries(),
             acc: None,
+            fused_returns: None,
         })
     }
 }
