@@ -1685,6 +1685,11 @@ pub mod group {
     /// launch did not make up for (PERF.md, issue 12 twentieth part).
     pub const MAX_LAUNCH_ENTRIES: usize = 16;
 
+    /// The most operations one shared launch runs when its entries lie in device memory
+    /// ([`GroupLaunch::entries`]): the launcher thread puts more calls in one launch than the
+    /// parameter holds that way (at 8 ranks its 16 entries are 2 calls).
+    pub const MAX_LAUNCH_OPERATIONS: usize = 16;
+
     /// The kernel's parameter: where the ring is and how the grid is cut.
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
@@ -1724,13 +1729,16 @@ pub mod group {
         /// Bit `p` set: part `p` is not served (as [`LocalRanks::skip`]).
         pub skip: u32,
         /// Operations the launch runs, one after the other (0 counts as 1): operation `j`'s
-        /// entry of part `p` is `ops[j * count + p]`.
+        /// entry of part `p` is entry `j * count + p` (of `ops`, or of `entries`).
         pub operations: u32,
         /// With more than one operation: the launch's [`GridSync`] (device memory), where
         /// every CTA meets between operations.
         pub grid_sync: u64,
-        /// Unused: keeps the entries 16-byte aligned (they are read with 16-byte loads).
-        pub reserved: u64,
+        /// 0: the entries are `ops` (at most [`MAX_LAUNCH_ENTRIES`]). Else the device address
+        /// (16-byte aligned) of `operations * count` entries, [`RANK_OP_STRIDE`] bytes apart
+        /// ([`MAX_LAUNCH_OPERATIONS`] operations at most), which a copy on the launch's stream
+        /// wrote before the launch; `ops` is then unused.
+        pub entries: u64,
         /// The entries: a [`RankOp`] in the first bytes of each ([`RANK_OP_STRIDE`] bytes
         /// apart).
         pub ops: [[u64; RANK_OP_STRIDE / 8]; MAX_LAUNCH_ENTRIES],
@@ -1763,15 +1771,14 @@ pub mod group {
                 .copy_from_slice(bytemuck::bytes_of(op));
         }
 
-        /// Entry `index` (as [`GroupLaunch::set`] put it).
-        pub fn entry(&self, index: usize) -> RankOp {
-            bytemuck::pod_read_unaligned(
-                &bytemuck::cast_slice::<u64, u8>(&self.ops[index])[..core::mem::size_of::<RankOp>()],
-            )
+        /// Entry `index` of `ops` (as [`GroupLaunch::set`] put it), where it lies.
+        pub fn entry(&self, index: usize) -> &RankOp {
+            // (RankOp's alignment, 8, is the words'.)
+            bytemuck::from_bytes(&bytemuck::cast_slice::<u64, u8>(&self.ops[index])[..core::mem::size_of::<RankOp>()])
         }
 
-        /// Whether every served entry of the launch is an LL call inside one LSA domain: then
-        /// [`crate::kernels::coll::coll_ll_group_launch`] runs it.
+        /// Whether every served entry in `ops` is an LL call inside one LSA domain: then
+        /// [`crate::kernels::coll::coll_ll_group_launch`] runs them.
         pub fn ll_only(&self) -> bool {
             let count = self.count as usize;
             let entries = (self.operations.max(1) as usize * count).min(MAX_LAUNCH_ENTRIES);
@@ -1798,9 +1805,10 @@ pub mod group {
     /// barriers follow the previous one's).
     ///
     /// # Safety
-    /// `ops` is the address of the launch's [`GroupLaunch::ops`], whose served entries (of
-    /// `operations` operations, `count * operations <= MAX_LAUNCH_ENTRIES`) follow [`serve`]'s
-    /// contract for the ring's, in order; the grid has `count * ctas_per_rank` CTAs, all
+    /// `ops` is the address of the launch's [`GroupLaunch::ops`] and `entries` its
+    /// [`GroupLaunch::entries`]; the served entries (of `operations` operations, `count *
+    /// operations <= MAX_LAUNCH_ENTRIES` in `ops`, or `operations <= MAX_LAUNCH_OPERATIONS`
+    /// at `entries`) follow [`serve`]'s contract for the ring's, in order; the grid has `count * ctas_per_rank` CTAs, all
     /// resident at once, each with [`RANK_OP_STRIDE`] bytes of dynamic shared memory; with
     /// more than one operation, `grid_sync` is a live [`GridSync`] that only this launch uses
     /// while it runs, with no arrival counted, every part is served (`skip` 0: a CTA with no
@@ -1819,6 +1827,7 @@ pub mod group {
         skip: u32,
         operations: u32,
         grid_sync: u64,
+        entries: u64,
         ops: u64,
         block: usize,
         grid: usize,
@@ -1828,7 +1837,8 @@ pub mod group {
         let (part, cta) = (block / per, block % per);
         let count = (count as usize).min(MAX_LOCAL_RANKS);
         let served = part < count && skip & (1 << part) == 0;
-        let operations = (operations.max(1) as usize).min(MAX_LAUNCH_ENTRIES / count.max(1));
+        let most = if entries != 0 { MAX_LAUNCH_OPERATIONS } else { MAX_LAUNCH_ENTRIES / count.max(1) };
+        let operations = (operations.max(1) as usize).min(most);
         // Where a CTA waiting between operations looks for an abort (its rank's).
         let mut control = 0u64;
         for j in 0..operations {
@@ -1838,10 +1848,18 @@ pub mod group {
                 unsafe { grid_meeting(grid_sync as *mut GridSync, grid, control) };
             }
             if served {
-                let base = ops + ((j * count + part) * RANK_OP_STRIDE) as u64;
+                let at = ((j * count + part) * RANK_OP_STRIDE) as u64;
                 // SAFETY: each 16-byte chunk lies inside the entry, 16-byte aligned (the
-                // entries' offset and stride are multiples of 16, checked above).
-                let entry = unsafe { read_entry(|c| arch::load_param_v2(base + 16 * c as u64)) };
+                // entries' offset and stride are multiples of 16, checked above; `entries` is
+                // aligned, contract), in the parameter or in device memory that the copy
+                // before the launch wrote (stream order: visible to the kernel's loads).
+                let entry = unsafe {
+                    if entries != 0 {
+                        read_entry(|c| ((entries + at + 16 * c as u64) as *const [u64; 2]).read())
+                    } else {
+                        read_entry(|c| arch::load_param_v2(ops + at + 16 * c as u64))
+                    }
+                };
                 control = entry.comm.control;
                 if LL_ONLY {
                     run_entry_ll(entry, cta, per);

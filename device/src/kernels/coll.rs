@@ -72,6 +72,28 @@ kernel! {
     }
 }
 
+/// The body of a shared launch's kernel `$kernel` whose parameter is `$launch`:
+/// [`coll::group::serve_launch`] with `LL_ONLY` = `$ll`. Each CTA reads only its rank's
+/// entries, through the parameter's address (see `kernel_param_address!`); the parameter is
+/// otherwise used at constant offsets only (passed by reference, every thread would copy its
+/// 7 KB to local memory). A macro, not a function: the parameter must stay the kernel's.
+macro_rules! serve_group_launch {
+    ($kernel:ident, $launch:ident, $ll:literal) => {{
+        let ops = crate::kernel_param_address!($kernel, 0, $launch) + coll::group::GROUP_LAUNCH_OPS_OFFSET as u64;
+        coll::group::serve_launch::<$ll>(
+            $launch.count,
+            $launch.ctas_per_rank,
+            $launch.skip,
+            $launch.operations,
+            $launch.grid_sync,
+            $launch.entries,
+            ops,
+            arch::block_idx_x(),
+            arch::grid_dim_x(),
+        )
+    }};
+}
+
 kernel! {
     /// One collective (or several, one after the other) for the ranks of one communicator
     /// on this GPU, launched once for all of them (see [`coll::group`]): CTA `b` runs part
@@ -81,23 +103,8 @@ kernel! {
     /// # Safety
     /// As [`coll::group::serve_launch`], for the entries in `launch`.
     pub unsafe fn coll_gpu_group_launch(launch: coll::group::GroupLaunch) {
-        // Each CTA reads only its rank's entry, through the parameter's address (see
-        // `kernel_param_address!`): `launch` is otherwise used at constant offsets only.
-        let ops = crate::kernel_param_address!(coll_gpu_group_launch, 0, launch)
-            + coll::group::GROUP_LAUNCH_OPS_OFFSET as u64;
-        // SAFETY: the kernel's contract; `ops` is the parameter's entries.
-        unsafe {
-            coll::group::serve_launch::<false>(
-                launch.count,
-                launch.ctas_per_rank,
-                launch.skip,
-                launch.operations,
-                launch.grid_sync,
-                ops,
-                arch::block_idx_x(),
-                arch::grid_dim_x(),
-            )
-        }
+        // SAFETY: the kernel's contract.
+        unsafe { serve_group_launch!(coll_gpu_group_launch, launch, false) }
     }
 }
 
@@ -109,21 +116,7 @@ kernel! {
     /// # Safety
     /// As [`coll::group::serve_launch`] with `LL_ONLY`, for the entries in `launch`.
     pub unsafe fn coll_ll_group_launch(launch: coll::group::GroupLaunch) {
-        // As in `coll_gpu_group_launch`.
-        let ops = crate::kernel_param_address!(coll_ll_group_launch, 0, launch)
-            + coll::group::GROUP_LAUNCH_OPS_OFFSET as u64;
-        // SAFETY: the kernel's contract; `ops` is the parameter's entries.
-        unsafe {
-            coll::group::serve_launch::<true>(
-                launch.count,
-                launch.ctas_per_rank,
-                launch.skip,
-                launch.operations,
-                launch.grid_sync,
-                ops,
-                arch::block_idx_x(),
-                arch::grid_dim_x(),
-            )
-        }
+        // SAFETY: the kernel's contract.
+        unsafe { serve_group_launch!(coll_ll_group_launch, launch, true) }
     }
 }

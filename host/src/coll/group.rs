@@ -98,8 +98,8 @@ use crate::runtime::phases::{self, Phase};
 use crate::runtime::stream::Stream;
 use crate::{Error, Result};
 use ferrolink_device::coll::group::{
-    COMPLETED_OFFSET, GridSync, GroupLaunch, LocalRanks, MAX_LAUNCH_ENTRIES, MAX_LOCAL_RANKS, RANK_OP_STRIDE, RankOp,
-    SEQ_OFFSET,
+    COMPLETED_OFFSET, GridSync, GroupLaunch, LocalRanks, MAX_LAUNCH_ENTRIES, MAX_LAUNCH_OPERATIONS, MAX_LOCAL_RANKS,
+    RANK_OP_STRIDE, RankOp, SEQ_OFFSET,
 };
 use ferrolink_device::kernels::coll::{coll_gpu_group_launch, coll_ll_group_launch};
 use std::collections::HashMap;
@@ -136,6 +136,88 @@ struct Ring {
     /// Where the CTAs of a shared launch of several calls meet between them (a
     /// [`GridSync`]; one launch of the group runs at a time).
     grid_sync: Mutex<DeviceBuffer<u64>>,
+    /// The entries of shared launches that carry more calls than their parameter holds.
+    entries: LaunchEntries,
+}
+
+/// Blocks of [`LaunchEntries`]: how many launches with entries in device memory may be queued
+/// and not yet finished before the launcher waits for the oldest.
+const ENTRY_BLOCKS: usize = 4;
+
+/// Where the launcher puts the entries of a shared launch of more calls than the launch's
+/// parameter holds ([`GroupLaunch::entries`]; at 8 ranks the parameter's 16 entries are 2
+/// calls): it writes them into a block of host-mapped memory, and the launch stream copies the
+/// block into device memory right before the launch (one driver copy for the calls of the
+/// launch, where a parameter large enough for them made every launch slower, PERF.md issue 12
+/// twentieth part). The kernel reads them from device memory (a read of host memory from an
+/// SM took about 18 µs on the H200).
+///
+/// Ordering: a block is rewritten only after the launch that copied it has finished (its
+/// completion, kept per block, is waited for first), so neither the copy's read of the host
+/// block nor the kernel's reads of the device block see a later launch's entries; the host's
+/// writes come before the submission of the copy that reads them.
+struct LaunchEntries {
+    mem: HostMapped,
+    device: DeviceBuffer<u8>,
+    /// Bytes per block: [`MAX_LAUNCH_OPERATIONS`] calls of `parts` entries.
+    block_bytes: usize,
+    /// The next block to use, and per block the completion of the launch that last read it.
+    blocks: Mutex<(usize, Vec<Option<Completion>>)>,
+}
+
+/// A block of [`LaunchEntries`] written for one launch: the copy that brings it to the device,
+/// `(dst, src, bytes)`, and the block's index.
+pub(crate) struct StagedEntries {
+    copy: (u64, u64, usize),
+    block: usize,
+}
+
+impl LaunchEntries {
+    fn new(dev: &crate::Device, parts: usize) -> Result<LaunchEntries> {
+        let block_bytes = MAX_LAUNCH_OPERATIONS * parts.max(1) * RANK_OP_STRIDE;
+        let mem = HostMapped::alloc(dev, ENTRY_BLOCKS * block_bytes)?;
+        let device = dev.alloc::<u8>(ENTRY_BLOCKS * block_bytes)?;
+        Ok(LaunchEntries { mem, device, block_bytes, blocks: Mutex::new((0, vec![None; ENTRY_BLOCKS])) })
+    }
+
+    /// Writes the first `count` entries of each of `launches` (one call each, in order) into
+    /// the next block, once the launch that last read it has finished; the block's device
+    /// address and the copy to queue before the launch.
+    fn stage(&self, launches: &[&GroupLaunch], count: usize) -> (u64, StagedEntries) {
+        assert!(
+            launches.len() <= MAX_LAUNCH_OPERATIONS
+                && count <= MAX_LAUNCH_ENTRIES
+                && count * RANK_OP_STRIDE * launches.len() <= self.block_bytes,
+            "a block of launch entries holds the calls"
+        );
+        let (block, last) = {
+            let mut b = lock(&self.blocks);
+            let block = b.0;
+            b.0 = (block + 1) % ENTRY_BLOCKS;
+            (block, b.1[block].take())
+        };
+        if let Some(c) = last {
+            c.wait();
+        }
+        let base = block * self.block_bytes;
+        let mut at = base;
+        for l in launches {
+            let bytes = bytemuck::cast_slice::<[u64; RANK_OP_STRIDE / 8], u8>(&l.ops[..count]);
+            assert!(at + bytes.len() <= self.mem.len(), "inside the block");
+            // SAFETY: the range lies inside the host block (checked); no copy reads it now
+            // (the launch that last copied it has finished, waited for above) and only the
+            // launcher writes it (blocks are handed out under the lock, one launch each).
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.host_ptr().add(at), bytes.len()) };
+            at += bytes.len();
+        }
+        let dst = self.device.addr() + base as u64;
+        (dst, StagedEntries { copy: (dst, self.mem.device_addr() + base as u64, at - base), block })
+    }
+
+    /// Notes that launch `c` read block `block` (it is rewritten only after `c`).
+    fn used(&self, block: usize, c: &Completion) {
+        lock(&self.blocks).1[block] = Some(c.clone());
+    }
 }
 
 impl Ring {
@@ -145,7 +227,8 @@ impl Ring {
         let device = dev.alloc::<u8>(bytes)?;
         let words = std::mem::size_of::<GridSync>() / 8;
         let grid_sync = Mutex::new(dev.alloc_from(&vec![0u64; words])?);
-        Ok(Ring { mem, device, parts, last_use: Mutex::new(vec![None; RING_SLOTS]), grid_sync })
+        let entries = LaunchEntries::new(dev, parts)?;
+        Ok(Ring { mem, device, parts, last_use: Mutex::new(vec![None; RING_SLOTS]), grid_sync, entries })
     }
 
     /// Zeroes the grid sync (recovery: an aborted launch may have left arrivals counted).
@@ -523,6 +606,11 @@ pub(crate) struct Gathered {
     counted: bool,
     /// Later meetings whose calls run in the same launch (published with this one).
     batch: Vec<Gathered>,
+    /// Whether every call of the launch is an LL call inside one LSA domain, when the
+    /// launcher knows it of a launch of several (else the parameter's entries say).
+    ll_only: Option<bool>,
+    /// The launch's entries, when they lie in device memory ([`LaunchEntries`]).
+    staged: Option<StagedEntries>,
 }
 
 impl Gathered {
@@ -747,6 +835,8 @@ struct Launcher {
     asleep: AtomicBool,
     /// Launches made that carried more than one call (diagnostics, tests).
     batched: AtomicU64,
+    /// Of those, launches whose entries lay in device memory ([`LaunchEntries`]).
+    device_entries: AtomicU64,
     /// Tests: the launcher leaves the queue alone while set.
     #[cfg(test)]
     hold: AtomicBool,
@@ -966,7 +1056,7 @@ impl GpuGroup {
                 Work::Launch { module, threads } => {
                     // The LL kernel, when every entry is an LL call: the general one's LL
                     // path alone, with the same contract for such entries.
-                    let ll_only = super::ll_kernels() && g.launch.ll_only();
+                    let ll_only = super::ll_kernels() && g.ll_only.unwrap_or_else(|| g.launch.ll_only());
                     let (kernel, threads) = if ll_only {
                         (&coll_ll_group_launch, super::ll_threads(dev, module, &self.ll_threads))
                     } else {
@@ -983,6 +1073,7 @@ impl GpuGroup {
                         uses.holds.push(lock(&r.grid_sync).uses().clone());
                     }
                     let param = GroupParam(*g.launch);
+                    let staged = g.staged.take();
                     // SAFETY: `coll_gpu_group_launch`'s contract: every served member's entry
                     // is in the parameter (a live communicator and an operation whose windows
                     // and output hold this launch's completion: each member noted it, pending,
@@ -991,8 +1082,23 @@ impl GpuGroup {
                     // 0..ctas of each rank's device communicator serve one collective at a
                     // time (shared launches run in order on the launch stream, after the
                     // members' arrivals, which follow their earlier work); shared
-                    // memory per `kernel_config`.
-                    unsafe { stream.launch_tracked(module, kernel, cfg, (&param,), uses) }
+                    // memory per `kernel_config`. Entries in device memory: the copy before
+                    // the launch writes them (the block, held by `uses`, is the launch's
+                    // alone until it has finished: `LaunchEntries`).
+                    let c = unsafe {
+                        stream.launch_tracked_after_copy(
+                            module,
+                            kernel,
+                            cfg,
+                            (&param,),
+                            uses,
+                            staged.as_ref().map(|s| s.copy),
+                        )
+                    }?;
+                    if let (Some(s), Some(r)) = (&staged, self.ring.get()) {
+                        r.entries.used(s.block, &c);
+                    }
+                    Ok(c)
                 }
                 Work::Persistent { sync, wait } => {
                     let mut uses = uses;
@@ -1403,20 +1509,31 @@ impl GpuGroup {
         self.launcher.batched.load(Ordering::Relaxed)
     }
 
+    /// How many launches so far carried their entries in device memory ([`LaunchEntries`]).
+    pub(crate) fn device_entry_launches(&self) -> u64 {
+        self.launcher.device_entries.load(Ordering::Relaxed)
+    }
+
     /// Tests: makes the launcher leave queued calls alone (`true`) or take them again.
     #[cfg(test)]
     pub(crate) fn hold_launches(&self, hold: bool) {
         self.launcher.hold.store(hold, Ordering::SeqCst);
     }
 
-    /// How many calls one shared launch may carry: as many as the launch's entries hold
-    /// (`MAX_LAUNCH_ENTRIES / members`), at most `FERROLINK_GROUP_BATCH` (1: one call per launch).
+    /// How many calls one shared launch may carry: [`MAX_LAUNCH_OPERATIONS`] (their entries
+    /// in device memory when the parameter's [`MAX_LAUNCH_ENTRIES`] do not hold them, see
+    /// [`LaunchEntries`]; `FERROLINK_GROUP_DEVICE_ENTRIES=0`: only as many as the parameter
+    /// holds), at most `FERROLINK_GROUP_BATCH` (1: one call per launch).
     fn batch_limit(&self) -> usize {
-        static LIMIT: OnceLock<usize> = OnceLock::new();
-        let wanted = *LIMIT.get_or_init(|| {
-            std::env::var("FERROLINK_GROUP_BATCH").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(usize::MAX)
+        static LIMIT: OnceLock<(usize, bool)> = OnceLock::new();
+        let (wanted, device) = *LIMIT.get_or_init(|| {
+            let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
+            let wanted = var("FERROLINK_GROUP_BATCH").and_then(|v| v.parse().ok()).unwrap_or(usize::MAX);
+            (wanted, var("FERROLINK_GROUP_DEVICE_ENTRIES").as_deref() != Some("0"))
         });
-        (MAX_LAUNCH_ENTRIES / self.members.len().max(1)).min(wanted).max(1)
+        let in_param = MAX_LAUNCH_ENTRIES / self.members.len().max(1);
+        let most = if device { MAX_LAUNCH_OPERATIONS.max(in_param) } else { in_param };
+        most.min(wanted).max(1)
     }
 
     /// The launcher's share of complete meetings `batch` (in order, claimed): what the last member
@@ -1448,17 +1565,35 @@ impl GpuGroup {
         let Some((mut seq, mut first)) = (!gathered.is_empty()).then(|| gathered.remove(0)) else { return };
         if !gathered.is_empty() {
             let count = first.launch.count as usize;
-            let sync = self.ring.get().map(|r| lock(&r.grid_sync).addr());
+            let ring = self.ring.get().expect("a group that launches has its ring");
+            let sync = lock(&ring.grid_sync).addr();
             let mut launch = first.launch.clone();
+            let operations = 1 + gathered.len();
+            {
+                let launches: Vec<&GroupLaunch> =
+                    std::iter::once(&*first.launch).chain(gathered.iter().map(|(_, g)| &*g.launch)).collect();
+                first.ll_only = Some(launches.iter().all(|l| l.ll_only()));
+                if operations * count > MAX_LAUNCH_ENTRIES {
+                    // More than the parameter holds: the entries go through device memory.
+                    let (addr, staged) = ring.entries.stage(&launches, count);
+                    launch.entries = addr;
+                    first.staged = Some(staged);
+                    first.uses.holds.push(ring.entries.mem.uses.clone());
+                    first.uses.holds.push(ring.entries.device.uses().clone());
+                    self.launcher.device_entries.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             for (j, (s, g)) in gathered.iter_mut().enumerate() {
-                launch.ops[(j + 1) * count..(j + 2) * count].copy_from_slice(&g.launch.ops[..count]);
+                if launch.entries == 0 {
+                    launch.ops[(j + 1) * count..(j + 2) * count].copy_from_slice(&g.launch.ops[..count]);
+                }
                 first.events.append(&mut g.events);
                 first.uses.absorb(std::mem::replace(&mut g.uses, LaunchTracking::new(dev)));
                 seq = *s;
             }
-            launch.operations = 1 + gathered.len() as u32;
+            launch.operations = operations as u32;
             self.launcher.batched.fetch_add(1, Ordering::Relaxed);
-            launch.grid_sync = sync.expect("a group that launches has its ring");
+            launch.grid_sync = sync;
             first.launch = launch;
             first.batch = gathered.into_iter().map(|(_, g)| g).collect();
         }
@@ -1600,6 +1735,8 @@ impl GpuGroup {
             purpose,
             counted: false,
             batch: Vec::new(),
+            ll_only: None,
+            staged: None,
         }
     }
 
@@ -1741,7 +1878,7 @@ mod tests {
         for i in 0..4 {
             launch.set(i, &entry(ferrolink_device::coll::proto::LL, 2, 2));
         }
-        assert_eq!(launch.entry(3), entry(ferrolink_device::coll::proto::LL, 2, 2), "an entry reads back as set");
+        assert_eq!(*launch.entry(3), entry(ferrolink_device::coll::proto::LL, 2, 2), "an entry reads back as set");
         assert!(launch.ll_only());
         // A simple-protocol call in the second operation: the general kernel.
         launch.set(3, &entry(ferrolink_device::coll::proto::SIMPLE, 2, 2));

@@ -1110,8 +1110,9 @@ mod tests {
 
     /// Calls that queue up for a GPU group's launcher (held here) run in one launch (or a few),
     /// one after the other: each round's in-place all-reduce reads the previous round's output,
-    /// with the LL protocol and with the simple one. From one thread: members of a shared
-    /// launch do not wait for it.
+    /// with the LL protocol and with the simple one. More calls than the launch's parameter
+    /// holds: their entries go through device memory, and more than one launch takes (16
+    /// calls at most) go in two. From one thread: members of a shared launch do not wait for it.
     #[test]
     fn queued_shared_calls_run_in_one_launch_in_order() {
         let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
@@ -1136,12 +1137,13 @@ mod tests {
                     b.to_vec().map(drop)
                 })?;
                 let group = lock(&comms[0].shared.coll).as_ref().expect("made").group.clone();
-                let before = group.batched_launches();
+                let (before, device_before) = (group.batched_launches(), group.device_entry_launches());
                 let mut bufs =
                     (0..2).map(|r| dev.alloc_from(&vec![r as f32 + 1.0; count])).collect::<crate::Result<Vec<_>>>()?;
                 group.hold_launches(true);
-                // More calls than a launch of two ranks carried with 16 entries (8).
-                const ROUNDS: i32 = 10;
+                // More calls than a launch of two ranks carries in its parameter's 16 entries
+                // (8), and than one launch carries (MAX_LAUNCH_OPERATIONS, 16).
+                const ROUNDS: i32 = 20;
                 for _round in 0..ROUNDS {
                     for (c, b) in comms.iter().zip(&mut bufs) {
                         c.collective::<f32>(&call, Input::InPlace, Output::Buffer(b))?;
@@ -1153,6 +1155,12 @@ mod tests {
                     assert_eq!(b.to_vec()?, vec![3.0 * 2f32.powi(ROUNDS - 1); count], "{proto:?}");
                 }
                 assert!(group.batched_launches() > before, "{proto:?}: the calls were launched one by one");
+                if var("FERROLINK_GROUP_DEVICE_ENTRIES").as_deref() != Some("0") {
+                    assert!(
+                        group.device_entry_launches() > device_before,
+                        "{proto:?}: no launch carried its entries in device memory"
+                    );
+                }
             }
             Ok(())
         });

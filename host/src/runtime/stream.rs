@@ -451,6 +451,27 @@ impl Stream {
         args: L,
         extra: LaunchTracking,
     ) -> Result<Completion> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_tracked_after_copy(module, kernel, cfg, args, extra, None) }
+    }
+
+    /// [`Stream::launch_tracked`], with the driver's copy `copy` (`(dst, src, bytes)`, as
+    /// [`Stream::copy_raw`]) queued right before the kernel, under the same tracking (one
+    /// completion for both): how a shared launch brings entries that its parameter does not
+    /// hold into device memory.
+    ///
+    /// # Safety
+    /// As [`Stream::launch`]; the copy's ranges as [`Stream::copy_raw`]'s, alive until the
+    /// kernel has finished (`extra` holds them), and read or written by no other work meanwhile.
+    pub(crate) unsafe fn launch_tracked_after_copy<A: KernelArgs, L: LaunchArgs<Params = A>>(
+        &self,
+        module: &Module,
+        kernel: &Kernel<A>,
+        cfg: LaunchConfig,
+        args: L,
+        extra: LaunchTracking,
+        copy: Option<(u64, u64, usize)>,
+    ) -> Result<Completion> {
         if !module.belongs_to(&self.dev) {
             return Err(Error::WrongDevice("module"));
         }
@@ -486,6 +507,10 @@ impl Stream {
             })
         };
         self.enqueue_tracked(t, |backend| {
+            if let Some((dst, src, bytes)) = copy {
+                // SAFETY: the caller's contract.
+                unsafe { backend.copy_dtod(dst, src, bytes)? };
+            }
             params.with_param_ptrs(|p| {
                 let req = LaunchRequest { kernel: name, cfg: &cfg, params: p, emulate: &emulate };
                 // SAFETY: the module belongs to this device and declares the kernel (checked
