@@ -515,7 +515,22 @@ fn fused_combine(c: &Communicator) -> ferrolink::Result<()> {
     Ok(())
 }
 
+/// Whether `c`'s `Moe` relays across domains exactly when it should: domains of more than
+/// one rank, several of them, GIN not forced through the proxy, `FERROLINK_MOE_RELAY` not 0.
+fn relays_as_expected(c: &Communicator) -> ferrolink::Result<()> {
+    let (n, lsa) = (c.nranks(), c.lsa_size());
+    let relaying = std::env::var("FERROLINK_MOE_RELAY").as_deref() != Ok("0")
+        && std::env::var("FERROLINK_GIN").as_deref() != Ok("proxy");
+    let want = if relaying && lsa > 1 && lsa < n && n.is_multiple_of(lsa) { n / lsa } else { 0 };
+    let cfg = MoeConfig { num_experts: 2 * n, hidden: 8, top_k: 2, max_tokens: 2, capacity: None };
+    let got = c.moe(cfg)?.relay_domains();
+    check(got == want, || {
+        format!("{n} ranks in LSA domains of {lsa}: the Moe relays across {got} domains, {want} expected")
+    })
+}
+
 fn every_case(c: &Communicator) -> ferrolink::Result<()> {
+    relays_as_expected(c)?;
     every_routing(c)?;
     overflow(c)?;
     every_low_latency_round(c)?;
@@ -534,11 +549,14 @@ fn dispatch_and_combine_on_two_three_and_four_ranks() {
     });
 }
 
-/// LSA domains of one and of two ranks: rows to other domains go through the GIN proxy.
+/// LSA domains of one and two ranks (two and three domains): rows to other domains go
+/// through the GIN proxy, straight to the expert's rank with domains of one, through the
+/// relay (once per token and domain, then copied inside the domain) with larger ones; the
+/// results are the same.
 #[test]
 fn dispatch_and_combine_across_lsa_domains() {
     ferrolink::testing::for_each_backend("moe_across_lsa_domains", |dev| {
-        for (n, domain) in [(3, 1), (4, 2)] {
+        for (n, domain) in [(3, 1), (4, 2), (6, 2)] {
             let mut config = CommConfig::from_env(dev.backend());
             config.lsa = LsaMode::Size(domain);
             let comms = Communicator::init_all_with(&vec![dev.clone(); n], config)?;
@@ -851,9 +869,9 @@ fn bad_low_latency_calls_are_clear_errors() {
     });
 }
 
-/// One process per rank: every case with the ranks in one LSA domain, and with each process
-/// its own domain (the GIN proxy between them); the fused combine with every peer forced
-/// through the proxy.
+/// One process per rank: every case with the ranks in one LSA domain, with each process its
+/// own domain (the GIN proxy between them), and in two domains of two processes (relayed);
+/// the fused combine with every peer forced through the proxy.
 #[test]
 fn moe_jobs_of_one_process_per_rank() {
     if child(|c| if scenario() == "proxy" { fused_combine(c) } else { every_case(c) }) {
@@ -865,6 +883,11 @@ fn moe_jobs_of_one_process_per_rank() {
         }
         job_passes("moe_jobs_of_one_process_per_rank", "lsa", n);
         job_passes_with("moe_jobs_of_one_process_per_rank", "gin", n, &[("FERROLINK_LSA", "process")]);
+    }
+    // Two domains of two processes: the dispatch relays rows across domains, and the relay
+    // copies them to the other process of its domain.
+    if fits(4) {
+        job_passes_with("moe_jobs_of_one_process_per_rank", "relay", 4, &[("FERROLINK_LSA", "2")]);
     }
     // Every peer through the proxy, the own rank too: the fused combine's results all travel
     // as return rows.

@@ -1235,8 +1235,8 @@ fn mean_us(pairs: &[(&ferrolink::Event, &ferrolink::Event)]) -> Result<f64> {
 
 /// The MoE object the benchmark drives: normal or low-latency mode.
 enum MoeEngine {
-    Normal(ferrolink::moe::Moe),
-    LowLatency(ferrolink::moe::MoeLowLatency),
+    Normal(Box<ferrolink::moe::Moe>),
+    LowLatency(Box<ferrolink::moe::MoeLowLatency>),
 }
 
 impl MoeEngine {
@@ -1299,9 +1299,9 @@ pub fn moe_rank(comm: &ferrolink::Communicator, b: &MoeBench) -> Result<Option<M
     // `gin_rank`: on CUDA an allocation or a free may wait for a peer's kernel waiting here).
     let cfg = MoeConfig { num_experts: b.experts, hidden: h, top_k: k, max_tokens: t_n, capacity: None };
     let mut moe = if b.low_latency {
-        MoeEngine::LowLatency(comm.moe_low_latency(cfg)?)
+        MoeEngine::LowLatency(Box::new(comm.moe_low_latency(cfg)?))
     } else {
-        MoeEngine::Normal(comm.moe(cfg)?)
+        MoeEngine::Normal(Box::new(comm.moe(cfg)?))
     };
     let window = comm.register_window(comm.mem_alloc(window_bytes)?)?;
     let src = dev.alloc::<u8>(window_bytes)?;

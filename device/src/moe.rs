@@ -38,6 +38,22 @@
 //! 4. CTA 0 computes, from the matrix, the rows this rank receives per local expert (its
 //!    `recv_counts`) and waits for them all.
 //!
+//! # Relaying across domains (the hierarchical dispatch, [`Relay`])
+//! With LSA domains of more than one rank (`MoeArgs::relay_domains`: nodes of several GPUs),
+//! an entry whose expert lies in another domain `D` is not put straight to its rank: each
+//! token with entries in `D` crosses once, to its *relay* (the rank of `D` with this rank's
+//! index in its domain), as its row and a descriptor naming each of its entries in `D` (the
+//! expert's rank, the row's place there, computed here from the count matrix as for a direct
+//! put, and the weight). Each CTA holds whole tokens; step 1 also counts, per other domain,
+//! the tokens with an entry there (extra columns of the count row, exchanged with the
+//! counts), so each relay knows how many descriptors come. After its own puts (3b: one
+//! [`signal::RELAY`] per CTA and relay), every CTA of the relay waits for this call's
+//! descriptors and copies each row to its experts' ranks in the domain through the LSA
+//! mapping (3c), raising [`signal::DATA`] there as a direct put would. The receive layout,
+//! the counts, the places of the results and the combine are the same as without a relay:
+//! only the path of the rows changes (across a node boundary, a token's row crosses once per
+//! node instead of once per expert there).
+//!
 //! # The combine kernel ([`combine`])
 //! Results are **read where they lie** inside an LSA domain and **put back** across domains.
 //! CTA 0 raises [`signal::READY`] on every direct peer: this rank's expert results (in its
@@ -69,6 +85,19 @@
 //!   scope, after the kernels before it on its stream wrote its expert results (stream order
 //!   makes those writes happen before the release, which is cumulative); a peer reads them
 //!   after its acquiring wait saw `epoch` adds from every direct peer.
+//! * Relay: the source's lanes write a descriptor's targets (plain stores), its CTA meets
+//!   (inside the data signal), a warp writes its head and puts the row, then the descriptor
+//!   (in order on one context), and the CTA raises `RELAY` on the relay after them (as
+//!   `PeerTally` argues for rows); so a relay that saw its `RELAY` target (acquire at system
+//!   scope) reads whole rows and descriptors. The descriptor's head and each target carry
+//!   the call's epoch: slots and targets of earlier calls are skipped. The relay's copies
+//!   are direct puts counted in its `PeerTally`, so the destination's `DATA` is raised after
+//!   them (release at system scope). Reuse: a source writes its descriptors and relay slots
+//!   of call `c + 1` only after the count exchange of `c + 1`, which needs the relay's count
+//!   row of `c + 1`, put after the relay's dispatch `c` (which read the slots) ended. The
+//!   `RELAY` target is `relay_base[epoch % 2]` plus the call's counts (from the matrix):
+//!   every CTA reads that word, and CTA 0 writes the sum into the other one for the next
+//!   call (read after the kernel boundary).
 //! * Signals are never reset: each rank's part of the counts signal reaches `epoch` at call
 //!   `epoch` (each rank puts its row once per call). The wait is per rank
 //!   ([`Gin::wait_signal_each`]), not for the total `epoch * nranks`: a rank that needs
@@ -116,8 +145,11 @@ pub mod signal {
     /// Rows an expert kernel added into this rank's accumulators (the fused combine: see
     /// [`super::fused`]).
     pub const FUSED: u32 = 4;
+    /// Token rows received for relaying into this rank's LSA domain (the dispatch across
+    /// domains: see [`super::Relay`]).
+    pub const RELAY: u32 = 5;
     /// Signals in all.
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 6;
 }
 
 /// A result row meaning "nothing comes back": no expert (`-1`), or dropped at capacity.
@@ -184,6 +216,11 @@ pub struct MoeArgs {
     pub x: u64,
     /// Device address of the tokens' scales, `scale_units` 16-byte units per token, or 0.
     pub scales: u64,
+    /// LSA domains when rows to other domains are relayed (one copy per token and domain:
+    /// see [`Relay`]); 0: every row is put straight to its expert's rank.
+    pub relay_domains: u32,
+    /// The most tokens per rank (the relay's slots per source).
+    pub max_tokens: u32,
 }
 
 /// Running totals of one rank's MoE calls, in device memory (written by one thread each).
@@ -212,10 +249,15 @@ pub struct MoeState {
     /// Results of the last dispatch that a plain combine would put back to this rank (in
     /// `ret_total`).
     pub pushed: u64,
+    /// The [`signal::RELAY`] total before the dispatches of each parity: call `epoch` waits
+    /// for `relay_base[epoch % 2]` plus its rows, and CTA 0 writes that sum into the other
+    /// word (the next call's base) while the other CTAs read this one.
+    pub relay_base: [u64; 2],
 }
 
-/// Bytes of the state and the dispatch's scratch after it, for `num_experts` experts: the
-/// [`MoeState`], a flag per CTA, and a count row (`u32` per expert) per CTA.
+/// Bytes of the state and the dispatch's scratch after it, for `columns` count columns
+/// ([`count_columns`]): the [`MoeState`], a flag per CTA, and a count row (`u32` per column)
+/// per CTA.
 pub const fn scratch_bytes(num_experts: usize) -> usize {
     core::mem::size_of::<MoeState>() + 8 * MAX_CTAS + 4 * MAX_CTAS * num_experts
 }
@@ -225,6 +267,72 @@ pub const fn scratch_bytes(num_experts: usize) -> usize {
 /// number of ranks).
 pub const fn dispatch_shared_bytes(num_experts: usize, chunk: usize) -> usize {
     4 * (target_word(num_experts, chunk) + 2 + num_experts)
+}
+
+/// Columns of a count row: one per expert, then, when rows are relayed, one per LSA domain
+/// (the rank's tokens relayed into that domain).
+pub const fn count_columns(num_experts: usize, relay_domains: usize) -> usize {
+    num_experts + relay_domains
+}
+
+/// The relay across LSA domains (hierarchical dispatch, `MoeArgs::relay_domains` > 0): a
+/// token with experts in another domain `D` crosses to `D` once, to its *relay*, the rank of
+/// `D` with the same index in its domain (`D * lsa_size + rank % lsa_size`), which copies it
+/// to each expert's rank in `D` through the LSA mapping. Each relay receives from one rank
+/// of each other domain.
+///
+/// The relay window holds, per other domain, `max_tokens` inbound slots (a descriptor, then
+/// the token row of `2 * hidden` bytes), then per other domain `max_tokens` outbound
+/// descriptors (staged here, put to the relay). A descriptor: `epoch: u64`, `row_bytes:
+/// u32`, `sources: u32` (1: forward each row's [`fused::RowSource`] too), then `top_k`
+/// targets of `dst: u32, place: u32, epoch: u32, weight: f32` (target `k` is the token's
+/// entry `k`; one whose `epoch` is not the call's low word is not for this call).
+#[derive(Clone, Copy)]
+pub struct Relay {
+    /// LSA domains.
+    pub domains: usize,
+    /// Ranks per domain.
+    pub lsa_size: usize,
+    /// Slots per source (the most tokens per rank).
+    pub max_tokens: usize,
+    /// Bytes of a descriptor.
+    pub desc: usize,
+    /// Bytes of an inbound slot (descriptor and row).
+    pub slot: usize,
+}
+
+impl Relay {
+    /// The layout for these sizes.
+    pub const fn new(domains: usize, lsa_size: usize, max_tokens: usize, top_k: usize, hidden: usize) -> Relay {
+        let desc = 16 + 16 * top_k;
+        Relay { domains, lsa_size, max_tokens, desc, slot: desc + 2 * hidden }
+    }
+
+    /// Bytes of the relay window.
+    pub const fn window_bytes(&self) -> usize {
+        (self.domains - 1) * self.max_tokens * (self.slot + self.desc)
+    }
+
+    /// Index of domain `d` among the domains other than `mine`.
+    const fn other(d: usize, mine: usize) -> usize {
+        if d < mine { d } else { d - 1 }
+    }
+
+    /// The domain of index `i` among the domains other than `mine`.
+    const fn other_back(i: usize, mine: usize) -> usize {
+        if i < mine { i } else { i + 1 }
+    }
+
+    /// Offset of the inbound slot of token `t` from domain `src_domain`, in a relay of
+    /// domain `relay_domain`.
+    pub const fn inbound(&self, src_domain: usize, relay_domain: usize, t: usize) -> usize {
+        (Self::other(src_domain, relay_domain) * self.max_tokens + t) * self.slot
+    }
+
+    /// Offset of this rank's (domain `mine`) outbound descriptor of token `t` for domain `d`.
+    pub const fn outbound(&self, d: usize, mine: usize, t: usize) -> usize {
+        (self.domains - 1) * self.max_tokens * self.slot + (Self::other(d, mine) * self.max_tokens + t) * self.desc
+    }
 }
 
 /// The `u32` index of the dispatch's shared `u64` (8-byte aligned).
@@ -314,6 +422,15 @@ impl PeerTally {
         if arch::lane_id() == 0 {
             self.add(peer);
         }
+    }
+
+    /// Zeroes the tally for puts that another signal counts (every thread of the CTA calls,
+    /// after [`PeerTally::signal`]; the CTA meets in it).
+    #[inline(always)]
+    pub(crate) fn reset(&self, cta: CoopCta) {
+        // SAFETY: `p < nranks` words; the CTA met at the end of the last `signal`.
+        for_each_rank_by_thread(cta, self.nranks, |p| unsafe { self.rows.add(p).write(0) });
+        cta.sync();
     }
 
     /// Raises signal `id` on every rank by the rows put to it (every thread of the CTA calls,
@@ -638,6 +755,32 @@ fn check_args(comm: &DevComm, args: &MoeArgs, dispatch_grid: Option<usize>) {
     }
 }
 
+/// Faults unless the relay can run as `args` asks: domains of equal size, each rank reached
+/// directly inside its own, whole tokens per CTA, the tokens within `max_tokens`, and a relay
+/// window of [`Relay::window_bytes`].
+fn check_relay(comm: &DevComm, gin: &Gin, args: &MoeArgs, relay: &DevWindow) {
+    let nd = args.relay_domains as usize;
+    if nd == 0 {
+        return;
+    }
+    let (n, lsa) = (comm.nranks as usize, comm.lsa_size as usize);
+    let layout = Relay::new(nd.max(2), lsa, args.max_tokens as usize, args.top_k as usize, args.hidden as usize);
+    let bad = nd < 2
+        || nd * lsa != n
+        || gin.uses_proxy()
+        || args.top_k == 0
+        || !args.chunk.is_multiple_of(args.top_k)
+        || args.tokens > args.max_tokens
+        || relay.size < layout.window_bytes() as u64;
+    if bad {
+        comm.fail(
+            error_code::MOE_ARGS,
+            u64::from(args.num_experts) << 32 | u64::from(args.hidden),
+            u64::from(args.relay_domains),
+        );
+    }
+}
+
 /// One CTA (`block` of `grid`) of the dispatch: see the module docs. The kernel copies this
 /// rank's token rows (`TokenRows` of `args.x` and `args.scales`) into `send` (a slot of `2 *
 /// hidden` bytes per token); `recv` receives rows (`[experts per rank][capacity]` slots, then,
@@ -653,11 +796,13 @@ fn check_args(comm: &DevComm, args: &MoeArgs, dispatch_grid: Option<usize>) {
 /// addresses in `args` hold what [`MoeArgs`] says; the state's scratch is this rank's and
 /// used by one MoE kernel at a time; signals [`signal`] of GIN context 0 are these kernels';
 /// `args.epoch` counts this communicator's dispatches, and calls alternate dispatch, combine.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn dispatch(
     comm: &DevComm,
     send: &DevWindow,
     recv: &DevWindow,
     counts: &DevWindow,
+    relay: &DevWindow,
     args: &MoeArgs,
     block: usize,
     grid: usize,
@@ -670,6 +815,7 @@ pub unsafe fn dispatch(
     let per_rank = ne / n;
     let cap = args.capacity as usize;
     let row = args.hidden as usize * 2;
+    check_relay(comm, &gin, args, relay);
     let tokens = TokenRows::new(args.x, args.x_units, args.scales, args.scale_units);
     let entries = args.tokens as usize * args.top_k as usize;
     let chunk = args.chunk as usize;
@@ -678,17 +824,25 @@ pub unsafe fn dispatch(
     let state = args.state as *mut MoeState;
     let flags = (args.state as usize + core::mem::size_of::<MoeState>()) as *mut u64;
     let rows_g = flags.wrapping_add(MAX_CTAS) as *mut u32;
-    // Shared: own counts / counts before, base, prefix (per expert); experts and slots (per entry).
+    let k = args.top_k as usize;
+    // Relaying: rows to another domain go once per token to that domain's relay.
+    let nd = args.relay_domains as usize;
+    let lsa = comm.lsa_size as usize;
+    let my_domain = me / lsa;
+    let layout = Relay::new(nd.max(2), lsa, args.max_tokens as usize, k, args.hidden as usize);
+    let relayed = |x: usize| nd > 0 && x / per_rank / lsa != my_domain;
+    let cols = count_columns(ne, nd);
+    // Shared: own counts / counts before, base, prefix (per column); experts and slots (per entry).
     let sh = arch::dynamic_shared_mem::<u32>();
-    let (hist, base, prefix) = (sh, sh.wrapping_add(ne), sh.wrapping_add(2 * ne));
-    let (ex, slots) = (sh.wrapping_add(3 * ne), sh.wrapping_add(3 * ne + chunk));
+    let (hist, base, prefix) = (sh, sh.wrapping_add(cols), sh.wrapping_add(2 * cols));
+    let (ex, slots) = (sh.wrapping_add(3 * cols), sh.wrapping_add(3 * cols + chunk));
     let idx = args.topk_idx as *const i32;
-    let m = CountMatrix { counts, nranks: n, experts: ne, parity: (args.epoch % 2) as usize };
+    let m = CountMatrix { counts, nranks: n, experts: cols, parity: (args.epoch % 2) as usize };
     let weights = args.topk_weights as *const f32;
     // SAFETY: (the whole body) every index below is inside the arrays the contract sizes:
     // shared arrays by `ne` and `chunk`, global ones by `entries`, `MAX_CTAS` and `ne`.
     unsafe {
-        let tally = PeerTally::new(cta, sh.wrapping_add(target_word(ne, chunk) + 2), n);
+        let tally = PeerTally::new(cta, sh.wrapping_add(target_word(cols, chunk) + 2), n);
         // 0. This CTA's run of token rows into the send window: every CTA's copies happen
         // before its count flag (below), hence before the last CTA's counts, hence before any
         // CTA's puts (after its wait for the counts).
@@ -696,9 +850,10 @@ pub unsafe fn dispatch(
         let t_first = (block * t_run).min(args.tokens as usize);
         let t_last = ((block + 1) * t_run).min(args.tokens as usize);
         tokens.stage(send, row, t_first, t_last, tid, threads);
-        // 1. This CTA's counts per expert, and its entries' experts.
+        // 1. This CTA's counts per expert (and, relaying, its tokens per other domain: the
+        // chunk holds whole tokens), and its entries' experts.
         let mut e = tid;
-        while e < ne {
+        while e < cols {
             hist.add(e).write(0);
             e += threads;
         }
@@ -713,13 +868,25 @@ pub unsafe fn dispatch(
             ex.add(j - start).write(x as u32);
             if x >= 0 {
                 atomic::fetch_add(hist.add(x as usize), 1u32, RmwOrder::Relaxed, Scope::Cta);
+                // The token's first entry into another domain counts the token there.
+                let d = x as usize / per_rank / lsa;
+                if relayed(x as usize) {
+                    let first = (j / k) * k;
+                    let seen = (first..j).any(|i| {
+                        let y = idx.add(i).read();
+                        y >= 0 && y < ne as i32 && y as usize / per_rank / lsa == d
+                    });
+                    if !seen {
+                        atomic::fetch_add(hist.add(ne + d), 1u32, RmwOrder::Relaxed, Scope::Cta);
+                    }
+                }
             }
             j += threads;
         }
         cta.sync();
         let mut e = tid;
-        while e < ne {
-            rows_g.add(block * ne + e).write_volatile(hist.add(e).read());
+        while e < cols {
+            rows_g.add(block * cols + e).write_volatile(hist.add(e).read());
             e += threads;
         }
         cta.sync();
@@ -736,10 +903,10 @@ pub unsafe fn dispatch(
         cta.sync();
         // Counts of the CTAs before (into `base` for now), then each entry's slot.
         let mut e = tid;
-        while e < ne {
+        while e < cols {
             let mut s = 0u32;
             for b in 0..block {
-                s += rows_g.add(b * ne + e).read_volatile();
+                s += rows_g.add(b * cols + e).read_volatile();
             }
             base.add(e).write(s);
             e += threads;
@@ -762,7 +929,7 @@ pub unsafe fn dispatch(
         if block == grid - 1 {
             let mine = counts.local_ptr::<u32>(m.own());
             let mut e = tid;
-            while e < ne {
+            while e < cols {
                 mine.add(e).write(base.add(e).read() + hist.add(e).read());
                 e += threads;
             }
@@ -778,7 +945,7 @@ pub unsafe fn dispatch(
                     m.row(me),
                     *counts,
                     m.own(),
-                    ne * 4,
+                    cols * 4,
                     RemoteAction::SignalInc(signal::COUNTS),
                     LocalAction::None,
                 );
@@ -836,7 +1003,18 @@ pub unsafe fn dispatch(
                 };
                 ret.add(j).write(place);
             }
-            let t = j / args.top_k as usize;
+            let t = j / k;
+            if relayed(x) {
+                // Target `j % k` of the token's descriptor for that domain (put below).
+                if lane0 {
+                    let w = if weights.is_null() { 0 } else { weights.add(j).read().to_bits() };
+                    let at = layout.outbound(x / per_rank / lsa, my_domain, t) + 16 + 16 * (j % k);
+                    let target = U32x4([dst, ((x % per_rank) * cap + pos) as u32, args.epoch as u32, w]);
+                    arch::store_v4(relay.local_ptr(at), target);
+                }
+                j += warps;
+                continue;
+            }
             tally.put_row(
                 &gin,
                 comm,
@@ -854,8 +1032,10 @@ pub unsafe fn dispatch(
         if !weights.is_null() {
             let mut j = start + warp;
             while j < end {
-                if let Some((x, _, pos)) = place_of(j) {
-                    let (k, place) = (args.top_k as usize, (x % per_rank) * cap + pos);
+                if let Some((x, _, pos)) = place_of(j)
+                    && !relayed(x)
+                {
+                    let place = (x % per_rank) * cap + pos;
                     let source = fused::RowSource {
                         rank: me as u32,
                         token: (j / k) as u32,
@@ -869,9 +1049,103 @@ pub unsafe fn dispatch(
             }
         }
         tally.signal(&gin, cta, signal::DATA);
+        if nd > 0 {
+            // 3b. Relaying: each token of this CTA with entries in another domain goes
+            // there once, its row and then its descriptor, to the domain's relay; one
+            // RELAY signal per (CTA, relay) by the descriptors put.
+            tally.reset(cta);
+            let (t0, t1) = (start / k, end.div_ceil(k));
+            let mut q = warp;
+            while q < (t1 - t0) * nd {
+                let (t, d) = (t0 + q / nd, q % nd);
+                q += warps;
+                let to_d = (t * k..t * k + k).any(|j| {
+                    let x = ex.add(j - start).read();
+                    x != u32::MAX && x as usize / per_rank / lsa == d
+                });
+                if d == my_domain || !to_d {
+                    continue;
+                }
+                let (out, inb) = (layout.outbound(d, my_domain, t), layout.inbound(my_domain, d, t));
+                if lane0 {
+                    let head = relay.local_ptr::<u32>(out);
+                    (head as *mut u64).write(args.epoch);
+                    head.add(2).write(tokens.bytes() as u32);
+                    head.add(3).write(u32::from(!weights.is_null()));
+                }
+                let relay_rank = d * lsa + me % lsa;
+                gin.put(
+                    CoopWarp,
+                    comm.world(),
+                    relay_rank as u32,
+                    *relay,
+                    inb + layout.desc,
+                    *send,
+                    t * row,
+                    tokens.bytes(),
+                    RemoteAction::None,
+                    LocalAction::None,
+                );
+                tally.put_row(&gin, comm, relay_rank, *relay, inb, *relay, out, layout.desc);
+            }
+            tally.signal(&gin, cta, signal::RELAY);
+            // 3c. As a relay: wait for the tokens of this call from the other domains, then
+            // copy each row to its experts' ranks here (direct), with its source when
+            // given; one DATA signal per (CTA, rank) by the rows copied.
+            let want = sh.wrapping_add(target_word(cols, chunk)) as *mut u64;
+            if tid == 0 {
+                let p = (args.epoch % 2) as usize;
+                let bases = core::ptr::addr_of_mut!((*state).relay_base) as *mut u64;
+                let mut total = bases.add(p).read_volatile();
+                for d in (0..nd).filter(|&d| d != my_domain) {
+                    total += u64::from(m.at(d * lsa + me % lsa, ne + my_domain));
+                }
+                if block == 0 {
+                    // The next call's base; every CTA reads only word `p` in this call.
+                    bases.add(1 - p).write_volatile(total);
+                }
+                want.write(total);
+            }
+            cta.sync();
+            if gin.wait_signal(cta, signal::RELAY, want.read()).is_err() {
+                return false;
+            }
+            tally.reset(cta);
+            let slots_in = (nd - 1) * layout.max_tokens;
+            let mut q = block * warps + warp;
+            while q < slots_in {
+                let (src_domain, t) = (Relay::other_back(q / layout.max_tokens, my_domain), q % layout.max_tokens);
+                q += grid * warps;
+                let at = layout.inbound(src_domain, my_domain, t);
+                let head = relay.local_ptr::<u32>(at);
+                if (head as *const u64).read_volatile() != args.epoch {
+                    continue;
+                }
+                let (bytes, sources) = (head.add(2).read_volatile() as usize, head.add(3).read_volatile());
+                for kk in 0..k {
+                    let target = arch::load_v4(relay.local_ptr::<U32x4>(at + 16 + 16 * kk)).0;
+                    if target[2] != args.epoch as u32 {
+                        continue;
+                    }
+                    let (dst, place) = (target[0] as usize, target[1] as usize);
+                    tally.put_row(&gin, comm, dst, *recv, place * row, *relay, at + layout.desc, bytes);
+                    if sources != 0 {
+                        let source = fused::RowSource {
+                            rank: (src_domain * lsa + me % lsa) as u32,
+                            token: t as u32,
+                            k: kk as u32,
+                            weight: f32::from_bits(target[3]),
+                        };
+                        let at = fused::sources_offset(per_rank, cap, row) + place * 16;
+                        fused::put_source(&gin, comm, recv, at, dst as u32, source);
+                    }
+                }
+            }
+            tally.signal(&gin, cta, signal::DATA);
+        }
         // 4. CTA 0 receives.
         if block == 0 {
-            let target = sh.wrapping_add(target_word(ne, chunk)) as *mut u64;
+            let target = sh.wrapping_add(target_word(cols, chunk)) as *mut u64;
             if tid == 0 {
                 let mut expected = 0u64;
                 for l in 0..per_rank {
@@ -895,19 +1169,18 @@ pub unsafe fn dispatch(
                     dropped += (mine - fit) as u64;
                     kept += fit as u64;
                 }
-                let s = state.read_volatile();
-                let next = MoeState {
-                    data_total: s.data_total + expected,
-                    ret_total: s.ret_total + pushed,
-                    dropped,
-                    received: expected,
-                    kept,
-                    fused_target: s.fused_done + kept,
-                    pushed,
-                    ..s
-                };
-                state.write_volatile(next);
-                target.write(next.data_total);
+                // Word by word: the other CTAs read `relay_base` meanwhile.
+                let data_total = core::ptr::addr_of!((*state).data_total).read_volatile() + expected;
+                let ret_total = core::ptr::addr_of!((*state).ret_total).read_volatile() + pushed;
+                let fused_target = core::ptr::addr_of!((*state).fused_done).read_volatile() + kept;
+                core::ptr::addr_of_mut!((*state).data_total).write_volatile(data_total);
+                core::ptr::addr_of_mut!((*state).ret_total).write_volatile(ret_total);
+                core::ptr::addr_of_mut!((*state).dropped).write_volatile(dropped);
+                core::ptr::addr_of_mut!((*state).received).write_volatile(expected);
+                core::ptr::addr_of_mut!((*state).kept).write_volatile(kept);
+                core::ptr::addr_of_mut!((*state).fused_target).write_volatile(fused_target);
+                core::ptr::addr_of_mut!((*state).pushed).write_volatile(pushed);
+                target.write(data_total);
             }
             cta.sync();
             if gin.wait_signal(cta, signal::DATA, target.read()).is_err() {
@@ -949,7 +1222,8 @@ pub unsafe fn combine(
     // Shared: per (src, local expert), base(src, e) and prefix(src, e).
     let sh = arch::dynamic_shared_mem::<u32>();
     let (bases, prefixes) = (sh, sh.wrapping_add(ne));
-    let m = CountMatrix { counts, nranks: n, experts: ne, parity: (args.epoch % 2) as usize };
+    let cols = count_columns(ne, args.relay_domains as usize);
+    let m = CountMatrix { counts, nranks: n, experts: cols, parity: (args.epoch % 2) as usize };
     // SAFETY: (the whole body) indices inside the arrays the contract sizes.
     unsafe {
         if block == 0 {

@@ -11,14 +11,23 @@ use crate::window::DevWindow;
 kernel! {
     /// MoE dispatch (see [`moe::dispatch`]): this rank's token rows from `send` to the ranks
     /// of their experts, packed per expert into their `recv` windows; `counts` carries the
-    /// count matrix. Needs [`moe::dispatch_shared_bytes`] of dynamic shared memory per CTA
-    /// and a whole number of warps per CTA.
+    /// count matrix; `relay` the rows crossing LSA domains once per token and domain (when
+    /// `args.relay_domains` is not 0). Needs [`moe::dispatch_shared_bytes`] of dynamic
+    /// shared memory per CTA and a whole number of warps per CTA.
     ///
     /// # Safety
     /// As [`moe::dispatch`].
-    pub unsafe fn moe_dispatch(comm: DevComm, send: DevWindow, recv: DevWindow, counts: DevWindow, args: MoeArgs) {
+    pub unsafe fn moe_dispatch(
+        comm: DevComm,
+        send: DevWindow,
+        recv: DevWindow,
+        counts: DevWindow,
+        relay: DevWindow,
+        args: MoeArgs,
+    ) {
+        let (block, grid) = (arch::block_idx_x(), arch::grid_dim_x());
         // SAFETY: the kernel's contract. An abort ends it early: the host reports it.
-        let _ = unsafe { moe::dispatch(&comm, &send, &recv, &counts, &args, arch::block_idx_x(), arch::grid_dim_x()) };
+        let _ = unsafe { moe::dispatch(&comm, &send, &recv, &counts, &relay, &args, block, grid) };
     }
 }
 

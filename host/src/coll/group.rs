@@ -1510,6 +1510,7 @@ impl GpuGroup {
     }
 
     /// How many launches so far carried their entries in device memory ([`LaunchEntries`]).
+    #[cfg(test)]
     pub(crate) fn device_entry_launches(&self) -> u64 {
         self.launcher.device_entries.load(Ordering::Relaxed)
     }

@@ -99,7 +99,7 @@ impl Communicator {
                 "moe_low_latency: capacity must be None: every (expert, source) pair has max_tokens rows ({cfg:?})"
             )));
         }
-        check_config(self, &cfg, cfg.max_tokens, "moe_low_latency")?;
+        check_config(self, &cfg, cfg.max_tokens, 0, "moe_low_latency")?;
         let rows = cfg.max_tokens * 2 * cfg.hidden;
         let send = new_window(self, rows)?;
         let recv = new_window(self, 2 * cfg.num_experts * rows)?;

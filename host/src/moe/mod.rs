@@ -109,9 +109,15 @@ pub struct Moe {
     recv: Window,
     /// The results coming back, one row per entry of this rank.
     ret: Window,
-    /// The count matrices, `u32 [2][nranks][num_experts]` (by call parity), and this rank's
-    /// own row.
+    /// The count matrices, `u32 [2][nranks][columns]` (by call parity: a column per expert,
+    /// then one per LSA domain when relaying), and this rank's own row.
     counts: Window,
+    /// The relay's slots (rows crossing LSA domains once per token and domain), when
+    /// `relay_domains` is not 0.
+    relay: Option<Window>,
+    /// LSA domains when the dispatch relays rows across them, else 0 (see
+    /// [`Communicator::moe`]).
+    relay_domains: usize,
     ret_index: DeviceBuffer<u32>,
     recv_counts: DeviceBuffer<i32>,
     state: DeviceBuffer<u64>,
@@ -141,19 +147,29 @@ impl Communicator {
     pub fn moe(&self, cfg: MoeConfig) -> Result<Moe> {
         let n = self.nranks();
         let capacity = cfg.capacity.unwrap_or(cfg.max_tokens * n);
-        check_config(self, &cfg, capacity, "moe")?;
+        let lsa = self.lsa_size();
+        let relay_wanted = std::env::var("FERROLINK_MOE_RELAY").map_or(true, |v| v != "0");
+        let mut relay_domains = if relay_wanted && lsa > 1 && lsa < n && n.is_multiple_of(lsa) { n / lsa } else { 0 };
+        check_config(self, &cfg, capacity, relay_domains, "moe")?;
         let row = 2 * cfg.hidden;
         let per_rank = cfg.num_experts / n;
+        let columns = dev_moe::count_columns(cfg.num_experts, relay_domains);
         let sizes = [
             cfg.max_tokens * row,
             per_rank * capacity * (row + std::mem::size_of::<dev_moe::fused::RowSource>()),
             cfg.max_tokens * cfg.top_k * row,
-            (2 * n + 1) * cfg.num_experts * 4,
+            (2 * n + 1) * columns * 4,
         ];
         let mut windows = Vec::with_capacity(4);
         for bytes in sizes {
             windows.push(new_window(self, bytes)?);
         }
+        let relay = if relay_domains > 0 {
+            let layout = dev_moe::Relay::new(relay_domains, lsa, cfg.max_tokens, cfg.top_k, cfg.hidden);
+            Some(new_window(self, layout.window_bytes())?)
+        } else {
+            None
+        };
         let counts = windows.pop().expect("four");
         let ret = windows.pop().expect("four");
         let recv = windows.pop().expect("four");
@@ -164,6 +180,11 @@ impl Communicator {
             gin_signal_count: dev_moe::signal::COUNT,
             ..DevCommRequirements::default()
         })?;
+        // Every peer through the proxy (`FERROLINK_GIN=proxy`, the same on every rank): no
+        // direct copies for a relay to make, so rows go straight (the window stays unused).
+        if handle.uses_proxy() {
+            relay_domains = 0;
+        }
         let dev = self.device();
         Ok(Moe {
             comm: self.clone(),
@@ -174,10 +195,12 @@ impl Communicator {
             recv,
             ret,
             counts,
+            relay,
+            relay_domains,
             // A ResultPlace (two u32) per entry.
             ret_index: dev.alloc(2 * cfg.max_tokens * cfg.top_k)?,
             recv_counts: dev.alloc(per_rank)?,
-            state: dev.alloc(dev_moe::scratch_bytes(cfg.num_experts).div_ceil(8))?,
+            state: dev.alloc(dev_moe::scratch_bytes(columns).div_ceil(8))?,
             epoch: 0,
             pending: None,
             pending_sources: false,
@@ -196,6 +219,14 @@ impl Moe {
     /// The configuration (with [`MoeConfig::capacity`] as used).
     pub fn config(&self) -> MoeConfig {
         MoeConfig { capacity: Some(self.capacity), ..self.cfg }
+    }
+
+    /// LSA domains the dispatch relays rows across (each token crosses to another domain once,
+    /// to its relay there, which copies it to the experts' ranks of that domain), or 0 when
+    /// every row goes straight to its expert's rank: one domain, domains of one rank, every
+    /// peer through the proxy (`FERROLINK_GIN=proxy`), or `FERROLINK_MOE_RELAY=0`.
+    pub fn relay_domains(&self) -> usize {
+        self.relay_domains
     }
 
     /// Experts on each rank.
@@ -343,8 +374,10 @@ impl Moe {
         let entries = tokens * k;
         let (threads, cap_ctas) = self.shape();
         let grid = entries.div_ceil(ENTRIES_PER_CTA).clamp(1, cap_ctas.min(dev_moe::MAX_CTAS));
-        let chunk = entries.div_ceil(grid).max(1);
-        let shared = dev_moe::dispatch_shared_bytes(self.cfg.num_experts, chunk);
+        // Whole tokens per CTA (the relay counts and sends a token once per domain).
+        let chunk = tokens.div_ceil(grid).max(1) * k;
+        let columns = dev_moe::count_columns(self.cfg.num_experts, self.relay_domains);
+        let shared = dev_moe::dispatch_shared_bytes(columns, chunk);
         if shared > SHARED_LIMIT {
             return Err(Error::InvalidArgument(format!(
                 "moe dispatch: {entries} entries over {grid} CTAs need {shared} bytes of shared memory per CTA, more \
@@ -362,6 +395,8 @@ impl Moe {
             x_units: rows.x_units,
             scale_units: rows.scale_units,
             epoch: self.epoch,
+            relay_domains: self.relay_domains as u32,
+            max_tokens: self.cfg.max_tokens as u32,
             ..MoeArgs::default()
         };
         let mut reads = Vec::new();
@@ -390,7 +425,9 @@ impl Moe {
         args.state = state.param() as u64;
         writes.push(state);
         let tracked = TrackedArgs { args, reads: &reads, writes: &writes };
-        let launch = (&self.handle, &self.send, &self.recv, &self.counts, &tracked);
+        // Without a relay the kernel touches no relay window: the counts stand in its place.
+        let relay = self.relay.as_ref().unwrap_or(&self.counts);
+        let launch = (&self.handle, &self.send, &self.recv, &self.counts, relay, &tracked);
         let cfg = LaunchConfig::linear(grid as u32, threads).with_shared_mem(shared as u32);
         // SAFETY: `moe_dispatch`'s contract: every rank launches it with the same
         // configuration (checked when the Moe was made) and grid shape rules, the windows of
@@ -522,6 +559,8 @@ impl Moe {
             // Results move as bf16 rows.
             x_units: (hidden / 8) as u32,
             epoch: self.epoch,
+            relay_domains: self.relay_domains as u32,
+            max_tokens: self.cfg.max_tokens as u32,
             ..MoeArgs::default()
         }
     }
@@ -569,7 +608,7 @@ fn not_recovered(comm: &Communicator, made_at: u64, call: &str) -> Result<()> {
 
 /// Checks `cfg` (with the capacity in use) for `mode`'s kernels on this communicator, and
 /// that every rank has the same shape (collective).
-fn check_config(comm: &Communicator, cfg: &MoeConfig, capacity: usize, mode: &str) -> Result<()> {
+fn check_config(comm: &Communicator, cfg: &MoeConfig, capacity: usize, relay_domains: usize, mode: &str) -> Result<()> {
     let n = comm.nranks();
     let bad = |why: String| Err(Error::InvalidArgument(format!("{mode}: {why} ({cfg:?})")));
     if cfg.num_experts == 0 || !cfg.num_experts.is_multiple_of(n) {
@@ -586,11 +625,11 @@ fn check_config(comm: &Communicator, cfg: &MoeConfig, capacity: usize, mode: &st
         return bad("capacity must be at least 1, and capacity and max_tokens * top_k must fit 32 bits".into());
     }
     // Every CTA holds four arrays of num_experts words in shared memory (and its entries).
-    if dev_moe::dispatch_shared_bytes(cfg.num_experts, 1) > SHARED_LIMIT / 2 {
+    if dev_moe::dispatch_shared_bytes(dev_moe::count_columns(cfg.num_experts, relay_domains), 1) > SHARED_LIMIT / 2 {
         return bad(format!("at most {} experts", SHARED_LIMIT / 2 / 16 - 1));
     }
     // The same shape everywhere: the windows and the kernels' cut depend on it.
-    let mine: Vec<u8> = [cfg.num_experts, cfg.hidden, cfg.top_k, cfg.max_tokens, capacity]
+    let mine: Vec<u8> = [cfg.num_experts, cfg.hidden, cfg.top_k, cfg.max_tokens, capacity, relay_domains]
         .iter()
         .flat_map(|v| (*v as u64).to_le_bytes())
         .collect();
@@ -599,13 +638,14 @@ fn check_config(comm: &Communicator, cfg: &MoeConfig, capacity: usize, mode: &st
             let w = |i: usize| u64::from_le_bytes(theirs[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
             return bad(format!(
                 "rank {} and rank {r} differ: rank {r} has num_experts {}, hidden {}, top_k {}, max_tokens {}, \
-                 capacity {}",
+                 capacity {}, relay domains {} (FERROLINK_MOE_RELAY)",
                 comm.rank(),
                 w(0),
                 w(1),
                 w(2),
                 w(3),
-                w(4)
+                w(4),
+                w(5)
             ));
         }
     }

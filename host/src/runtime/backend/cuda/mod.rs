@@ -56,8 +56,8 @@ struct Ctx {
 
 /// The GPU's launch figures. 256 threads per CTA: the collective kernel, one body for every
 /// type and reduction, takes up to 254 registers per thread on sm_90, so 256 threads is the
-/// most a CTA holds. The LL kernels, that protocol's path alone, take under 128 (118 with
-/// ptxas 13.0): 512 threads, one per unit of payload of an LL CTA (`ll::UNITS_PER_CTA`), so
+/// most a CTA holds. The LL kernels, that protocol's path alone, take under 128 (`coll_ll` 80,
+/// `coll_ll_group_launch` 116 with ptxas 13.0, 2026-12-05): 512 threads, one per unit of payload of an LL CTA (`ll::UNITS_PER_CTA`), so
 /// that no thread handles two units one after the other. Collectives aim at 16 KiB per CTA; copies cover their bytes in one pass of
 /// the warp-contiguous copy. Point to point: 32 channels of 2 slots (128 KiB per channel and
 /// step is where sendrecv reaches NVLink's rate on two H200s, docs/PERF.md). Kernels whose
