@@ -1287,3 +1287,36 @@ pub unsafe fn combine(
     gin.flush(cta);
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Relay;
+    use std::vec::Vec;
+
+    /// Every relay's inbound slots (per source domain and token) and a source's outbound
+    /// descriptors (per destination domain and token) are disjoint and inside the window, and
+    /// the index of a domain among the others maps back.
+    #[test]
+    fn relay_slots_are_disjoint_and_inside_the_window() {
+        for (domains, top_k, hidden, max_tokens) in [(2, 1, 8, 3), (3, 8, 64, 5), (5, 2, 16, 1)] {
+            let r = Relay::new(domains, 2, max_tokens, top_k, hidden);
+            for me in 0..domains {
+                let mut ranges = Vec::new();
+                for other in (0..domains).filter(|&d| d != me) {
+                    assert_eq!(Relay::other_back(Relay::other(other, me), me), other);
+                    for t in 0..max_tokens {
+                        ranges.push((r.inbound(other, me, t), r.slot));
+                        ranges.push((r.outbound(other, me, t), r.desc));
+                    }
+                }
+                ranges.sort_unstable();
+                for pair in ranges.windows(2) {
+                    assert!(pair[0].0 + pair[0].1 <= pair[1].0, "overlap: {pair:?} ({domains} domains)");
+                }
+                let (last, len) = *ranges.last().expect("slots");
+                assert_eq!(last + len, r.window_bytes(), "the window ends with the last slot");
+                assert!(ranges.iter().all(|(at, _)| at % 16 == 0), "16-byte aligned slots");
+            }
+        }
+    }
+}
