@@ -49,10 +49,10 @@
 //! counts), so each relay knows how many descriptors come. After its own puts (3b: one
 //! [`signal::RELAY`] per CTA and relay), every CTA of the relay waits for this call's
 //! descriptors and copies each row to its experts' ranks in the domain through the LSA
-//! mapping (3c), raising [`signal::DATA`] there as a direct put would. The receive layout,
-//! the counts, the places of the results and the combine are the same as without a relay:
-//! only the path of the rows changes (across a node boundary, a token's row crosses once per
-//! node instead of once per expert there).
+//! mapping (3c), raising [`signal::DATA`] there as a direct put would. The receive layout
+//! and the counts are the same as without a relay: only the path of the rows changes (across
+//! a node boundary, a token's row crosses once per node instead of once per expert there).
+//! The combine relays too: see below.
 //!
 //! # The combine kernel ([`combine`])
 //! Results are **read where they lie** inside an LSA domain and **put back** across domains.
@@ -67,6 +67,18 @@
 //! each result from its place (a direct peer's receive window through the LSA mapping, or
 //! the own return window). Inside a domain each result crosses once (a load) instead of a
 //! put and a load.
+//!
+//! Relaying ([`Relay`]), a token's results in another domain come back once, summed by its
+//! relay: the token's rank puts, for each (token, other domain) it has entries in, a weights
+//! message (the token's weights, and the return row and kind the dispatch chose:
+//! [`RelayGroup`]) to the relay (one [`signal::WEIGHTS`] per CTA and relay). The relay waits
+//! for the weights of every token relayed to it and for its direct peers' `READY`, reads each
+//! token's results in place (the targets of the dispatch's descriptor), and puts back their
+//! weighted sum in `f32` (`4 * hidden` bytes), or, for a token with one entry there, that
+//! result's bf16 row (weighted at the token's rank): never more bytes than a row per entry,
+//! and fewer as soon as a token has two or more entries in a domain. The token's rank adds
+//! the sum as it is ([`RELAYED_SUM`]; the group's other entries are [`RELAYED_PART`]). The
+//! sum's order differs from the `k` order by grouping; both are `f32`, rounded once to bf16.
 //!
 //! # Ordering
 //! * Counts within the grid: a CTA's threads write its token rows and its counts, meet (CTA
@@ -98,6 +110,17 @@
 //!   `RELAY` target is `relay_base[epoch % 2]` plus the call's counts (from the matrix):
 //!   every CTA reads that word, and CTA 0 writes the sum into the other one for the next
 //!   call (read after the kernel boundary).
+//! * The combine's relay: a token's rank writes a weights message (lanes of a warp) and puts
+//!   it (the warp's put publishes its stores, as any put's source); its CTA raises
+//!   `WEIGHTS` on the relay after its puts (`PeerTally`). The relay waits for
+//!   `weights_target` (set by its dispatch: `weights_done` plus the tokens relayed to it in
+//!   this call; the combine stores it into `weights_done`, which no other thread of the
+//!   kernel reads) with an acquire at system scope, and for `READY` from its direct peers (the
+//!   results it reads), then stages each row in the token's inbound slot (its token row was
+//!   read by the dispatch before, on this stream) and puts it, counted for `RETURN` as any
+//!   returned row. Reuse: a rank writes messages of call `c + 1` only after the count
+//!   exchange of `c + 1`, which needs the relay's count row of `c + 1`, put after the
+//!   relay's combine `c` ended (and flushed its puts out of the slots).
 //! * Signals are never reset: each rank's part of the counts signal reaches `epoch` at call
 //!   `epoch` (each rank puts its row once per call). The wait is per rank
 //!   ([`Gin::wait_signal_each`]), not for the total `epoch * nranks`: a rank that needs
@@ -148,25 +171,45 @@ pub mod signal {
     /// Token rows received for relaying into this rank's LSA domain (the dispatch across
     /// domains: see [`super::Relay`]).
     pub const RELAY: u32 = 5;
+    /// Weights received for summing relayed tokens' results (the combine across domains:
+    /// see [`super::Relay`]).
+    pub const WEIGHTS: u32 = 6;
     /// Signals in all.
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 7;
 }
 
 /// A result row meaning "nothing comes back": no expert (`-1`), or dropped at capacity.
 pub const NO_RETURN: u32 = u32::MAX;
 
-/// [`ResultPlace::rank`] of a result put back into this rank's return window.
+/// [`ResultPlace::rank`] of a result put back into this rank's return window (a bf16 row,
+/// weighted by the combine).
 pub const PUSHED: u32 = u32::MAX;
+
+/// [`ResultPlace::rank`] of the entry that reads its relay's sum (the combine across
+/// domains, [`Relay`]): the token's results in one other domain, weighted and summed there
+/// in `f32`, come back as one row of `4 * hidden` bytes at `row` of the return window.
+pub const RELAYED_SUM: u32 = u32::MAX - 1;
+
+/// [`ResultPlace::rank`] of a kept entry whose result is in its group's [`RELAYED_SUM`] (the
+/// combine adds nothing for it; the fused combine, which returns every entry, does).
+pub const RELAYED_PART: u32 = u32::MAX - 2;
+
+/// Whether a kept result comes back into the return window (not read in place): the fused
+/// finish adds such entries' return rows.
+#[inline(always)]
+pub const fn comes_back(place: ResultPlace) -> bool {
+    place.row != NO_RETURN && place.rank >= RELAYED_PART
+}
 
 /// Where an entry's result will be (two `u32`, written by the dispatch, read by the combine).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct ResultPlace {
-    /// The row: in `rank`'s receive window, or, for [`PUSHED`], in this rank's return
-    /// window; [`NO_RETURN`]: no result.
+    /// The row: in `rank`'s receive window, or, for [`PUSHED`], [`RELAYED_SUM`] and
+    /// [`RELAYED_PART`], in this rank's return window; [`NO_RETURN`]: no result.
     pub row: u32,
     /// The world rank (a direct peer, maybe this one) whose receive window holds the result
-    /// in place, or [`PUSHED`].
+    /// in place, or [`PUSHED`], [`RELAYED_SUM`], [`RELAYED_PART`].
     pub rank: u32,
 }
 
@@ -253,6 +296,13 @@ pub struct MoeState {
     /// for `relay_base[epoch % 2]` plus its rows, and CTA 0 writes that sum into the other
     /// word (the next call's base) while the other CTAs read this one.
     pub relay_base: [u64; 2],
+    /// What the [`signal::WEIGHTS`] signal reaches once the sources of every token relayed
+    /// here by the last dispatch sent their weights (the combine's wait): `weights_done`
+    /// plus those tokens.
+    pub weights_target: u64,
+    /// The [`signal::WEIGHTS`] total every combine so far waited for (written by the
+    /// combine; a fused finish sends no weights and leaves it).
+    pub weights_done: u64,
 }
 
 /// Bytes of the state and the dispatch's scratch after it, for `columns` count columns
@@ -275,18 +325,22 @@ pub const fn count_columns(num_experts: usize, relay_domains: usize) -> usize {
     num_experts + relay_domains
 }
 
-/// The relay across LSA domains (hierarchical dispatch, `MoeArgs::relay_domains` > 0): a
-/// token with experts in another domain `D` crosses to `D` once, to its *relay*, the rank of
-/// `D` with the same index in its domain (`D * lsa_size + rank % lsa_size`), which copies it
-/// to each expert's rank in `D` through the LSA mapping. Each relay receives from one rank
-/// of each other domain.
+/// The relay across LSA domains (hierarchical dispatch and combine,
+/// `MoeArgs::relay_domains` > 0): a token with experts in another domain `D` crosses to `D`
+/// once, to its *relay*, the rank of `D` with the same index in its domain (`D * lsa_size +
+/// rank % lsa_size`), which copies it to each expert's rank in `D` through the LSA mapping;
+/// in the combine the relay reads those experts' results in place, sums them with the
+/// token's weights, and puts one row back. Each relay serves one rank of each other domain.
 ///
 /// The relay window holds, per other domain, `max_tokens` inbound slots (a descriptor, then
-/// the token row of `2 * hidden` bytes), then per other domain `max_tokens` outbound
-/// descriptors (staged here, put to the relay). A descriptor: `epoch: u64`, `row_bytes:
-/// u32`, `sources: u32` (1: forward each row's [`fused::RowSource`] too), then `top_k`
-/// targets of `dst: u32, place: u32, epoch: u32, weight: f32` (target `k` is the token's
-/// entry `k`; one whose `epoch` is not the call's low word is not for this call).
+/// `4 * hidden` bytes: the token row in the dispatch, the row going back in the combine),
+/// then per other domain `max_tokens` outbound descriptors (staged here, put to the relay),
+/// then inbound and outbound weights messages, as many. A descriptor: `epoch: u64`,
+/// `row_bytes: u32`, `sources: u32` (1: forward each row's [`fused::RowSource`] too), then
+/// `top_k` targets of `dst: u32, place: u32, epoch: u32, weight: f32` (target `k` is the
+/// token's entry `k`; one whose `epoch` is not the call's low word is not for this call). A
+/// weights message: `epoch: u32` (low word), the return row, the [`RelayGroup`] kind (1 or
+/// 2), 0, then the token's `top_k` weights (`f32`), padded to 16 bytes.
 #[derive(Clone, Copy)]
 pub struct Relay {
     /// LSA domains.
@@ -299,18 +353,32 @@ pub struct Relay {
     pub desc: usize,
     /// Bytes of an inbound slot (descriptor and row).
     pub slot: usize,
+    /// Bytes of a weights message.
+    pub weights: usize,
 }
 
 impl Relay {
     /// The layout for these sizes.
     pub const fn new(domains: usize, lsa_size: usize, max_tokens: usize, top_k: usize, hidden: usize) -> Relay {
         let desc = 16 + 16 * top_k;
-        Relay { domains, lsa_size, max_tokens, desc, slot: desc + 2 * hidden }
+        Relay {
+            domains,
+            lsa_size,
+            max_tokens,
+            desc,
+            slot: desc + 4 * hidden,
+            weights: 16 + (4 * top_k).div_ceil(16) * 16,
+        }
     }
 
     /// Bytes of the relay window.
     pub const fn window_bytes(&self) -> usize {
-        (self.domains - 1) * self.max_tokens * (self.slot + self.desc)
+        self.regions() * (self.slot + self.desc + 2 * self.weights)
+    }
+
+    /// Slots of each kind: `max_tokens` per other domain.
+    const fn regions(&self) -> usize {
+        (self.domains - 1) * self.max_tokens
     }
 
     /// Index of domain `d` among the domains other than `mine`.
@@ -331,7 +399,76 @@ impl Relay {
 
     /// Offset of this rank's (domain `mine`) outbound descriptor of token `t` for domain `d`.
     pub const fn outbound(&self, d: usize, mine: usize, t: usize) -> usize {
-        (self.domains - 1) * self.max_tokens * self.slot + (Self::other(d, mine) * self.max_tokens + t) * self.desc
+        self.regions() * self.slot + (Self::other(d, mine) * self.max_tokens + t) * self.desc
+    }
+
+    /// Offset of the inbound weights message of token `t` from domain `src_domain`, in a
+    /// relay of domain `relay_domain`.
+    pub const fn inbound_weights(&self, src_domain: usize, relay_domain: usize, t: usize) -> usize {
+        self.regions() * (self.slot + self.desc)
+            + (Self::other(src_domain, relay_domain) * self.max_tokens + t) * self.weights
+    }
+
+    /// Offset of this rank's (domain `mine`) outbound weights message of token `t` for
+    /// domain `d`.
+    pub const fn outbound_weights(&self, d: usize, mine: usize, t: usize) -> usize {
+        self.regions() * (self.slot + self.desc + self.weights)
+            + (Self::other(d, mine) * self.max_tokens + t) * self.weights
+    }
+}
+
+/// A token's entries in one other LSA domain, as the relay returns their results: `count`
+/// entries (experts there, dropped or not), whose results come back at `row` of the return
+/// window (the token's rows `t * top_k ..`, shared by its domains in domain order) as the
+/// one entry's bf16 row (`count` 1: kind 1, one row, weighted at the token's rank) or as
+/// their weighted sum in `f32` (kind 2, two rows). The rows of a token's groups fit its
+/// `top_k` rows: a group takes at most as many as it has entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RelayGroup {
+    /// The token's entries with an expert in the domain.
+    pub count: usize,
+    /// The group's first return row.
+    pub row: usize,
+}
+
+impl RelayGroup {
+    /// The group of token `t`'s entries (`expert(kk)` for `kk < top_k`: the expert of entry
+    /// `kk`, `None` for none) in domain `d`, where `domain_of` maps an expert to its domain
+    /// and `mine` is the token's own domain (no group).
+    #[inline(always)]
+    pub fn of(
+        t: usize,
+        top_k: usize,
+        d: usize,
+        mine: usize,
+        expert: impl Fn(usize) -> Option<usize>,
+        domain_of: impl Fn(usize) -> usize,
+    ) -> RelayGroup {
+        // Entries per domain, counted as each domain's first entry is met: for each entry
+        // whose domain `e` is before `d` and not yet met, the rows of `e`'s group.
+        let mut count = 0;
+        let mut row = t * top_k;
+        for kk in 0..top_k {
+            let Some(x) = expert(kk) else { continue };
+            let e = domain_of(x);
+            if e == d {
+                count += 1;
+            } else if e < d && e != mine && !(0..kk).any(|i| expert(i).is_some_and(|y| domain_of(y) == e)) {
+                let in_e = (kk..top_k).filter(|&i| expert(i).is_some_and(|y| domain_of(y) == e)).count();
+                row += Self::rows(in_e);
+            }
+        }
+        RelayGroup { count, row }
+    }
+
+    /// Return rows of a group of `count` entries: the one bf16 row, or an `f32` row.
+    pub const fn rows(count: usize) -> usize {
+        if count == 1 { 1 } else { 2 }
+    }
+
+    /// The weights message's kind: 1, the entry's row as it is; 2, the weighted sum.
+    pub const fn kind(&self) -> u32 {
+        if self.count == 1 { 1 } else { 2 }
     }
 }
 
@@ -517,7 +654,7 @@ pub(crate) unsafe fn weighted_sum<A: SumArgs>(rows: &ResultRows, args: &A, first
                     }
                 };
                 let fetch = |(place, _): (ResultPlace, f32)| -> U32x4 {
-                    if place.row == NO_RETURN { U32x4::default() } else { arch::load_v4(rows.unit(place, v)) }
+                    if summed_in_batch(place) { arch::load_v4(rows.unit(place, v)) } else { U32x4::default() }
                 };
                 let (e0, e1, e2, e3, e4, e5, e6, e7) =
                     (entry(0), entry(1), entry(2), entry(3), entry(4), entry(5), entry(6), entry(7));
@@ -533,6 +670,19 @@ pub(crate) unsafe fn weighted_sum<A: SumArgs>(rows: &ResultRows, args: &A, first
                 accumulate(&mut acc, e7, x7);
                 k0 += batch;
             }
+            if rows.relayed {
+                // The relays' sums (`f32` rows, weighted there).
+                for kk in 0..k {
+                    let place = places.add(t * k + kk).read();
+                    if place.rank == RELAYED_SUM && place.row != NO_RETURN {
+                        let at = rows.ret.local_ptr::<U32x4>(place.row as usize * rows.row_bytes + v * 32);
+                        let (lo, hi) = (arch::load_v4(at), arch::load_v4(at.add(1)));
+                        for (a, w) in acc.iter_mut().zip(lo.0.iter().chain(hi.0.iter())) {
+                            *a += f32::from_bits(*w);
+                        }
+                    }
+                }
+            }
             let mut words = [0u32; 4];
             for (i, a) in acc.iter().enumerate() {
                 words[i / 2] |= u32::from(half::bf16::from_f32(*a).to_bits()) << (16 * (i % 2));
@@ -546,10 +696,17 @@ pub(crate) unsafe fn weighted_sum<A: SumArgs>(rows: &ResultRows, args: &A, first
 /// Rows of one output unit [`weighted_sum`] has in flight at once.
 const SUM_BATCH: usize = 8;
 
-/// `acc[j] += w * x[j]` for the eight bf16 of `x`, unless the place is [`NO_RETURN`].
+/// Whether [`weighted_sum`]'s batches add the result at `place` (a bf16 row, weighted
+/// there): not [`NO_RETURN`], nor a relay's sum or a part of one.
+#[inline(always)]
+fn summed_in_batch(place: ResultPlace) -> bool {
+    place.row != NO_RETURN && place.rank != RELAYED_SUM && place.rank != RELAYED_PART
+}
+
+/// `acc[j] += w * x[j]` for the eight bf16 of `x`, if [`summed_in_batch`].
 #[inline(always)]
 fn accumulate(acc: &mut [f32; 8], (place, w): (ResultPlace, f32), x: U32x4) {
-    if place.row == NO_RETURN {
+    if !summed_in_batch(place) {
         return;
     }
     for (j, a) in acc.iter_mut().enumerate() {
@@ -569,6 +726,8 @@ pub(crate) struct ResultRows<'a> {
     pub lsa_size: u32,
     /// Bytes per row.
     pub row_bytes: usize,
+    /// Whether results may come as relays' sums ([`RELAYED_SUM`]).
+    pub relayed: bool,
 }
 
 impl ResultRows<'_> {
@@ -756,9 +915,9 @@ fn check_args(comm: &DevComm, args: &MoeArgs, dispatch_grid: Option<usize>) {
 }
 
 /// Faults unless the relay can run as `args` asks: domains of equal size, each rank reached
-/// directly inside its own, whole tokens per CTA, the tokens within `max_tokens`, and a relay
-/// window of [`Relay::window_bytes`].
-fn check_relay(comm: &DevComm, gin: &Gin, args: &MoeArgs, relay: &DevWindow) {
+/// directly inside its own, whole tokens per CTA (the dispatch), the tokens within
+/// `max_tokens`, and a relay window of [`Relay::window_bytes`].
+fn check_relay(comm: &DevComm, gin: &Gin, args: &MoeArgs, relay: &DevWindow, dispatch: bool) {
     let nd = args.relay_domains as usize;
     if nd == 0 {
         return;
@@ -769,7 +928,7 @@ fn check_relay(comm: &DevComm, gin: &Gin, args: &MoeArgs, relay: &DevWindow) {
         || nd * lsa != n
         || gin.uses_proxy()
         || args.top_k == 0
-        || !args.chunk.is_multiple_of(args.top_k)
+        || (dispatch && !args.chunk.is_multiple_of(args.top_k))
         || args.tokens > args.max_tokens
         || relay.size < layout.window_bytes() as u64;
     if bad {
@@ -815,7 +974,7 @@ pub unsafe fn dispatch(
     let per_rank = ne / n;
     let cap = args.capacity as usize;
     let row = args.hidden as usize * 2;
-    check_relay(comm, &gin, args, relay);
+    check_relay(comm, &gin, args, relay, true);
     let tokens = TokenRows::new(args.x, args.x_units, args.scales, args.scale_units);
     let entries = args.tokens as usize * args.top_k as usize;
     let chunk = args.chunk as usize;
@@ -985,6 +1144,13 @@ pub unsafe fn dispatch(
             let pos = base.add(x as usize).read() as usize + slot;
             (pos < cap).then_some((x as usize, slot, pos))
         };
+        // Token `t`'s entries' experts (relaying: the chunk holds whole tokens).
+        let expert_of = |t: usize| {
+            move |kk: usize| {
+                let x = ex.add(t * k + kk - start).read();
+                (x != u32::MAX).then_some(x as usize)
+            }
+        };
         let mut j = start + warp;
         while j < end {
             let Some((x, slot, pos)) = place_of(j) else {
@@ -995,15 +1161,26 @@ pub unsafe fn dispatch(
                 continue;
             };
             let dst = (x / per_rank) as u32;
+            let t = j / k;
             if lane0 {
                 let place = if gin.is_direct(dst) {
                     ResultPlace { row: ((x % per_rank) * cap + pos) as u32, rank: dst }
+                } else if relayed(x) {
+                    // The relay returns the token's results in this domain as its group.
+                    let d = x / per_rank / lsa;
+                    let group = RelayGroup::of(t, k, d, my_domain, expert_of(t), |y| y / per_rank / lsa);
+                    let first_kept = (t * k..j).all(|i| place_of(i).is_none_or(|(y, _, _)| y / per_rank / lsa != d));
+                    let rank = match (group.count, first_kept) {
+                        (1, _) => PUSHED,
+                        (_, true) => RELAYED_SUM,
+                        _ => RELAYED_PART,
+                    };
+                    ResultPlace { row: group.row as u32, rank }
                 } else {
                     ResultPlace { row: prefix.add(x).read() + slot as u32, rank: PUSHED }
                 };
                 ret.add(j).write(place);
             }
-            let t = j / k;
             if relayed(x) {
                 // Target `j % k` of the token's descriptor for that domain (put below).
                 if lane0 {
@@ -1072,6 +1249,10 @@ pub unsafe fn dispatch(
                     (head as *mut u64).write(args.epoch);
                     head.add(2).write(tokens.bytes() as u32);
                     head.add(3).write(u32::from(!weights.is_null()));
+                    // The head of the combine's weights message (which adds the weights).
+                    let group = RelayGroup::of(t, k, d, my_domain, expert_of(t), |y| y / per_rank / lsa);
+                    let msg = U32x4([args.epoch as u32, group.row as u32, group.kind(), 0]);
+                    arch::store_v4(relay.local_ptr(layout.outbound_weights(d, my_domain, t)), msg);
                 }
                 let relay_rank = d * lsa + me % lsa;
                 gin.put(
@@ -1163,12 +1344,22 @@ pub unsafe fn dispatch(
                     let mine = m.at(me, e) as usize;
                     let fit = cap.saturating_sub(base.add(e).read() as usize).min(mine);
                     // Results from direct peers are read in place: none is put back.
-                    if !gin.is_direct((e / per_rank) as u32) {
+                    if !gin.is_direct((e / per_rank) as u32) && nd == 0 {
                         pushed += fit as u64;
                     }
                     dropped += (mine - fit) as u64;
                     kept += fit as u64;
                 }
+                // Relaying, each relay returns once per token it relayed (a row, or a bare
+                // count when every entry was dropped), and waits for the weights of each
+                // token relayed to it.
+                let mut relayed_in = 0u64;
+                for d in (0..nd).filter(|&d| d != my_domain) {
+                    pushed += u64::from(m.at(me, ne + d));
+                    relayed_in += u64::from(m.at(d * lsa + me % lsa, ne + my_domain));
+                }
+                let weights_done = core::ptr::addr_of!((*state).weights_done).read_volatile();
+                core::ptr::addr_of_mut!((*state).weights_target).write_volatile(weights_done + relayed_in);
                 // Word by word: the other CTAs read `relay_base` meanwhile.
                 let data_total = core::ptr::addr_of!((*state).data_total).read_volatile() + expected;
                 let ret_total = core::ptr::addr_of!((*state).ret_total).read_volatile() + pushed;
@@ -1195,17 +1386,19 @@ pub unsafe fn dispatch(
 /// One CTA (`block` of `grid`) of the combine: see the module docs. `recv` holds the
 /// experts' results where the dispatch put their rows (direct peers read them there); `ret`
 /// receives this rank's results from other domains (`[tokens * top_k]` rows); `counts` is
-/// the dispatch's count matrix. False on an abort.
+/// the dispatch's count matrix; `relay` the relay window when relaying. False on an abort.
 ///
 /// # Safety
 /// As [`dispatch`] (the same windows and `args`, after it, with [`combine_shared_bytes`] of
 /// dynamic shared memory per CTA); `args.topk_weights` and `args.out` hold `tokens * top_k`
 /// weights and `tokens * hidden` bf16, and `args.ret_index` what the dispatch wrote.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn combine(
     comm: &DevComm,
     recv: &DevWindow,
     ret: &DevWindow,
     counts: &DevWindow,
+    relay: &DevWindow,
     args: &MoeArgs,
     block: usize,
     grid: usize,
@@ -1213,84 +1406,240 @@ pub unsafe fn combine(
     check_args(comm, args, None);
     let cta = CoopCta;
     let gin = Gin::new(comm, 0);
+    check_relay(comm, &gin, args, relay, false);
     let (n, me) = (comm.nranks as usize, comm.rank as usize);
     let ne = args.num_experts as usize;
     let per_rank = ne / n;
     let cap = args.capacity as usize;
     let row = args.hidden as usize * 2;
+    let nd = args.relay_domains as usize;
     let (tid, threads) = (cta.thread_rank(), cta.size());
     // Shared: per (src, local expert), base(src, e) and prefix(src, e).
     let sh = arch::dynamic_shared_mem::<u32>();
     let (bases, prefixes) = (sh, sh.wrapping_add(ne));
-    let cols = count_columns(ne, args.relay_domains as usize);
+    let cols = count_columns(ne, nd);
     let m = CountMatrix { counts, nranks: n, experts: cols, parity: (args.epoch % 2) as usize };
+    let warps = threads / arch::WARP_SIZE;
+    let (first, stride) = (block * warps + arch::warp_id_in_block(), grid * warps);
+    let state = args.state as *mut MoeState;
     // SAFETY: (the whole body) indices inside the arrays the contract sizes.
     unsafe {
         if block == 0 {
             signal_ready(&gin, cta, n, signal::READY);
         }
         let tally = PeerTally::new(cta, sh.wrapping_add(2 * ne), n);
-        let mut i = tid;
-        while i < n * per_rank {
-            let (src, l) = (i / per_rank, i % per_rank);
-            let e = me * per_rank + l;
-            let mut b = 0u32;
-            for s in 0..src {
-                b += m.at(s, e);
+        if nd > 0 {
+            // Relaying: the weights of this rank's relayed tokens go to their relays, which
+            // return the results of each domain at once (below).
+            send_relay_weights(&gin, comm, &tally, relay, args, first, stride);
+            tally.signal(&gin, cta, signal::WEIGHTS);
+            tally.reset(cta);
+            if block == 0 && tid == 0 {
+                // Only this thread writes the state in this kernel; the others read
+                // `weights_target` and `ret_total`, other words.
+                let target = core::ptr::addr_of!((*state).weights_target).read_volatile();
+                core::ptr::addr_of_mut!((*state).weights_done).write_volatile(target);
             }
-            let mut p = 0u32;
-            for f in 0..e {
-                p += m.at(src, f);
+            let weights_target = core::ptr::addr_of!((*state).weights_target).read_volatile();
+            if gin.wait_signal(cta, signal::WEIGHTS, weights_target).is_err()
+                || gin.wait_signal(cta, signal::READY, args.epoch * direct_peers(&gin, n)).is_err()
+            {
+                return false;
             }
-            bases.add(i).write(b);
-            prefixes.add(i).write(p);
-            i += threads;
-        }
-        cta.sync();
-        // Every received row from a rank outside the domain back to it, a warp per row: the
-        // rows of every (local expert, source) region of such ranks in one sequence
-        // (`before`: the rows of the regions before), dealt to the grid's warps in turn.
-        // Direct peers read theirs in place: their regions are skipped whole.
-        let warps = threads / arch::WARP_SIZE;
-        let (first, stride) = (block * warps + arch::warp_id_in_block(), grid * warps);
-        let mut before = 0usize;
-        for l in 0..per_rank {
-            let got = (args.recv_counts as *const i32).add(l).read() as usize;
-            for src in 0..n {
-                if gin.is_direct(src as u32) {
-                    continue;
+            return_relayed(&gin, comm, &tally, recv, ret, relay, args, first, stride);
+        } else {
+            let mut i = tid;
+            while i < n * per_rank {
+                let (src, l) = (i / per_rank, i % per_rank);
+                let e = me * per_rank + l;
+                let mut b = 0u32;
+                for s in 0..src {
+                    b += m.at(s, e);
                 }
-                // Rows `from..to` of the expert came from `src` (the capacity may cut them).
-                let from = (bases.add(src * per_rank + l).read() as usize).min(got);
-                let to = (from + m.at(src, me * per_rank + l) as usize).min(got);
-                let at = prefixes.add(src * per_rank + l).read() as usize;
-                let mut i = dealt_start(first, stride, before);
-                before += to - from;
-                while from + i < to {
-                    tally.put_row(&gin, comm, src, *ret, (at + i) * row, *recv, (l * cap + from + i) * row, row);
-                    i += stride;
+                let mut p = 0u32;
+                for f in 0..e {
+                    p += m.at(src, f);
+                }
+                bases.add(i).write(b);
+                prefixes.add(i).write(p);
+                i += threads;
+            }
+            cta.sync();
+            // Every received row from a rank outside the domain back to it, a warp per row:
+            // the rows of every (local expert, source) region of such ranks in one sequence
+            // (`before`: the rows of the regions before), dealt to the grid's warps in turn.
+            // Direct peers read theirs in place: their regions are skipped whole.
+            let mut before = 0usize;
+            for l in 0..per_rank {
+                let got = (args.recv_counts as *const i32).add(l).read() as usize;
+                for src in 0..n {
+                    if gin.is_direct(src as u32) {
+                        continue;
+                    }
+                    // Rows `from..to` of the expert came from `src` (the capacity may cut them).
+                    let from = (bases.add(src * per_rank + l).read() as usize).min(got);
+                    let to = (from + m.at(src, me * per_rank + l) as usize).min(got);
+                    let at = prefixes.add(src * per_rank + l).read() as usize;
+                    let mut i = dealt_start(first, stride, before);
+                    before += to - from;
+                    while from + i < to {
+                        tally.put_row(&gin, comm, src, *ret, (at + i) * row, *recv, (l * cap + from + i) * row, row);
+                        i += stride;
+                    }
                 }
             }
         }
         tally.signal(&gin, cta, signal::RETURN);
         // Every result put back to this rank, every direct peer's results readable, then
         // the weighted sums.
-        let expected = (args.state as *const MoeState).read_volatile().ret_total;
+        let expected = core::ptr::addr_of!((*state).ret_total).read_volatile();
         if gin.wait_signal(cta, signal::RETURN, expected).is_err()
             || gin.wait_signal(cta, signal::READY, args.epoch * direct_peers(&gin, n)).is_err()
         {
             return false;
         }
-        let rows = ResultRows { recv, ret, lsa_size: comm.lsa_size, row_bytes: row };
+        let rows = ResultRows { recv, ret, lsa_size: comm.lsa_size, row_bytes: row, relayed: nd > 0 };
         weighted_sum(&rows, args, block * threads + tid, grid * threads);
     }
     gin.flush(cta);
     true
 }
 
+/// The combine's first half as a token's rank when relaying: each weights message the
+/// dispatch staged for this call (one per token and other domain it has entries in) gets
+/// the token's weights and goes to the relay, a warp per message (warp `first` of `stride`),
+/// counted in `tally`.
+///
+/// # Safety
+/// As [`combine`], with `relay_domains` > 0 (checked).
+unsafe fn send_relay_weights(
+    gin: &Gin,
+    comm: &DevComm,
+    tally: &PeerTally,
+    relay: &DevWindow,
+    args: &MoeArgs,
+    first: usize,
+    stride: usize,
+) {
+    let (nd, lsa, me) = (args.relay_domains as usize, comm.lsa_size as usize, comm.rank as usize);
+    let (k, tokens) = (args.top_k as usize, args.tokens as usize);
+    let my_domain = me / lsa;
+    let layout = Relay::new(nd, lsa, args.max_tokens as usize, k, args.hidden as usize);
+    let weights = args.topk_weights as *const f32;
+    let mut q = first;
+    while q < (nd - 1) * tokens {
+        let (d, t) = (Relay::other_back(q / tokens, my_domain), q % tokens);
+        q += stride;
+        let out = layout.outbound_weights(d, my_domain, t);
+        // SAFETY: the message lies in the relay window (checked size); the dispatch wrote
+        // its head, read after the kernel boundary.
+        let head = unsafe { relay.local_ptr::<u32>(out).read_volatile() };
+        if head != args.epoch as u32 {
+            continue;
+        }
+        let lane = arch::lane_id() as usize;
+        let mut kk = lane;
+        while kk < k {
+            // SAFETY: `t < tokens`: weight `t * k + kk` is in the caller's weights; the word
+            // lies in the message (`16 + 4 k` bytes at most).
+            unsafe { relay.local_ptr::<f32>(out + 16 + 4 * kk).write(weights.add(t * k + kk).read()) };
+            kk += arch::WARP_SIZE;
+        }
+        let relay_rank = d * lsa + me % lsa;
+        let at = layout.inbound_weights(my_domain, d, t);
+        // SAFETY: both ranges lie in the relay window (the same layout on every rank); the
+        // relay reads the message only after the signal that counts it.
+        unsafe { tally.put_row(gin, comm, relay_rank, *relay, at, *relay, out, layout.weights) };
+    }
+}
+
+/// The combine's relay half: for each token relayed here in this call (an inbound slot of
+/// this epoch), the results of its entries in this domain (read in place in the experts'
+/// ranks' receive windows), weighted and summed in `f32` (or, a group of one, that entry's
+/// row as it is), staged in the slot's row and put back to the token's rank at the row its
+/// weights message names; a warp per token (warp `first` of `stride`), each counted in
+/// `tally` (a token whose entries here were all dropped returns a count without a row).
+///
+/// # Safety
+/// As [`combine`], with `relay_domains` > 0, after this call's weights and every direct
+/// peer's `READY` were acquired.
+#[allow(clippy::too_many_arguments)]
+unsafe fn return_relayed(
+    gin: &Gin,
+    comm: &DevComm,
+    tally: &PeerTally,
+    recv: &DevWindow,
+    ret: &DevWindow,
+    relay: &DevWindow,
+    args: &MoeArgs,
+    first: usize,
+    stride: usize,
+) {
+    let (nd, lsa, me) = (args.relay_domains as usize, comm.lsa_size as usize, comm.rank as usize);
+    let (k, hidden) = (args.top_k as usize, args.hidden as usize);
+    let my_domain = me / lsa;
+    let layout = Relay::new(nd, lsa, args.max_tokens as usize, k, hidden);
+    let row = 2 * hidden;
+    let lane = arch::lane_id() as usize;
+    let mut q = first;
+    while q < layout.regions() {
+        let (src_domain, t) = (Relay::other_back(q / layout.max_tokens, my_domain), q % layout.max_tokens);
+        q += stride;
+        let at = layout.inbound(src_domain, my_domain, t);
+        let msg = layout.inbound_weights(src_domain, my_domain, t);
+        // SAFETY: (the rest of the loop) the slot, its descriptor and the message lie in the
+        // relay window (checked size); the descriptor landed before the dispatch's RELAY
+        // signal, the message before this call's WEIGHTS (acquired); the results were
+        // published by their ranks' READY (acquired); the staged row is this slot's, which
+        // nothing else uses in this call.
+        unsafe {
+            if (relay.local_ptr::<u64>(at)).read_volatile() != args.epoch {
+                continue;
+            }
+            let head = arch::load_v4(relay.local_ptr::<U32x4>(msg)).0;
+            let (ret_row, kind) = (head[1] as usize, head[2]);
+            let source = src_domain * lsa + me % lsa;
+            // Entry `kk`'s target, if it is for this call: (its rank, its row there).
+            let target = |kk: usize| -> Option<(u32, usize)> {
+                let x = arch::load_v4(relay.local_ptr::<U32x4>(at + 16 + 16 * kk)).0;
+                (x[2] == args.epoch as u32).then_some((x[0] % lsa as u32, x[1] as usize))
+            };
+            if (0..k).all(|kk| target(kk).is_none()) {
+                if lane == 0 {
+                    tally.add(source);
+                }
+                continue;
+            }
+            let staged = at + layout.desc;
+            let units = hidden / 8;
+            let mut v = lane;
+            while v < units {
+                let mut acc = [0f32; 8];
+                let mut raw = U32x4::default();
+                for kk in 0..k {
+                    let Some((peer, place)) = target(kk) else { continue };
+                    raw = arch::load_v4(recv.lsa_ptr::<U32x4>(place * row + v * 16, peer));
+                    let w = relay.local_ptr::<f32>(msg + 16 + 4 * kk).read();
+                    accumulate(&mut acc, (ResultPlace { row: 0, rank: 0 }, w), raw);
+                }
+                if kind == 1 {
+                    arch::store_v4(relay.local_ptr(staged + v * 16), raw);
+                } else {
+                    let bits = |i: usize| acc[i].to_bits();
+                    arch::store_v4(relay.local_ptr(staged + v * 32), U32x4([bits(0), bits(1), bits(2), bits(3)]));
+                    arch::store_v4(relay.local_ptr(staged + v * 32 + 16), U32x4([bits(4), bits(5), bits(6), bits(7)]));
+                }
+                v += arch::WARP_SIZE;
+            }
+            let bytes = if kind == 1 { row } else { 2 * row };
+            tally.put_row(gin, comm, source, *ret, ret_row * row, *relay, staged, bytes);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Relay;
+    use super::{Relay, RelayGroup};
     use std::vec::Vec;
 
     /// Every relay's inbound slots (per source domain and token) and a source's outbound
@@ -1307,6 +1656,8 @@ mod tests {
                     for t in 0..max_tokens {
                         ranges.push((r.inbound(other, me, t), r.slot));
                         ranges.push((r.outbound(other, me, t), r.desc));
+                        ranges.push((r.inbound_weights(other, me, t), r.weights));
+                        ranges.push((r.outbound_weights(other, me, t), r.weights));
                     }
                 }
                 ranges.sort_unstable();
@@ -1316,7 +1667,47 @@ mod tests {
                 let (last, len) = *ranges.last().expect("slots");
                 assert_eq!(last + len, r.window_bytes(), "the window ends with the last slot");
                 assert!(ranges.iter().all(|(at, _)| at % 16 == 0), "16-byte aligned slots");
+                assert!(r.weights >= 16 + 4 * top_k && r.slot >= r.desc + 4 * hidden, "room for weights and f32 rows");
             }
+        }
+    }
+
+    /// A token's groups (its entries per other domain) take disjoint return rows inside the
+    /// token's `top_k` rows, one row for a group of one and two for more, in domain order.
+    #[test]
+    fn relay_groups_share_the_tokens_rows() {
+        // Experts 0..16 in 4 domains of 4; the token's own domain is 1.
+        let domain_of = |x: usize| x / 4;
+        // (domain, count, first row within the token's rows)
+        type Group = (usize, usize, usize);
+        let cases: [(&[i32], &[Group]); 4] = [
+            // (experts by k, expected (domain, count, first row) per other domain with entries)
+            (&[0, 1, 12, 5], &[(0, 2, 0), (3, 1, 2)]),
+            (&[13, -1, 2, 14, 15, 9], &[(0, 1, 0), (2, 1, 1), (3, 3, 2)]),
+            (&[4, 5, -1], &[]),
+            (&[8, 0, 9, 1, 12], &[(0, 2, 0), (2, 2, 2), (3, 1, 4)]),
+        ];
+        for (experts, want) in cases {
+            let k = experts.len();
+            let expert = |kk: usize| (experts[kk] >= 0).then_some(experts[kk] as usize);
+            let t = 3;
+            let mut rows = Vec::new();
+            for d in [0, 2, 3] {
+                let g = RelayGroup::of(t, k, d, 1, expert, domain_of);
+                if g.count == 0 {
+                    assert!(!want.iter().any(|w| w.0 == d), "{experts:?}: domain {d} has entries");
+                    continue;
+                }
+                let w = want.iter().find(|w| w.0 == d).expect("an expected group");
+                assert_eq!((g.count, g.row), (w.1, t * k + w.2), "{experts:?}, domain {d}");
+                assert_eq!(g.kind(), if g.count == 1 { 1 } else { 2 });
+                rows.extend(g.row..g.row + RelayGroup::rows(g.count));
+            }
+            let total = rows.len();
+            rows.sort_unstable();
+            rows.dedup();
+            assert_eq!(rows.len(), total, "{experts:?}: groups overlap");
+            assert!(rows.iter().all(|&r| r >= t * k && r < (t + 1) * k), "{experts:?}: rows outside the token's");
         }
     }
 }

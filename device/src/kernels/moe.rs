@@ -33,15 +33,24 @@ kernel! {
 
 kernel! {
     /// MoE combine (see [`moe::combine`]): the experts' results in `recv` back to their
-    /// tokens' ranks (into `ret`), then each token's weighted sum into `args.out`. Needs
+    /// tokens' ranks (into `ret`; across domains through `relay`, as their sums), then each
+    /// token's weighted sum into `args.out`. Needs
     /// [`moe::combine_shared_bytes`] of dynamic shared memory per CTA and a whole number of
     /// warps per CTA.
     ///
     /// # Safety
     /// As [`moe::combine`].
-    pub unsafe fn moe_combine(comm: DevComm, recv: DevWindow, ret: DevWindow, counts: DevWindow, args: MoeArgs) {
+    pub unsafe fn moe_combine(
+        comm: DevComm,
+        recv: DevWindow,
+        ret: DevWindow,
+        counts: DevWindow,
+        relay: DevWindow,
+        args: MoeArgs,
+    ) {
+        let (block, grid) = (arch::block_idx_x(), arch::grid_dim_x());
         // SAFETY: the kernel's contract. An abort ends it early: the host reports it.
-        let _ = unsafe { moe::combine(&comm, &recv, &ret, &counts, &args, arch::block_idx_x(), arch::grid_dim_x()) };
+        let _ = unsafe { moe::combine(&comm, &recv, &ret, &counts, &relay, &args, block, grid) };
     }
 }
 

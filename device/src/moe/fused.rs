@@ -64,7 +64,7 @@
 //! * `READY`: `finish` raises it on every direct peer as a combine does (nothing is read in
 //!   place here), so a later combine's target stays `epoch` times the direct peers.
 
-use super::{MoeArgs, MoeState, NO_RETURN, PUSHED, ResultPlace, signal, signal_ready};
+use super::{MoeArgs, MoeState, ResultPlace, comes_back, signal, signal_ready};
 use crate::arch::{self, Scope, U32x4, atomic};
 use crate::comm::{DevComm, error_code};
 use crate::coop::{Coop, CoopCta, CoopWarp};
@@ -356,7 +356,7 @@ pub unsafe fn finish(
                 for k in 0..top_k {
                     let entry = t * top_k + k;
                     let place = places.add(entry).read();
-                    if place.rank != PUSHED || place.row == NO_RETURN {
+                    if !comes_back(place) {
                         continue;
                     }
                     let row = ret.local_ptr::<U32x4>((entry * hidden + c) * 4);

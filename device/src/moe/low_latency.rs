@@ -523,7 +523,7 @@ pub unsafe fn combine(
             {
                 return false;
             }
-            let rows = ResultRows { recv, ret, lsa_size: comm.lsa_size, row_bytes: row };
+            let rows = ResultRows { recv, ret, lsa_size: comm.lsa_size, row_bytes: row, relayed: false };
             weighted_sum(&rows, args, block * threads + tid, grid * threads);
         }
     }

@@ -528,7 +528,9 @@ impl Moe {
         args.state = state.param() as u64;
         reads.push(state);
         let tracked = TrackedArgs { args, reads: &reads, writes: &writes };
-        let launch = (&self.handle, &self.recv, &self.ret, &self.counts, &tracked);
+        // Without a relay the kernel touches no relay window: the counts stand in its place.
+        let relay = self.relay.as_ref().unwrap_or(&self.counts);
+        let launch = (&self.handle, &self.recv, &self.ret, &self.counts, relay, &tracked);
         let shared = dev_moe::combine_shared_bytes(self.cfg.num_experts);
         let cfg = LaunchConfig::linear(cap_ctas as u32, threads).with_shared_mem(shared as u32);
         // SAFETY: `moe_combine`'s contract: after this Moe's dispatch on this stream (pending,
