@@ -641,35 +641,10 @@ pub(crate) unsafe fn weighted_sum<A: SumArgs>(rows: &ResultRows, args: &A, first
         while u < units {
             let (t, v) = (u / vecs, u % vecs);
             let mut acc = [0f32; 8];
-            let mut k0 = 0;
-            while k0 < k {
-                let batch = (k - k0).min(SUM_BATCH);
-                // Eight named rows rather than arrays: arrays indexed in loops that LLVM does
-                // not fully unroll live in local memory, and the loads would wait on it.
-                let entry = |i: usize| -> (ResultPlace, f32) {
-                    if i < batch {
-                        (places.add(t * k + k0 + i).read(), weights.add(t * k + k0 + i).read())
-                    } else {
-                        (ResultPlace { row: NO_RETURN, rank: PUSHED }, 0.0)
-                    }
-                };
-                let fetch = |(place, _): (ResultPlace, f32)| -> U32x4 {
-                    if summed_in_batch(place) { arch::load_v4(rows.unit(place, v)) } else { U32x4::default() }
-                };
-                let (e0, e1, e2, e3, e4, e5, e6, e7) =
-                    (entry(0), entry(1), entry(2), entry(3), entry(4), entry(5), entry(6), entry(7));
-                let (x0, x1, x2, x3) = (fetch(e0), fetch(e1), fetch(e2), fetch(e3));
-                let (x4, x5, x6, x7) = (fetch(e4), fetch(e5), fetch(e6), fetch(e7));
-                accumulate(&mut acc, e0, x0);
-                accumulate(&mut acc, e1, x1);
-                accumulate(&mut acc, e2, x2);
-                accumulate(&mut acc, e3, x3);
-                accumulate(&mut acc, e4, x4);
-                accumulate(&mut acc, e5, x5);
-                accumulate(&mut acc, e6, x6);
-                accumulate(&mut acc, e7, x7);
-                k0 += batch;
-            }
+            add_weighted_rows(&mut acc, k, |i| {
+                let place = places.add(t * k + i).read();
+                summed_in_batch(place).then(|| (rows.unit(place, v), weights.add(t * k + i).read()))
+            });
             if rows.relayed {
                 // The relays' sums (`f32` rows, weighted there).
                 for kk in 0..k {
@@ -693,8 +668,41 @@ pub(crate) unsafe fn weighted_sum<A: SumArgs>(rows: &ResultRows, args: &A, first
     }
 }
 
-/// Rows of one output unit [`weighted_sum`] has in flight at once.
+/// Rows of one output unit [`add_weighted_rows`] has in flight at once.
 const SUM_BATCH: usize = 8;
+
+/// `acc[j] += w_i * x_i[j]` over the rows `i < count` that `row_of(i)` gives (the address of
+/// one 16-byte unit, eight bf16, and its weight; `None`: adds nothing), in `i` order, the
+/// loads of [`SUM_BATCH`] rows issued before the first is used: the rows are scattered, so
+/// the time is the memory's latency unless several are in flight per thread.
+///
+/// # Safety
+/// Every address `row_of` gives is readable and holds data published to this thread.
+#[inline(always)]
+unsafe fn add_weighted_rows(acc: &mut [f32; 8], count: usize, row_of: impl Fn(usize) -> Option<(*const U32x4, f32)>) {
+    let mut k0 = 0;
+    while k0 < count {
+        let batch = (count - k0).min(SUM_BATCH);
+        // Eight named rows rather than arrays: arrays indexed in loops that LLVM does not
+        // fully unroll live in local memory, and the loads would wait on it.
+        let entry = |i: usize| if i < batch { row_of(k0 + i) } else { None };
+        // SAFETY: the caller's contract.
+        let fetch = |e: Option<(*const U32x4, f32)>| e.map_or(U32x4::default(), |(at, _)| unsafe { arch::load_v4(at) });
+        let (e0, e1, e2, e3, e4, e5, e6, e7) =
+            (entry(0), entry(1), entry(2), entry(3), entry(4), entry(5), entry(6), entry(7));
+        let (x0, x1, x2, x3) = (fetch(e0), fetch(e1), fetch(e2), fetch(e3));
+        let (x4, x5, x6, x7) = (fetch(e4), fetch(e5), fetch(e6), fetch(e7));
+        accumulate(acc, e0, x0);
+        accumulate(acc, e1, x1);
+        accumulate(acc, e2, x2);
+        accumulate(acc, e3, x3);
+        accumulate(acc, e4, x4);
+        accumulate(acc, e5, x5);
+        accumulate(acc, e6, x6);
+        accumulate(acc, e7, x7);
+        k0 += batch;
+    }
+}
 
 /// Whether [`weighted_sum`]'s batches add the result at `place` (a bf16 row, weighted
 /// there): not [`NO_RETURN`], nor a relay's sum or a part of one.
@@ -703,12 +711,10 @@ fn summed_in_batch(place: ResultPlace) -> bool {
     place.row != NO_RETURN && place.rank != RELAYED_SUM && place.rank != RELAYED_PART
 }
 
-/// `acc[j] += w * x[j]` for the eight bf16 of `x`, if [`summed_in_batch`].
+/// `acc[j] += w * x[j]` for the eight bf16 of `x`, for a row that is there.
 #[inline(always)]
-fn accumulate(acc: &mut [f32; 8], (place, w): (ResultPlace, f32), x: U32x4) {
-    if !summed_in_batch(place) {
-        return;
-    }
+fn accumulate(acc: &mut [f32; 8], row: Option<(*const U32x4, f32)>, x: U32x4) {
+    let Some((_, w)) = row else { return };
     for (j, a) in acc.iter_mut().enumerate() {
         let bits = (x.0[j / 2] >> (16 * (j % 2))) & 0xffff;
         *a += w * half::bf16::from_bits(bits as u16).to_f32();
@@ -1612,24 +1618,32 @@ unsafe fn return_relayed(
             }
             let staged = at + layout.desc;
             let units = hidden / 8;
-            let mut v = lane;
-            while v < units {
-                let mut acc = [0f32; 8];
-                let mut raw = U32x4::default();
-                for kk in 0..k {
-                    let Some((peer, place)) = target(kk) else { continue };
-                    raw = arch::load_v4(recv.lsa_ptr::<U32x4>(place * row + v * 16, peer));
+            // Unit `v` of entry `kk`'s result, if it is for this call, and its weight.
+            let unit = |kk: usize, v: usize| {
+                target(kk).map(|(peer, place)| {
                     let w = relay.local_ptr::<f32>(msg + 16 + 4 * kk).read();
-                    accumulate(&mut acc, (ResultPlace { row: 0, rank: 0 }, w), raw);
+                    (recv.lsa_ptr::<U32x4>(place * row + v * 16, peer) as *const U32x4, w)
+                })
+            };
+            let mut v = lane;
+            if kind == 1 {
+                // The group's one result as it is (weighted at the token's rank).
+                let Some(kk) = (0..k).find(|&kk| target(kk).is_some()) else { continue };
+                while v < units {
+                    if let Some((at, _)) = unit(kk, v) {
+                        arch::store_v4(relay.local_ptr(staged + v * 16), arch::load_v4(at));
+                    }
+                    v += arch::WARP_SIZE;
                 }
-                if kind == 1 {
-                    arch::store_v4(relay.local_ptr(staged + v * 16), raw);
-                } else {
+            } else {
+                while v < units {
+                    let mut acc = [0f32; 8];
+                    add_weighted_rows(&mut acc, k, |kk| unit(kk, v));
                     let bits = |i: usize| acc[i].to_bits();
                     arch::store_v4(relay.local_ptr(staged + v * 32), U32x4([bits(0), bits(1), bits(2), bits(3)]));
                     arch::store_v4(relay.local_ptr(staged + v * 32 + 16), U32x4([bits(4), bits(5), bits(6), bits(7)]));
+                    v += arch::WARP_SIZE;
                 }
-                v += arch::WARP_SIZE;
             }
             let bytes = if kind == 1 { row } else { 2 * row };
             tally.put_row(gin, comm, source, *ret, ret_row * row, *relay, staged, bytes);
