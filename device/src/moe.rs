@@ -75,8 +75,9 @@
 //! for the weights of every token relayed to it and for its direct peers' `READY`, reads each
 //! token's results in place (the targets of the dispatch's descriptor), and puts back their
 //! weighted sum in `f32` (`4 * hidden` bytes), or, for a token with one entry there, that
-//! result's bf16 row (weighted at the token's rank): never more bytes than a row per entry,
-//! and fewer as soon as a token has two or more entries in a domain. The token's rank adds
+//! result's bf16 row (weighted at the token's rank): never more bytes than a row per entry
+//! sent there (entries dropped at capacity count), and fewer as soon as a token has three
+//! or more entries in a domain (two: as many). The token's rank adds
 //! the sum as it is ([`RELAYED_SUM`]; the group's other entries are [`RELAYED_PART`]). The
 //! sum's order differs from the `k` order by grouping; both are `f32`, rounded once to bf16.
 //!
@@ -120,7 +121,10 @@
 //!   read by the dispatch before, on this stream) and puts it, counted for `RETURN` as any
 //!   returned row. Reuse: a rank writes messages of call `c + 1` only after the count
 //!   exchange of `c + 1`, which needs the relay's count row of `c + 1`, put after the
-//!   relay's combine `c` ended (and flushed its puts out of the slots).
+//!   relay's combine `c` ended (and flushed its puts out of the slots). A token's return
+//!   rows of call `c + 1` are written by a relay only after its wait for the weights of
+//!   `c + 1`, which include the token's rank's own, sent by its combine `c + 1`: after its
+//!   combine `c` read the rows.
 //! * Signals are never reset: each rank's part of the counts signal reaches `epoch` at call
 //!   `epoch` (each rank puts its row once per call). The wait is per rank
 //!   ([`Gin::wait_signal_each`]), not for the total `epoch * nranks`: a rank that needs
