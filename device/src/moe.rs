@@ -1614,12 +1614,13 @@ unsafe fn return_relayed(
                 let x = arch::load_v4(relay.local_ptr::<U32x4>(at + 16 + 16 * kk)).0;
                 (x[2] == args.epoch as u32).then_some((x[0] % lsa as u32, x[1] as usize))
             };
-            if (0..k).all(|kk| target(kk).is_none()) {
+            // The group's first result for this call; none: every entry here was dropped.
+            let Some((one_peer, one_place)) = (0..k).find_map(target) else {
                 if lane == 0 {
                     tally.add(source);
                 }
                 continue;
-            }
+            };
             let staged = at + layout.desc;
             let units = hidden / 8;
             // Unit `v` of entry `kk`'s result, if it is for this call, and its weight.
@@ -1632,11 +1633,9 @@ unsafe fn return_relayed(
             let mut v = lane;
             if kind == 1 {
                 // The group's one result as it is (weighted at the token's rank).
-                let Some(kk) = (0..k).find(|&kk| target(kk).is_some()) else { continue };
                 while v < units {
-                    if let Some((at, _)) = unit(kk, v) {
-                        arch::store_v4(relay.local_ptr(staged + v * 16), arch::load_v4(at));
-                    }
+                    let from = recv.lsa_ptr::<U32x4>(one_place * row + v * 16, one_peer);
+                    arch::store_v4(relay.local_ptr(staged + v * 16), arch::load_v4(from));
                     v += arch::WARP_SIZE;
                 }
             } else {
