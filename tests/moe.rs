@@ -530,12 +530,25 @@ fn relays_as_expected(c: &Communicator) -> ferrolink::Result<()> {
 }
 
 fn every_case(c: &Communicator) -> ferrolink::Result<()> {
-    relays_as_expected(c)?;
-    every_routing(c)?;
-    overflow(c)?;
-    every_low_latency_round(c)?;
-    fp8_tokens(c)?;
-    fused_combine(c)
+    type Case = fn(&Communicator) -> ferrolink::Result<()>;
+    let cases: [(&str, Case); 6] = [
+        ("relays", relays_as_expected),
+        ("routings", every_routing),
+        ("overflow", overflow),
+        ("low latency", every_low_latency_round),
+        ("fp8", fp8_tokens),
+        ("fused", fused_combine),
+    ];
+    for (what, case) in cases {
+        let start = std::time::Instant::now();
+        case(c)?;
+        // Progress (shown with --nocapture): on one GPU every put between LSA domains goes
+        // through the GIN proxy, and these cases take minutes there.
+        if c.rank() == 0 {
+            eprintln!("moe {} ranks, LSA {}: {what} passed in {:.1?}", c.nranks(), c.lsa_size(), start.elapsed());
+        }
+    }
+    Ok(())
 }
 
 #[test]
