@@ -294,17 +294,24 @@ fn every_collective_across_lsa_domains_through_gin() {
         for (n, domain) in [(4, 2), (3, 1)] {
             let comms = comms_in_domains(dev, n, domain)?;
             let sizes = [0usize, 1, 37, 1029];
+            let start = std::time::Instant::now();
+            // Progress (shown with --nocapture): on one GPU every put between LSA domains goes
+            // through the GIN proxy, which makes this test the slowest of the file there.
+            let done = |what: &str| eprintln!("{n} ranks, LSA {domain}: {what} passed at {:.1?}", start.elapsed());
             reductions::<f32>(&comms, &sizes)?;
             reductions::<bf16>(&comms, &sizes)?;
             reductions::<i64>(&comms, &sizes)?;
             reductions::<u8>(&comms, &sizes)?;
+            done("reductions");
             movements::<f32>(&comms, &sizes)?;
             movements::<f16>(&comms, &sizes)?;
             movements::<u8>(&comms, &sizes)?;
+            done("movements");
             let large = if dev.backend() == ferrolink::Backend::Cuda { 1 << 20 } else { 300_007 };
             let one_shot = |kind, count| Collective { algo: Some(algo::ONE_SHOT), ..Collective::new(kind, count) };
             run_case::<f32>(&comms, one_shot(CollKind::AllReduce, large), Form::Buffers)?;
             run_case::<f32>(&comms, one_shot(CollKind::AllToAll, large / n), Form::Windows)?;
+            done("one-shot, large");
         }
         Ok(())
     });
