@@ -2,6 +2,8 @@
 # Builds the GPU test bundle: release, stripped test binaries, examples and the perf tool,
 # plus run.sh, into gpu-bundle/ (git-ignored, kept under the device tool's 64 MiB limit).
 # docs/gpu-testing.md shows the `device` call that carries and runs it on the H200.
+#   BUNDLE_TESTS="coll moe lib" bundles only those test binaries (names as in bin/test-NAME);
+#   BUNDLE_EXAMPLES=0 leaves out the examples and ferrolink-run (a quicker build for a focused run).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -16,7 +18,11 @@ rm -rf "$bundle" && mkdir -p "$bundle/bin"
 
 # Test executables of the workspace's integration tests, as cargo reports them, and the host
 # crate's unit tests (`test-lib`: some run on both backends, as `for_each_backend` does).
-cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
+targets=()
+for name in ${BUNDLE_TESTS:-}; do
+  if [ "$name" = lib ]; then targets+=(--lib); else targets+=(--test "$name"); fi
+done
+cargo test --release --workspace "${targets[@]}" --no-run --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -31,15 +37,21 @@ for line in sys.stdin:
 ' | while read -r name exe; do
   # The launcher's tests start the binary at its build path: they run in CI, not on the GPU.
   [ "$name" = launcher ] && continue
+  if [ -n "${BUNDLE_TESTS:-}" ] && ! [[ " $BUNDLE_TESTS " == *" $name "* ]]; then continue; fi
   cp "$exe" "$bundle/bin/test-$name"
 done
 
-cargo build --release --workspace --bins --examples --quiet
-cp target/release/ferrolink-perf target/release/ferrolink-run "$bundle/bin/"
-for ex in target/release/examples/*; do
-  case "$ex" in *.d|*-*) continue ;; esac
-  [ -x "$ex" ] && [ -f "$ex" ] && cp "$ex" "$bundle/bin/example-$(basename "$ex")"
-done
+if [ "${BUNDLE_EXAMPLES:-1}" = 0 ]; then
+  cargo build --release -p ferrolink-benches --bin ferrolink-perf --quiet
+  cp target/release/ferrolink-perf "$bundle/bin/"
+else
+  cargo build --release --workspace --bins --examples --quiet
+  cp target/release/ferrolink-perf target/release/ferrolink-run "$bundle/bin/"
+  for ex in target/release/examples/*; do
+    case "$ex" in *.d|*-*) continue ;; esac
+    [ -x "$ex" ] && [ -f "$ex" ] && cp "$ex" "$bundle/bin/example-$(basename "$ex")"
+  done
+fi
 strip "$bundle"/bin/*
 cp scripts/gpu-run.sh "$bundle/run.sh"
 cp scripts/gpu-run-multi.sh "$bundle/run-multi.sh"
