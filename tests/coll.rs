@@ -7,7 +7,7 @@ use ferrolink::coll::{
 };
 use ferrolink::{Communicator, Device, Window};
 use ferrolink_device::coll::ll;
-use ferrolink_tests::check;
+use ferrolink_tests::{check, domain_configs};
 
 /// Element types built from small integers (so that every reduction is exact where it must
 /// be, and the same on every rank).
@@ -291,7 +291,7 @@ fn every_movement_of_every_type_on_two_and_three_ranks() {
 #[test]
 fn every_collective_across_lsa_domains_through_gin() {
     ferrolink::testing::for_each_backend("every_collective_across_lsa_domains_through_gin", |dev| {
-        for (n, domain) in [(4, 2), (3, 1)] {
+        for (n, domain) in domain_configs(&[(4, 2), (3, 1)]) {
             let comms = comms_in_domains(dev, n, domain)?;
             let sizes = [0usize, 1, 37, 1029];
             let start = std::time::Instant::now();
@@ -367,7 +367,7 @@ fn ring_collectives_across_lsa_domains() {
             }
             Ok(())
         }
-        for (n, domain) in [(4, 2), (3, 1), (5, 1)] {
+        for (n, domain) in domain_configs(&[(4, 2), (3, 1), (5, 1)]) {
             let comms = comms_in_domains(dev, n, domain)?;
             let sizes = [0usize, 1, 3, 37, 1029];
             ring::<f32>(&comms, &sizes)?;
@@ -427,7 +427,7 @@ fn tree_all_reduce_across_lsa_domains() {
             }
             Ok(())
         }
-        for (n, domain) in [(4, 2), (2, 1), (3, 1), (6, 1)] {
+        for (n, domain) in domain_configs(&[(4, 2), (2, 1), (3, 1), (6, 1)]) {
             let comms = comms_in_domains(dev, n, domain)?;
             let sizes = [0usize, 1, 3, 37, 1029];
             tree::<f32>(&comms, &sizes)?;
@@ -497,7 +497,7 @@ fn hierarchical_collectives_across_lsa_domains() {
             }
             Ok(())
         }
-        for (n, domain) in [(4, 2), (6, 2), (6, 3), (3, 1)] {
+        for (n, domain) in domain_configs(&[(4, 2), (6, 2), (6, 3), (3, 1)]) {
             let comms = comms_in_domains(dev, n, domain)?;
             let sizes = [0usize, 1, 3, 37, 1029];
             hierarchical::<f32>(&comms, domain, &sizes)?;

@@ -25,6 +25,20 @@ pub fn check(cond: bool, what: impl FnOnce() -> String) -> ferrolink::Result<()>
     if cond { Ok(()) } else { Err(ferrolink::Error::InvalidArgument(format!("check failed: {}", what()))) }
 }
 
+/// The (ranks, LSA domain size) configurations a test across LSA domains runs: `default`, or
+/// those of `FERROLINK_TEST_DOMAINS` (`4:2,3:1`): a focused run on the GPU takes one of them
+/// alone. A value that does not parse is a test failure, not a silent default.
+pub fn domain_configs(default: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let Ok(v) = std::env::var("FERROLINK_TEST_DOMAINS") else { return default.to_vec() };
+    v.split(',')
+        .map(|p| {
+            let (n, d) = p.trim().split_once(':').unwrap_or_else(|| panic!("FERROLINK_TEST_DOMAINS: {p:?} is not N:D"));
+            let parse = |x: &str| x.trim().parse::<usize>().unwrap_or_else(|_| panic!("FERROLINK_TEST_DOMAINS: {p:?}"));
+            (parse(n), parse(d))
+        })
+        .collect()
+}
+
 pub mod jobs {
     //! Jobs of one process per rank for tests: every rank is a child process of the test
     //! binary running one test function (a "scenario"), finding the others through the TCP

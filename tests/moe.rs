@@ -8,8 +8,8 @@ use ferrolink::LaunchConfig;
 use ferrolink::moe::{Moe, MoeConfig, MoeLowLatency, Tokens, bf16, fp8_row_bytes};
 use ferrolink::{CommConfig, Communicator, Device, LsaMode};
 use ferrolink_device::kernels::moe::moe_expert_mlp_fused;
-use ferrolink_tests::check;
 use ferrolink_tests::jobs::{child, fits, job_passes, job_passes_with, scenario};
+use ferrolink_tests::{check, domain_configs};
 
 /// How tokens are routed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -569,7 +569,7 @@ fn dispatch_and_combine_on_two_three_and_four_ranks() {
 #[test]
 fn dispatch_and_combine_across_lsa_domains() {
     ferrolink::testing::for_each_backend("moe_across_lsa_domains", |dev| {
-        for (n, domain) in [(3, 1), (4, 2), (6, 2)] {
+        for (n, domain) in domain_configs(&[(3, 1), (4, 2), (6, 2)]) {
             let mut config = CommConfig::from_env(dev.backend());
             config.lsa = LsaMode::Size(domain);
             let comms = Communicator::init_all_with(&vec![dev.clone(); n], config)?;
