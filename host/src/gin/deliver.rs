@@ -1,5 +1,6 @@
 //! A rank's receiving side: what transports deliver for it (data into its windows, signal
-//! slots), written through the device's synchronous copies.
+//! slots), written by synchronous copies on the rank's own delivery stream
+//! ([`GinRank::deliveries`]).
 
 use super::GinRank;
 use super::staging::StagingBlock;
@@ -43,17 +44,18 @@ impl Deliver for GinRank {
     }
 
     fn put(&self, _from: usize, dst: RemoteLocation, data: &[u8]) -> Result<()> {
-        let (w, addr) = self.location(dst, data.len())?;
-        // SAFETY: the range lies in this rank's live buffer of window `w` (checked; `w` keeps
-        // it alive); kernels read it only after the signal that follows (the GIN contract).
-        unsafe { w.device().backend_device().write(addr, data) }
+        let (_w, addr) = self.location(dst, data.len())?;
+        // SAFETY: the range lies in this rank's live buffer of window `_w` (checked; `_w` keeps
+        // it alive until the copy has run: `write_sync` waits for it); kernels read it only
+        // after the signal that follows (the GIN contract).
+        unsafe { self.deliveries.write_sync(addr, data) }
     }
 
     fn put_value(&self, _from: usize, dst: RemoteLocation, value: u64, bytes: u32) -> Result<()> {
-        let (w, addr) = self.location(dst, bytes as usize)?;
+        let (_w, addr) = self.location(dst, bytes as usize)?;
         let le = value.to_le_bytes();
         // SAFETY: as in `put`.
-        unsafe { w.device().backend_device().write(addr, &le[..bytes as usize]) }
+        unsafe { self.deliveries.write_sync(addr, &le[..bytes as usize]) }
     }
 
     fn signal(&self, from: usize, id: u32, inc: u64) -> Result<()> {
@@ -71,7 +73,7 @@ impl Deliver for GinRank {
         let addr = self.signals.local_addr((id as usize * self.nranks + from) * 8, 8)?;
         // SAFETY: an aligned word of this rank's signal window; kernels only read it (with
         // atomics) and only this receiver writes slot `[id][from]`; the data it announces was
-        // written (synchronously) before.
-        unsafe { self.signals.device().backend_device().write(addr, &total.to_le_bytes()) }
+        // written (synchronously, on the same stream) before.
+        unsafe { self.deliveries.write_sync(addr, &total.to_le_bytes()) }
     }
 }

@@ -16,6 +16,7 @@ pub(crate) mod transport;
 use crate::comm::Communicator;
 use crate::comm::control::{CommControl, StalledWait, WaitOn};
 use crate::mem::window::Window;
+use crate::runtime::backend::StreamBackend;
 use crate::runtime::device::Device;
 use crate::runtime::host_mapped::HostMapped;
 use crate::runtime::lifetime::lock;
@@ -86,6 +87,12 @@ pub(crate) struct GinRank {
     /// freeing pinned memory while kernels run may wait for them (see [`staging`]). `None`
     /// where no peer is reached by TCP.
     pub(crate) staging: Option<Arc<StagingPool>>,
+    /// The stream on which receivers write what they deliver (data, then signals) into this
+    /// rank's device memory, made here and used by nothing else: the device's shared copy
+    /// stream may hold work that waits for an SM (the fill of a fresh allocation), and while
+    /// kernels that wait for this rank's deliveries hold every SM, a delivery queued behind
+    /// such work would never run (seen on an H200: four ranks in LSA domains of two).
+    pub(crate) deliveries: Arc<dyn StreamBackend>,
     /// This rank's verbs connections, while they live.
     #[cfg(feature = "verbs")]
     verbs: Mutex<Option<transport::verbs::VerbsSetup>>,
@@ -342,6 +349,8 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
     } else {
         None
     };
+    // Made now, as the staging: a stream made while kernels run may wait for them.
+    let deliveries: Arc<dyn StreamBackend> = Arc::from(dev.backend_device().create_stream()?);
     // Device words: produced[rings] | signal_base[signals] | counters[counters] |
     // counter_base[counters] | consumed_seen[rings].
     let words = dev.alloc::<u64>(2 * rings + signal_count.max(1) as usize + 2 * counter_count as usize)?;
@@ -393,6 +402,7 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
         tcp_peers: std::sync::OnceLock::new(),
         tcp_receiver: Mutex::new(None),
         staging,
+        deliveries,
         #[cfg(feature = "verbs")]
         verbs: Mutex::new(None),
         stop: std::sync::atomic::AtomicBool::new(false),

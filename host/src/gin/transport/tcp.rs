@@ -37,11 +37,16 @@
 //!   size), and a block goes back to the pool when dropped, at the connection's end. So a
 //!   sender's staging is fixed: a chunk, or a batch of small requests of up to [`CHUNK`]
 //!   bytes of frames, fits one block. When the pool is empty, a side uses pageable memory
-//!   instead, without waiting: the sender reads the source with the device's synchronous copy
-//!   (slower: it no longer overlaps the socket write, but it waits for no kernel; it takes a
-//!   pool block again as soon as one is free), the receiver reads into a `Vec`. Waiting for a
-//!   block would gain little: the blocks are held for their connections' lives, so one may
-//!   not come back while the kernels run.
+//!   instead, without waiting: the sender reads the source with a synchronous copy on its
+//!   copy stream (slower: it no longer overlaps the socket write, but it waits for no
+//!   kernel; it takes a pool block again as soon as one is free), the receiver reads into a
+//!   `Vec`. Waiting for a block would gain little: the blocks are held for their
+//!   connections' lives, so one may not come back while the kernels run.
+//! * No shared stream: a receiver writes into device memory on its rank's delivery stream
+//!   ([`GinRank::deliveries`](crate::gin::GinRank)), a sender reads on its connection's copy
+//!   stream; never on the device's shared copy stream, where a fill of a fresh allocation (a
+//!   kernel: it needs an SM) may be queued while the running kernels, which hold every SM,
+//!   wait for these threads (a deadlock, seen on an H200 with four ranks on one GPU).
 //!
 //! # Ordering: why a signal is visible only after its data
 //! The proxy gives a ring's requests to one sender thread in ticket order; the thread writes
@@ -688,7 +693,6 @@ enum Report {
 
 /// The proxy's TCP transport: a thread and a connection per ring it has used.
 pub(crate) struct TcpTransport {
-    device: Device,
     /// The rank's staging pool (the senders' blocks come from it).
     pool: Weak<StagingPool>,
     job: u64,
@@ -711,13 +715,12 @@ impl TcpTransport {
             Error::InvalidArgument("the GIN TCP transport started before the ranks' addresses were exchanged".into())
         })?;
         let pool = gin.staging.as_ref().map(Arc::downgrade).unwrap_or_default();
-        Ok(TcpTransport::with_peers(gin.device.clone(), pool, gin.comm_id, gin.rank, peers))
+        Ok(TcpTransport::with_peers(pool, gin.comm_id, gin.rank, peers))
     }
 
-    /// A transport of world rank `rank` of job `job`, staging through `device` in blocks of
-    /// `pool` (while it lives), reaching rank `p` at `peers[p]`.
+    /// A transport of world rank `rank` of job `job`, staging in blocks of `pool` (while it
+    /// lives) on its streams, reaching rank `p` at `peers[p]`.
     pub(crate) fn with_peers(
-        device: Device,
         pool: Weak<StagingPool>,
         job: u64,
         rank: usize,
@@ -725,7 +728,6 @@ impl TcpTransport {
     ) -> TcpTransport {
         let (reports_tx, reports) = mpsc::channel();
         TcpTransport {
-            device,
             pool,
             job,
             rank,
@@ -751,7 +753,6 @@ impl TcpTransport {
             })?;
             let (tx, rx) = mpsc::channel();
             let link = Link {
-                device: self.device.clone(),
                 pool: self.pool.clone(),
                 job: self.job,
                 rank: self.rank,
@@ -843,7 +844,6 @@ impl Transport for TcpTransport {
 
 /// One connection's sending side (its thread's state).
 struct Link {
-    device: Device,
     /// Where its staging blocks come from.
     pool: Weak<StagingPool>,
     job: u64,
@@ -858,7 +858,8 @@ struct Link {
 enum Staging {
     /// A pinned block of the rank's pool: the copy stream fills it.
     Pinned(StagingBlock),
-    /// Ordinary memory (the pool had no block): filled by the device's synchronous reads.
+    /// Ordinary memory (the pool had no block): filled by synchronous reads on the
+    /// connection's copy stream.
     Pageable(Vec<u8>),
 }
 
@@ -1150,8 +1151,10 @@ impl Link {
                 // bounds-checked by the proxy), device memory of this device that no work
                 // writes: the GIN contract keeps it alive and unwritten until the request is
                 // reported complete, which this thread does only after this read has
-                // returned (the copy is done then). The read waits for no kernel.
-                unsafe { self.device.backend_device().read(src, dst)? };
+                // returned (the copy is done then). On the connection's copy stream, not the
+                // device's shared one, which may hold work waiting for an SM that kernels
+                // waiting for this connection hold (`GinRank::deliveries`).
+                unsafe { w.copy.read_sync(dst, src)? };
                 Ok(false)
             }
         }
@@ -1636,7 +1639,7 @@ mod tests {
     fn transport_with(addr: SocketAddr, blocks: usize) -> (Device, Arc<StagingPool>, TcpTransport) {
         let dev = Device::open_with(Backend::Cpu, 0).unwrap();
         let pool = pool(&dev, blocks);
-        let t = TcpTransport::with_peers(dev.clone(), Arc::downgrade(&pool), JOB, 1, vec![Some(addr), None]);
+        let t = TcpTransport::with_peers(Arc::downgrade(&pool), JOB, 1, vec![Some(addr), None]);
         (dev, pool, t)
     }
 
@@ -2025,7 +2028,7 @@ mod tests {
             let d: Weak<dyn Deliver> = Arc::downgrade(&(sink.clone() as Arc<dyn Deliver>));
             let (_rx, addr) = TcpReceiver::start(JOB, 0, d).unwrap();
             let pool = pool(&dev, 2);
-            let mut t = TcpTransport::with_peers(dev.clone(), Arc::downgrade(&pool), JOB, 1, vec![Some(addr), None]);
+            let mut t = TcpTransport::with_peers(Arc::downgrade(&pool), JOB, 1, vec![Some(addr), None]);
             let buf = dev.alloc_from(&src).unwrap();
             let mut done = Vec::new();
             let mut start = Instant::now();

@@ -171,6 +171,23 @@ pub(crate) trait StreamBackend: Send + Sync {
     /// Both ranges are device memory of this device, valid until the copy has run, and do
     /// not overlap.
     unsafe fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
+    /// Copies host bytes `src` to device address `dst` after the stream's earlier work and
+    /// waits until the stream has run it (and all before it). The GIN proxy writes what it
+    /// receives this way, on a stream of its own: the device's shared copy stream may hold
+    /// work that needs an SM (a fill of a fresh allocation), which kernels waiting for the
+    /// proxy may hold.
+    ///
+    /// # Safety
+    /// `[dst, dst + src.len())` is device memory of this device (or host-mapped memory),
+    /// valid until the copy has run, that kernels read only after a later signal or write.
+    unsafe fn write_sync(&self, dst: u64, src: &[u8]) -> Result<()>;
+    /// Copies device bytes at `src` into `dst` after the stream's earlier work and waits
+    /// until it has run ([`StreamBackend::write_sync`]'s counterpart).
+    ///
+    /// # Safety
+    /// `[src, src + dst.len())` is device memory of this device (or host-mapped memory),
+    /// valid until the copy has run and written by no work meanwhile.
+    unsafe fn read_sync(&self, dst: &mut [u8], src: u64) -> Result<()>;
     /// Queues a write of the low `bytes` (1, 2, 4 or 8) bytes of `value` to `addr`, after the
     /// stream's earlier work (a signal written after the data it announces).
     ///

@@ -230,6 +230,23 @@ impl StreamBackend for CpuStream {
         }))
     }
 
+    unsafe fn write_sync(&self, dst: u64, src: &[u8]) -> Result<()> {
+        // After the stream's earlier work; then a plain copy, as the emulated device's own
+        // writes (`CpuDevice::write`).
+        self.synchronize()?;
+        // SAFETY: the caller's contract: the range is valid, and kernels read it only after
+        // a later signal.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    unsafe fn read_sync(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: the caller's contract: the range is valid and written by nothing meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
     unsafe fn write_value(&self, addr: u64, value: u64, bytes: u32) -> Result<()> {
         self.submit(Arc::new(move || {
             use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering::Release};

@@ -505,6 +505,32 @@ impl StreamBackend for CudaStream {
         unsafe { driver::memcpy_dtod_async(dst, src, bytes, self.stream) }
     }
 
+    unsafe fn write_sync(&self, dst: u64, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let _g = self.ctx.bind()?;
+        // SAFETY: the caller's contract; `src` outlives the copy (the stream is synchronized
+        // before this returns).
+        unsafe {
+            driver::memcpy_htod_async(dst, src, self.stream)?;
+            driver::stream_synchronize(self.stream)
+        }
+    }
+
+    unsafe fn read_sync(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let _g = self.ctx.bind()?;
+        // SAFETY: the caller's contract; `dst` outlives the copy (the stream is synchronized
+        // before this returns).
+        unsafe {
+            driver::memcpy_dtoh_async(dst, src, self.stream)?;
+            driver::stream_synchronize(self.stream)
+        }
+    }
+
     unsafe fn write_value(&self, addr: u64, value: u64, bytes: u32) -> Result<()> {
         let _g = self.ctx.bind()?;
         // SAFETY: the caller's contract.
