@@ -82,7 +82,6 @@ use super::{Deliver, Payload, RemoteLocation, Request, Transport};
 use crate::gin::GinRank;
 use crate::gin::staging::{StagingBlock, StagingPool};
 use crate::runtime::backend::{EventBackend, StreamBackend};
-use crate::runtime::device::Device;
 use crate::runtime::lifetime::lock;
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -1204,6 +1203,7 @@ fn encode(frame: &Frame) -> Result<tcp_wire::Header> {
 mod tests {
     use super::*;
     use crate::Backend;
+    use crate::runtime::device::Device;
     use crate::runtime::host_mapped::HostMapped;
     use std::sync::Condvar;
     use std::time::Instant;
