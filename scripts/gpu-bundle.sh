@@ -56,6 +56,7 @@ strip "$bundle"/bin/*
 cp scripts/gpu-run.sh "$bundle/run.sh"
 cp scripts/gpu-run-multi.sh "$bundle/run-multi.sh"
 cp scripts/gpu-run-gin.sh "$bundle/gin.sh"
+cp scripts/gpu-run-across.sh "$bundle/across.sh"
 mkdir -p "$bundle/ref" && cp benches/cuda/*.cu "$bundle/ref/"
 git rev-parse --short HEAD > "$bundle/COMMIT" 2>/dev/null || echo unknown > "$bundle/COMMIT"
 git diff --quiet 2>/dev/null || echo "(+ uncommitted changes)" >> "$bundle/COMMIT"
