@@ -4,6 +4,8 @@
 # docs/gpu-testing.md shows the `device` call that carries and runs it on the H200.
 #   BUNDLE_TESTS="coll moe lib" bundles only those test binaries (names as in bin/test-NAME);
 #   BUNDLE_EXAMPLES=0 leaves out the examples and ferrolink-run (a quicker build for a focused run).
+#   BUNDLE_SYMS="coll moe" also packs those test binaries with their symbols (syms.txz), for
+#   across.sh's stack dumps.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -39,6 +41,9 @@ for line in sys.stdin:
   [ "$name" = launcher ] && continue
   if [ -n "${BUNDLE_TESTS:-}" ] && ! [[ " $BUNDLE_TESTS " == *" $name "* ]]; then continue; fi
   cp "$exe" "$bundle/bin/test-$name"
+  if [[ " ${BUNDLE_SYMS:-} " == *" $name "* ]]; then
+    mkdir -p "$bundle/syms" && cp "$exe" "$bundle/syms/sym-test-$name" && strip --strip-debug "$bundle/syms/sym-test-$name"
+  fi
 done
 
 if [ "${BUNDLE_EXAMPLES:-1}" = 0 ]; then
@@ -65,6 +70,9 @@ ls -la "$bundle/bin"
 # larger than the whole archive stores those repeated images once (58 MB with gzip, 7 MB so;
 # 14 s). The run scripts unpack it on the GPU machine with Python's tarfile (no xz needed).
 tar cf - -C "$bundle" bin | xz --lzma2=preset=2,dict=256MiB -T1 > "$bundle/bin.txz" && rm -rf "$bundle/bin"
+if [ -d "$bundle/syms" ]; then
+  tar cf - -C "$bundle/syms" . | xz --lzma2=preset=2,dict=256MiB -T1 > "$bundle/syms.txz" && rm -rf "$bundle/syms"
+fi
 du -sh "$bundle"
 total=$(du -sb "$bundle" | cut -f1)
 if [ "$total" -gt $((60 * 1024 * 1024)) ]; then
