@@ -68,6 +68,18 @@ pub mod jobs {
         ranks: &[usize],
         extra: &[(&str, &str)],
     ) -> Vec<(usize, Output)> {
+        spawn_job_within(test, scenario, nranks, ranks, extra, job_limit())
+    }
+
+    /// [`spawn_job`], with the ranks still running after `limit` killed (their output says so).
+    pub fn spawn_job_within(
+        test: &str,
+        scenario: &str,
+        nranks: usize,
+        ranks: &[usize],
+        extra: &[(&str, &str)],
+        limit: std::time::Duration,
+    ) -> Vec<(usize, Output)> {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let id = UniqueId::new(format!("127.0.0.1:{port}").parse().unwrap()).unwrap();
         let exe = std::env::current_exe().unwrap();
@@ -96,7 +108,78 @@ pub mod jobs {
                 (r, cmd.spawn().expect("starting a rank process"))
             })
             .collect();
-        children.into_iter().map(|(r, c)| (r, c.wait_with_output().expect("a rank process"))).collect()
+        let start = std::time::Instant::now();
+        let outs = wait_for_ranks(children, limit);
+        // Progress (shown with --nocapture): jobs on one GPU under MPS can take minutes.
+        println!(
+            "job {scenario} of {nranks} processes ({test}) ended in {:.1?}{}",
+            start.elapsed(),
+            if outs.iter().any(|(_, o)| o.status.code().is_none()) { ": some ranks were killed" } else { "" }
+        );
+        outs
+    }
+
+    /// How long a job may run before its ranks are killed: `FERROLINK_TEST_JOB_SECS`, else
+    /// 600 s (a job that hangs must fail with its ranks' output, not hold the suite).
+    fn job_limit() -> std::time::Duration {
+        let secs = std::env::var("FERROLINK_TEST_JOB_SECS").ok().and_then(|v| v.trim().parse::<f64>().ok());
+        std::time::Duration::from_secs_f64(secs.unwrap_or(600.0).max(1.0))
+    }
+
+    /// Waits for every child until `limit` has passed since the call, then kills those still
+    /// running; each rank's output (read by threads as it comes, so that no child blocks on a
+    /// full pipe), a note appended to the stderr of a killed one.
+    fn wait_for_ranks(children: Vec<(usize, std::process::Child)>, limit: std::time::Duration) -> Vec<(usize, Output)> {
+        use std::io::Read;
+        fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(mut p) = pipe {
+                    let _ = p.read_to_end(&mut buf);
+                }
+                buf
+            })
+        }
+        let deadline = std::time::Instant::now() + limit;
+        let mut running: Vec<_> = children
+            .into_iter()
+            .map(|(r, mut c)| {
+                let (out, err) = (drain(c.stdout.take()), drain(c.stderr.take()));
+                (r, c, out, err)
+            })
+            .collect();
+        let mut statuses: Vec<Option<std::process::ExitStatus>> = vec![None; running.len()];
+        loop {
+            for (i, (_, c, _, _)) in running.iter_mut().enumerate() {
+                if statuses[i].is_none() {
+                    statuses[i] = c.try_wait().expect("a rank process");
+                }
+            }
+            if statuses.iter().all(Option::is_some) || std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        running
+            .drain(..)
+            .zip(statuses)
+            .map(|((r, mut c, out, err), status)| {
+                let killed = status.is_none();
+                let status = status.unwrap_or_else(|| {
+                    let _ = c.kill();
+                    c.wait().expect("a killed rank process")
+                });
+                let stdout = out.join().unwrap_or_default();
+                let mut stderr = err.join().unwrap_or_default();
+                if killed {
+                    stderr.extend_from_slice(
+                        format!("\n(killed: the job ran past {limit:?}; FERROLINK_TEST_JOB_SECS sets the limit)\n")
+                            .as_bytes(),
+                    );
+                }
+                (r, Output { status, stdout, stderr })
+            })
+            .collect()
     }
 
     /// Whether `n` processes can run here: always on the emulator; on CUDA with a GPU each, or

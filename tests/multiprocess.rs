@@ -4,7 +4,7 @@
 //! on CUDA where present (the child processes then need one GPU each, or MPS).
 
 use ferrolink::Backend;
-use ferrolink_tests::jobs::{child, fits, job_passes, scenario, spawn_job, text};
+use ferrolink_tests::jobs::{child, fits, job_passes, scenario, spawn_job, spawn_job_within, text};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -67,6 +67,30 @@ fn split_halves_and_odd_even_ranks_each_run_their_own_barrier_and_ring() {
 /// A rank that dies during init (here: never starts) makes the others fail within the
 /// bootstrap timeout, with an error naming it; a job with a rank outside its range fails at
 /// once with a clear error.
+/// A job that runs past its limit is killed, and its ranks' output says so: a test of jobs
+/// fails with what the ranks printed instead of holding the suite (here rank 1 of 2 never
+/// starts and the bootstrap would wait 60 s for it).
+#[test]
+fn a_job_past_its_limit_is_killed_with_its_output() {
+    if child(|c| c.barrier()) {
+        return;
+    }
+    let start = Instant::now();
+    let outs = spawn_job_within(
+        "a_job_past_its_limit_is_killed_with_its_output",
+        "init",
+        2,
+        &[0],
+        &[("FERROLINK_BOOTSTRAP_TIMEOUT", "60")],
+        Duration::from_secs(2),
+    );
+    let took = start.elapsed();
+    let t = text(&outs[0].1);
+    assert!(!outs[0].1.status.success(), "rank 0 cannot pass without rank 1:\n{t}");
+    assert!(t.contains("killed: the job ran past 2s"), "{t}");
+    assert!(took < Duration::from_secs(30), "the kill took {took:?}");
+}
+
 #[test]
 fn a_rank_missing_at_init_is_named_by_the_others_within_the_timeout() {
     if child(|c| c.barrier()) {
