@@ -1045,6 +1045,37 @@ mod tests {
         a.synchronize().unwrap();
     }
 
+    /// `write_sync` and `read_sync` run after the stream's earlier work and are done when they
+    /// return (the GIN proxy's copies rely on both), on every backend.
+    #[test]
+    fn synchronous_stream_copies_follow_the_streams_work() {
+        crate::testing::for_each_backend("synchronous_stream_copies_follow_the_streams_work", |dev| {
+            let stream = dev.backend_device().create_stream()?;
+            let old: Vec<u8> = (0..200u8).collect();
+            let a = dev.alloc_from(&old)?;
+            let b = dev.alloc::<u8>(old.len())?;
+            let new = vec![0xa5u8; old.len()];
+            let mut back = vec![0u8; old.len()];
+            // SAFETY: `a` and `b` hold 200 bytes each, do not overlap and live until the
+            // stream has run everything (each call below waits for it); nothing else uses them.
+            unsafe {
+                stream.copy_dtod(b.addr(), a.addr(), old.len())?;
+                stream.write_sync(a.addr(), &new)?;
+                stream.read_sync(&mut back, b.addr())?;
+            }
+            assert_eq!(back, old, "the copy queued first read `a` before the write");
+            // SAFETY: as above.
+            unsafe { stream.read_sync(&mut back, a.addr())? };
+            assert_eq!(back, new, "the write is done when it returns");
+            // SAFETY: empty ranges.
+            unsafe {
+                stream.write_sync(a.addr(), &[])?;
+                stream.read_sync(&mut [], a.addr())?;
+            }
+            Ok(())
+        });
+    }
+
     /// A graph holds what it uses for freeing (a keeper) but not for host accesses, replays
     /// with new inputs, and lets go when dropped; a capture whose closure fails or panics
     /// leaves the stream usable.
