@@ -15,6 +15,17 @@ export FERROLINK_REQUIRE_PTXAS=1
 # FERROLINK_BUILD_PTX=1 in this checkout); refuse to bundle a commit whose committed PTX, the
 # one users of the crate get, differs from them.
 bash scripts/check-ptx.sh
+# ptxas takes minutes on the built-in module: the release builds below assemble the same PTX
+# text, so they take the cubin that check-ptx's build just made (the builder reuses a cubin
+# whose `.ptxas-input` equals the PTX it assembles, and assembles afresh otherwise).
+ptx_deps=ferrolink-ptx/nvptx64-nvidia-cuda/release/deps
+if ls target/debug/$ptx_deps/ferrolink_device-*.ptxas-log >/dev/null 2>&1; then
+  mkdir -p target/release/$ptx_deps
+  for f in target/debug/$ptx_deps/ferrolink_device-*.cubin target/debug/$ptx_deps/ferrolink_device-*.ptxas-input \
+           target/debug/$ptx_deps/ferrolink_device-*.ptxas-log; do
+    cp "$f" target/release/$ptx_deps/ # (the log last: it vouches for the cubin)
+  done
+fi
 bundle="$root/gpu-bundle"
 rm -rf "$bundle" && mkdir -p "$bundle/bin"
 
