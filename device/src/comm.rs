@@ -297,6 +297,10 @@ impl DevComm {
         let first = self.fault_claim == 0
             || unsafe { atomic::compare_swap(self.fault_claim as *mut u32, 0, 1, RmwOrder::Relaxed, Scope::Gpu) } == 0;
         if first && self.control != 0 {
+            // On the emulator the record's stores and fence run to the end even if a thread
+            // that lost the claim has trapped meanwhile (`emulator::RecordingFault`).
+            #[cfg(not(target_arch = "nvptx64"))]
+            let _recording = crate::emulator::RecordingFault::start();
             let c = self.control as *mut DevControl;
             // SAFETY: `control` points to this rank's live DevControl; its words are only
             // accessed atomically while kernels run (the host reads them after).

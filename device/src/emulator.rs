@@ -532,6 +532,8 @@ std::thread_local! {
     static CTX: RefCell<Option<ThreadCtx>> = const { RefCell::new(None) };
     static GRAPH_LAUNCHER: RefCell<Option<Arc<dyn DeviceGraphLauncher>>> = const { RefCell::new(None) };
     static POLLS: Cell<u32> = const { Cell::new(0) };
+    /// Set while this thread writes a device fault record ([`recording_fault`]).
+    static RECORDING_FAULT: Cell<bool> = const { Cell::new(false) };
 }
 
 pub(crate) fn with_ctx<R>(f: impl FnOnce(&ThreadCtx) -> R) -> R {
@@ -586,11 +588,32 @@ pub(crate) fn effect_allowed() -> bool {
             if !may_abort() {
                 return false;
             }
-            if failed {
+            if failed && !RECORDING_FAULT.get() {
                 abort_thread();
             }
             true
         }
+    }
+}
+
+/// While it lives, this thread's stores of a device fault record (`DevComm::fail`, after it
+/// claimed the record) run even if another thread of the launch has trapped: the threads that
+/// lost the claim trap at once, and stopping the claimer between its stores left the host a
+/// bare trap with no record to explain it (seen in CI as a flaky
+/// `barrier_index_outside_its_set_is_a_reported_error`).
+pub struct RecordingFault(());
+
+impl RecordingFault {
+    /// Marks this thread as writing a fault record until the value is dropped.
+    pub fn start() -> RecordingFault {
+        RECORDING_FAULT.set(true);
+        RecordingFault(())
+    }
+}
+
+impl Drop for RecordingFault {
+    fn drop(&mut self) {
+        RECORDING_FAULT.set(false);
     }
 }
 
