@@ -532,7 +532,7 @@ std::thread_local! {
     static CTX: RefCell<Option<ThreadCtx>> = const { RefCell::new(None) };
     static GRAPH_LAUNCHER: RefCell<Option<Arc<dyn DeviceGraphLauncher>>> = const { RefCell::new(None) };
     static POLLS: Cell<u32> = const { Cell::new(0) };
-    /// Set while this thread writes a device fault record ([`recording_fault`]).
+    /// Set while this thread writes a device fault record ([`RecordingFault`]).
     static RECORDING_FAULT: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -601,11 +601,11 @@ pub(crate) fn effect_allowed() -> bool {
 /// lost the claim trap at once, and stopping the claimer between its stores left the host a
 /// bare trap with no record to explain it (seen in CI as a flaky
 /// `barrier_index_outside_its_set_is_a_reported_error`).
-pub struct RecordingFault(());
+pub(crate) struct RecordingFault(());
 
 impl RecordingFault {
     /// Marks this thread as writing a fault record until the value is dropped.
-    pub fn start() -> RecordingFault {
+    pub(crate) fn start() -> RecordingFault {
         RECORDING_FAULT.set(true);
         RecordingFault(())
     }

@@ -44,9 +44,9 @@
 //!   connections' lives, so one may not come back while the kernels run.
 //! * No shared stream: a receiver writes into device memory on its rank's delivery stream
 //!   ([`GinRank::deliveries`](crate::gin::GinRank)), a sender reads on its connection's copy
-//!   stream; never on the device's shared copy stream, where a fill of a fresh allocation (a
-//!   kernel: it needs an SM) may be queued while the running kernels, which hold every SM,
-//!   wait for these threads (a deadlock, seen on an H200 with four ranks on one GPU).
+//!   stream; never on the device's shared copy stream, where a fill of a fresh allocation
+//!   (which, as we read the H200's stacks, waits for an SM) may be queued while the running
+//!   kernels, which hold every SM, wait for these threads (four ranks on one GPU deadlocked).
 //!
 //! # Ordering: why a signal is visible only after its data
 //! The proxy gives a ring's requests to one sender thread in ticket order; the thread writes

@@ -475,6 +475,20 @@ unsafe impl Send for CudaStream {}
 // SAFETY: as above.
 unsafe impl Sync for CudaStream {}
 
+impl CudaStream {
+    /// Queues `copy` (of `bytes` bytes; none: nothing) on this stream and waits until the
+    /// stream has run it and everything before it: `write_sync` and `read_sync`.
+    fn copy_sync(&self, bytes: usize, copy: impl FnOnce(sys::CUstream) -> Result<()>) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let _g = self.ctx.bind()?;
+        copy(self.stream)?;
+        // SAFETY: the stream is live.
+        unsafe { driver::stream_synchronize(self.stream) }
+    }
+}
+
 impl StreamBackend for CudaStream {
     unsafe fn launch(&self, module: &dyn ModuleBackend, req: LaunchRequest<'_>) -> Result<()> {
         let module = module.as_any().downcast_ref::<CudaModule>().ok_or_else(|| mixed_backends("launch"))?;
@@ -506,29 +520,14 @@ impl StreamBackend for CudaStream {
     }
 
     unsafe fn write_sync(&self, dst: u64, src: &[u8]) -> Result<()> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        let _g = self.ctx.bind()?;
-        // SAFETY: the caller's contract; `src` outlives the copy (the stream is synchronized
-        // before this returns).
-        unsafe {
-            driver::memcpy_htod_async(dst, src, self.stream)?;
-            driver::stream_synchronize(self.stream)
-        }
+        // SAFETY: the caller's contract; `src` outlives the copy (`copy_sync` synchronizes).
+        self.copy_sync(src.len(), |s| unsafe { driver::memcpy_htod_async(dst, src, s) })
     }
 
     unsafe fn read_sync(&self, dst: &mut [u8], src: u64) -> Result<()> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let _g = self.ctx.bind()?;
-        // SAFETY: the caller's contract; `dst` outlives the copy (the stream is synchronized
-        // before this returns).
-        unsafe {
-            driver::memcpy_dtoh_async(dst, src, self.stream)?;
-            driver::stream_synchronize(self.stream)
-        }
+        let bytes = dst.len();
+        // SAFETY: the caller's contract; `dst` outlives the copy (`copy_sync` synchronizes).
+        self.copy_sync(bytes, |s| unsafe { driver::memcpy_dtoh_async(dst, src, s) })
     }
 
     unsafe fn write_value(&self, addr: u64, value: u64, bytes: u32) -> Result<()> {
