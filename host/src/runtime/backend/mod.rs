@@ -115,7 +115,9 @@ pub(crate) trait DeviceBackend: Send + Sync + 'static {
     /// As [`DeviceBackend::write`].
     unsafe fn memset_zero(&self, addr: u64, bytes: usize) -> Result<()>;
     /// Reads `dst.len()` words that kernels may be writing with atomics (the watchdog's
-    /// look at barrier inboxes): each word is some value it held.
+    /// look at barrier inboxes and GIN words): each word is some value it held. Waits for no
+    /// other work of the device (on CUDA a stream of its own: a stalled wait must still be
+    /// named while the device's copy stream holds work that the stall holds up).
     ///
     /// # Safety
     /// The range is live device memory of this device (or host-mapped memory), 4-byte

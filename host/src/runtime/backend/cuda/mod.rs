@@ -44,6 +44,10 @@ struct Ctx {
     context: sys::CUcontext,
     /// Private non-blocking stream for allocations, frees and host copies.
     copy_stream: sys::CUstream,
+    /// Private non-blocking stream for the watchdog's reads of words that kernels update
+    /// (`read_atomic_words`) and nothing else: a stalled wait must be named even when the copy
+    /// stream holds work that the stall holds up (a fill waiting for an SM).
+    peek_stream: sys::CUstream,
     /// Events without timing that no one holds any more, for the next records: a loop of
     /// launches records one per launch, and creating and destroying each costs two driver
     /// calls. (Re-recording an event is allowed; waits already queued on it keep the record
@@ -119,6 +123,10 @@ impl Drop for Ctx {
             if let Err(e) = unsafe { driver::stream_destroy(self.copy_stream) } {
                 tracing::warn!(target: "ferrolink::runtime", error = %e, "destroying the copy stream failed");
             }
+            // SAFETY: as for the copy stream.
+            if let Err(e) = unsafe { driver::stream_destroy(self.peek_stream) } {
+                tracing::warn!(target: "ferrolink::runtime", error = %e, "destroying the peek stream failed");
+            }
         }
         // SAFETY: releases the retain taken in `CudaDevice::open`; nothing uses the context
         // afterwards (every user held this `Ctx`).
@@ -155,11 +163,21 @@ impl CudaDevice {
         let context = driver::primary_ctx_retain(device)?;
         // SAFETY: just retained.
         let guard = unsafe { driver::push_context(context) };
-        let copy_stream = guard.and_then(|_g| driver::stream_create());
-        let copy_stream = match copy_stream {
+        let streams = guard.and_then(|_g| {
+            let copy = driver::stream_create()?;
+            match driver::stream_create() {
+                Ok(peek) => Ok((copy, peek)),
+                Err(e) => {
+                    // SAFETY: just made, unused.
+                    let _ = unsafe { driver::stream_destroy(copy) };
+                    Err(e)
+                }
+            }
+        });
+        let (copy_stream, peek_stream) = match streams {
             Ok(s) => s,
             Err(e) => {
-                // SAFETY: pairs the retain above; nothing was created in the context.
+                // SAFETY: pairs the retain above; nothing is left in the context.
                 let _ = unsafe { driver::primary_ctx_release(device) };
                 return Err(e);
             }
@@ -169,6 +187,7 @@ impl CudaDevice {
                 device,
                 context,
                 copy_stream,
+                peek_stream,
                 free_events: Default::default(),
                 pinned_cache: Default::default(),
             }),
@@ -289,9 +308,17 @@ impl DeviceBackend for CudaDevice {
     }
 
     unsafe fn read_atomic_words(&self, addr: u64, dst: &mut [u32]) -> Result<()> {
-        // A DMA copy reads each aligned word whole.
-        // SAFETY: the caller's contract.
-        unsafe { self.read(addr, bytemuck::cast_slice_mut(dst)) }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let _g = self.ctx.bind()?;
+        // A DMA copy reads each aligned word whole. On the peek stream, which holds nothing
+        // else (the watchdog reads these words while work on the copy stream may be stalled).
+        // SAFETY: the caller's contract; `dst` outlives the copy (synchronized below).
+        unsafe {
+            driver::memcpy_dtoh_async(bytemuck::cast_slice_mut(dst), addr, self.ctx.peek_stream)?;
+            driver::stream_synchronize(self.ctx.peek_stream)
+        }
     }
 
     fn alloc_host_mapped(&self, bytes: usize) -> Result<Box<dyn HostMappedMemory>> {
