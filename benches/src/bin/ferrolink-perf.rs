@@ -103,7 +103,8 @@ enum Command {
     /// GIN between ranks 0 and 1: put-with-signal ping-pong latency (8 bytes) and put
     /// bandwidth per path (direct, proxy + copy engine, proxy + TCP), beside the driver's copy
     /// into the peer's memory and a plain TCP copy of host data between the same two ranks.
-    /// Alone it runs two ranks on devices 0 and 1 of this process; under a launcher
+    /// Alone it runs two ranks on devices 0 and 1 of this process (both on device 0, as
+    /// virtual ranks, where there is no device 1); under a launcher
     /// (`ferrolink-run -n 2 --devices 0,1 ferrolink-perf gin`) each process is one rank.
     Gin {
         /// Comma-separated sizes. Default: 4K,64K,1M,16M,64M,256M on a GPU, 4K,64K,1M on the CPU.
@@ -373,15 +374,19 @@ fn gin(dev: &Device, sizes: Vec<usize>, trials: usize, paths: &[String], threads
             .collect::<ferrolink::Result<_>>()?
     };
     let launched = ferrolink::comm::launch::LaunchEnv::detect()?.is_some();
-    let figures = if launched {
+    let (figures, mode) = if launched {
         let comm = ferrolink::Communicator::from_env(dev)?;
-        vec![perf::gin_rank(&comm, &paths, &sizes, trials, threads)?]
+        (vec![perf::gin_rank(&comm, &paths, &sizes, trials, threads)?], "one process per rank")
     } else {
-        let other = Device::open_with(dev.backend(), dev.ordinal() + 1)?;
+        // With one GPU, the two ranks share it (virtual ranks): the proxy paths still go
+        // through their transports, so their cost on a busy or idle GPU can be measured.
+        let (other, mode) = match Device::open_with(dev.backend(), dev.ordinal() + 1) {
+            Ok(other) => (other, "one process, two devices"),
+            Err(_) => (dev.clone(), "one process, two virtual ranks on one device"),
+        };
         let comms = ferrolink::Communicator::init_all(&[dev.clone(), other])?;
-        ferrolink::run_ranks(&comms, |c| perf::gin_rank(c, &paths, &sizes, trials, threads))?
+        (ferrolink::run_ranks(&comms, |c| perf::gin_rank(c, &paths, &sizes, trials, threads))?, mode)
     };
-    let mode = if launched { "one process per rank" } else { "one process, two devices" };
     for f in figures.into_iter().flatten() {
         println!("\n== gin ({mode}): rank 0 -> rank 1, median of {trials} trials");
         for (p, us) in &f.latency_us {
