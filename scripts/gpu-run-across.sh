@@ -15,6 +15,9 @@ untar() { python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(
 [ -f "$here/syms.txz" ] && [ ! -d "$here/syms" ] && mkdir -p "$here/syms" && untar "$here/syms.txz" "$here/syms"
 export LD_LIBRARY_PATH="/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 export FERROLINK_REQUIRE_GPU=1 FERROLINK_TEST_BACKENDS="${FERROLINK_TEST_BACKENDS:-cuda}"
+# As ferrolink-run sets for its ranks: the GIN proxy's stream copies need hardware queues of
+# their own (host/src/gin/copy_watch.rs). A run may set another value to see the hazard.
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-32}"
 export FERROLINK_PROGRESS_SECS="${FERROLINK_PROGRESS_SECS:-10}"
 gdb="$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null || true)"
 summary="$out/across.txt"

@@ -20,6 +20,9 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 [ -d "$here/bin" ] || python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' "$here/bin.txz" "$here"
 out="${OUT:-$here/gpu-out}"; mkdir -p "$out"
 export LD_LIBRARY_PATH="/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}" NCCL_NVLS_ENABLE=0 FERROLINK_BOOTSTRAP_TIMEOUT=60
+# As ferrolink-run sets for its ranks: the GIN proxy's stream copies need hardware queues of
+# their own (host/src/gin/copy_watch.rs).
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-32}"
 export FERROLINK_REQUIRE_GPU=1 FERROLINK_TEST_BACKENDS=cuda FERROLINK_TIMEOUT=${FERROLINK_TIMEOUT:-40} FERROLINK_PROGRESS_SECS=5
 bin="$here/bin"; sum="$out/summary.txt"; log="$out/run.log"
 start=$(date +%s)

@@ -15,6 +15,9 @@ out="${OUT:-$here/gpu-out}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 export FERROLINK_REQUIRE_GPU=1
+# As ferrolink-run sets for its ranks: the GIN proxy's stream copies need hardware queues of
+# their own (host/src/gin/copy_watch.rs). A run may set another value to see the hazard.
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-32}"
 export FERROLINK_TEST_BACKENDS="${FERROLINK_TEST_BACKENDS:-cuda}"
 summary="$out/summary.txt"
 {

@@ -102,6 +102,11 @@ pub mod jobs {
                     .env("FERROLINK_LOG", "warn")
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped());
+                // As ferrolink-run sets for its ranks: the GIN proxy's copies then share no
+                // hardware queue with a kernel waiting for them (host/src/gin/copy_watch.rs).
+                if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+                    cmd.env("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+                }
                 for (k, v) in extra {
                     cmd.env(k, v);
                 }

@@ -3,7 +3,8 @@
 //! `ferrolink-run -n N [--devices LIST] [--backend cuda|cpu] [--timeout SECS] PROGRAM [ARGS...]`
 //! starts N copies of PROGRAM, one per rank, each with the environment a launcher sets
 //! (torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
-//! `MASTER_PORT`, and ferrolink's `FERROLINK_UNIQUE_ID`, `FERROLINK_DEVICE`), prefixes every line
+//! `MASTER_PORT`, and ferrolink's `FERROLINK_UNIQUE_ID`, `FERROLINK_DEVICE`; and
+//! `CUDA_DEVICE_MAX_CONNECTIONS=32` unless set), prefixes every line
 //! of their output with `[rank i] `, and ends the job when a rank fails. See
 //! `docs/ferrolink-run.md`.
 
@@ -30,6 +31,12 @@ const OUTER_LAUNCHER_VARS: [(&str, &str); 4] =
 /// not inherit them.
 const RANK_OVERRIDES: [&str; 4] =
     ["FERROLINK_RANK", "FERROLINK_NRANKS", "FERROLINK_LOCAL_RANK", "FERROLINK_LOCAL_NRANKS"];
+
+/// Set for the ranks where the launcher's environment does not set it: the most hardware
+/// queues the CUDA driver gives a context's streams (8 unless set). With fewer, the GIN
+/// proxy's stream copies may share a queue with a kernel that waits for them, and never run
+/// (host/src/gin/copy_watch.rs).
+const STREAM_QUEUES: (&str, &str) = (ferrolink::runtime::CUDA_STREAM_QUEUES_VAR, "32");
 
 /// Exit status when `--timeout` ran out (as timeout(1)).
 const EXIT_TIMEOUT: i32 = 124;
@@ -272,6 +279,9 @@ fn spawn_rank(cli: &Cli, env: &JobEnv, rank: usize) -> io::Result<(Child, mpsc::
         .process_group(0);
     for var in RANK_OVERRIDES {
         cmd.env_remove(var);
+    }
+    if std::env::var_os(STREAM_QUEUES.0).is_none() {
+        cmd.env(STREAM_QUEUES.0, STREAM_QUEUES.1);
     }
     if let Some(backend) = cli.backend {
         cmd.env("FERROLINK_BACKEND", backend.env_value());

@@ -117,6 +117,23 @@ fn ferrolinks_own_rank_overrides_are_not_inherited() {
     assert!(text(&out.stderr).contains("ignoring FERROLINK_RANK=1"));
 }
 
+/// The ranks get the most CUDA stream queues unless the launcher's environment says how many.
+#[test]
+fn cuda_stream_queues_default_to_the_most_and_a_set_value_is_kept() {
+    let script = r#"echo "Q=${CUDA_DEVICE_MAX_CONNECTIONS-unset}""#;
+    let out =
+        launcher(&["-n", "2", "/bin/sh", "-c", script]).env_remove("CUDA_DEVICE_MAX_CONNECTIONS").output().unwrap();
+    assert!(out.status.success());
+    for rank in 0..2 {
+        assert_eq!(rank_lines(&text(&out.stdout), rank), ["Q=32"]);
+    }
+    let out = launcher(&["-n", "2", "/bin/sh", "-c", script]).env("CUDA_DEVICE_MAX_CONNECTIONS", "4").output().unwrap();
+    assert!(out.status.success());
+    for rank in 0..2 {
+        assert_eq!(rank_lines(&text(&out.stdout), rank), ["Q=4"]);
+    }
+}
+
 #[test]
 fn devices_are_mapped_from_the_list_cyclically() {
     let out = run_sh(&["-n", "4", "--devices", "0,1"], "echo D=$FERROLINK_DEVICE");

@@ -249,6 +249,9 @@ struct CollCli {
 }
 
 fn main() {
+    // SAFETY: first thing in main, before this program starts any thread. (The GIN paths
+    // measured here need the most stream queues, as ferrolink-run gives its ranks.)
+    unsafe { ferrolink::runtime::set_most_cuda_stream_queues() };
     if let Err(e) = run(Cli::parse()) {
         eprintln!("ferrolink-perf: error: {e}");
         std::process::exit(1);

@@ -72,6 +72,14 @@ pub(crate) enum WaitOn {
     /// GIN signal `signal` to reach `target`; it is `value`, with `from` what each sender
     /// has added (senders with nothing left out).
     GinSignal { signal: u32, target: u64, value: u64, from: Vec<(usize, u64)> },
+    /// The rank's GIN proxy waits for its stream copy `id`, `what` for, running for
+    /// `running`; `queues`: the device's hardware queues for streams and their setting.
+    ProxyCopy {
+        id: u64,
+        what: crate::gin::copy_watch::CopyFor,
+        running: std::time::Duration,
+        queues: Option<(usize, &'static str)>,
+    },
 }
 
 impl StalledWait {
@@ -81,6 +89,7 @@ impl StalledWait {
             WaitOn::LsaBarrier { barrier, epoch } => (self.rank, 0, barrier, u64::from(epoch)),
             WaitOn::GinBarrier { index, epoch } => (self.rank, 1, index, u64::from(epoch)),
             WaitOn::GinSignal { signal, target, .. } => (self.rank, 2, signal, target),
+            WaitOn::ProxyCopy { id, .. } => (self.rank, 3, 0, id),
         }
     }
 
@@ -102,6 +111,26 @@ impl StalledWait {
             }
             WaitOn::GinBarrier { index, epoch } => {
                 format!("rank {rank} CTA {cta} waits at GIN barrier {index} for epoch {epoch}: {who}")
+            }
+            WaitOn::ProxyCopy { what, running, queues, .. } => {
+                use crate::gin::copy_watch::CopyFor;
+                let copy = match what {
+                    CopyFor::DeliveryFrom(p) => format!("its copy of what rank {p} sent into this rank's memory"),
+                    CopyFor::StagingTo(p) => format!("its copy of a put's source to rank {p} into staging"),
+                };
+                let why = match queues {
+                    Some((q, setting)) if *q < 32 => format!(
+                        ": the device's streams share {q} hardware queues ({setting}={q}), and a copy whose queue \
+                         holds a kernel waiting for it never runs; set {setting}=32 before the process first uses \
+                         CUDA"
+                    ),
+                    Some((q, setting)) => format!(
+                        ": the device's streams share {q} hardware queues ({setting}={q}); with more streams than \
+                         queues, a copy whose queue holds a kernel waiting for it never runs"
+                    ),
+                    None => String::new(),
+                };
+                format!("rank {rank}'s GIN proxy waits for {copy}, running for {running:.1?}{why}")
             }
             WaitOn::GinSignal { signal, target, value, from } => {
                 let senders = if from.is_empty() {

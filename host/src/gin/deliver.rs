@@ -3,6 +3,7 @@
 //! ([`GinRank::deliveries`]).
 
 use super::GinRank;
+use super::copy_watch::CopyFor;
 use super::staging::StagingBlock;
 use super::transport::{Deliver, RemoteLocation};
 use crate::mem::window::Window;
@@ -43,17 +44,19 @@ impl Deliver for GinRank {
         pool.take()
     }
 
-    fn put(&self, _from: usize, dst: RemoteLocation, data: &[u8]) -> Result<()> {
+    fn put(&self, from: usize, dst: RemoteLocation, data: &[u8]) -> Result<()> {
         let (_w, addr) = self.location(dst, data.len())?;
+        let _under_way = self.copy_watch.begin(CopyFor::DeliveryFrom(from));
         // SAFETY: the range lies in this rank's live buffer of window `_w` (checked; `_w` keeps
         // it alive until the copy has run: `write_sync` waits for it); kernels read it only
         // after the signal that follows (the GIN contract).
         unsafe { self.deliveries.write_sync(addr, data) }
     }
 
-    fn put_value(&self, _from: usize, dst: RemoteLocation, value: u64, bytes: u32) -> Result<()> {
+    fn put_value(&self, from: usize, dst: RemoteLocation, value: u64, bytes: u32) -> Result<()> {
         let (_w, addr) = self.location(dst, bytes as usize)?;
         let le = value.to_le_bytes();
+        let _under_way = self.copy_watch.begin(CopyFor::DeliveryFrom(from));
         // SAFETY: as in `put`.
         unsafe { self.deliveries.write_sync(addr, &le[..bytes as usize]) }
     }
@@ -71,6 +74,7 @@ impl Deliver for GinRank {
         let total = received.entry((from, id)).or_insert(0);
         *total = total.wrapping_add(inc);
         let addr = self.signals.local_addr((id as usize * self.nranks + from) * 8, 8)?;
+        let _under_way = self.copy_watch.begin(CopyFor::DeliveryFrom(from));
         // SAFETY: an aligned word of this rank's signal window; kernels only read it (with
         // atomics) and only this receiver writes slot `[id][from]`; the data it announces was
         // written (synchronously, on the same stream) before.

@@ -8,6 +8,7 @@
 //! the peer's memory is mapped here (an LSA peer with `FERROLINK_GIN=proxy`), else **TCP**.
 //! `FERROLINK_GIN=direct|proxy` and `FERROLINK_GIN_TRANSPORT=ce|tcp` override the choice.
 
+pub(crate) mod copy_watch;
 mod deliver;
 pub(crate) mod proxy;
 pub(crate) mod staging;
@@ -21,7 +22,9 @@ use crate::runtime::device::Device;
 use crate::runtime::host_mapped::HostMapped;
 use crate::runtime::lifetime::lock;
 use crate::runtime::memory::DeviceBuffer;
+use crate::runtime::stream::Stream;
 use crate::{Error, Result};
+use copy_watch::CopyWatch;
 use ferrolink_device::gin::{DevGin, GinDescriptor, flags};
 use staging::StagingPool;
 use std::collections::HashMap;
@@ -93,6 +96,15 @@ pub(crate) struct GinRank {
     /// kernels that wait for this rank's deliveries hold every SM, a delivery queued behind
     /// such work would never run (seen on an H200: four ranks in LSA domains of two).
     pub(crate) deliveries: Arc<dyn StreamBackend>,
+    /// The copy-engine transport's one stream (to every peer it reaches), made here for the
+    /// same reason as `deliveries`; `None` where no peer is reached through the copy engine.
+    /// One stream, not one per peer: streams beyond the driver's hardware queues share them,
+    /// and a copy queued in a hardware queue behind a kernel that waits for it never runs
+    /// (see [`copy_watch`]).
+    pub(crate) copies: Option<Stream>,
+    /// The proxy threads' stream copies under way (deliveries, staging), named by the
+    /// watchdog when one does not finish (see [`copy_watch`]).
+    pub(crate) copy_watch: Arc<CopyWatch>,
     /// This rank's verbs connections, while they live.
     #[cfg(feature = "verbs")]
     verbs: Mutex<Option<transport::verbs::VerbsSetup>>,
@@ -244,6 +256,12 @@ impl GinRank {
                 });
             }
         }
+        // The proxy's own copies that do not finish (a wait above may be waiting for one).
+        out.extend(self.copy_watch.stuck(
+            self.rank,
+            std::time::Instant::now(),
+            self.device.backend_device().stream_queues(),
+        ));
         // A lost peer never signals again: a stalled wait will not end by itself.
         if let (Some(w), Some((peer, why))) = (out.first(), lock(&self.lost).first()) {
             self.fail(format!("rank {peer} is gone ({why}) while {}", w.describe()));
@@ -289,6 +307,25 @@ pub(crate) struct GinShape {
     pub(crate) barriers: u32,
     pub(crate) mode: Option<GinMode>,
     pub(crate) transport: Option<TransportKind>,
+}
+
+/// Warns (once per process) where GIN reaches peers through the proxy's stream copies (TCP,
+/// copy engine) on a device whose streams share fewer hardware queues than they can: a copy
+/// that shares a queue with a kernel waiting for it never runs (see [`copy_watch`]).
+fn warn_of_few_stream_queues(dev: &Device, rank: usize, kinds: &[Option<TransportKind>]) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let copies = kinds.iter().any(|k| matches!(k, Some(TransportKind::Tcp | TransportKind::CopyEngine)));
+    let Some((queues, setting)) = dev.backend_device().stream_queues() else { return };
+    if copies && queues < 32 && !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            target: "ferrolink::gin",
+            rank,
+            "GIN through the proxy copies on streams, and this process's streams share {queues} hardware queues \
+             ({setting}={queues}): a copy whose queue holds a kernel that waits for it never runs (a hang the \
+             watchdog names). Set {setting}=32 before the process first uses CUDA (ferrolink-run does for the \
+             ranks it starts)"
+        );
+    }
 }
 
 /// Creates this rank's GIN resources (collective: part of `create_dev_comm`): the signal
@@ -339,11 +376,15 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
     )?;
     // The TCP transport's pinned staging, all of it now: later, kernels may be running, and
     // a pinned allocation or free may wait for them (while they wait for the transport).
+    let copy_watch = Arc::new(CopyWatch::default());
+    warn_of_few_stream_queues(dev, comm.rank(), &kinds);
     let tcp_rings = contexts as usize * kinds.iter().filter(|k| **k == Some(TransportKind::Tcp)).count();
     let uses_tcp = tcp_rings > 0;
     let staging = if uses_tcp {
         let blocks = transport::tcp::staging_blocks(tcp_rings);
-        let pool = StagingPool::new(dev, blocks, transport::tcp::STAGING_BLOCK, tcp_rings.min(8))?;
+        // One copy stream for all the rank's connections: every stream more may share a
+        // hardware queue with a kernel's (see `copies`), and TCP, not the copy, bounds them.
+        let pool = StagingPool::new(dev, blocks, transport::tcp::STAGING_BLOCK, 1, copy_watch.clone())?;
         tracing::debug!(target: "ferrolink::gin", rank = comm.rank(), blocks = pool.count(), bytes = pool.block_bytes(), "GIN TCP staging pool");
         Some(pool)
     } else {
@@ -351,6 +392,7 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
     };
     // Made now, as the staging: a stream made while kernels run may wait for them.
     let deliveries: Arc<dyn StreamBackend> = Arc::from(dev.backend_device().create_stream()?);
+    let copies = kinds.contains(&Some(TransportKind::CopyEngine)).then(|| dev.create_stream()).transpose()?;
     // Device words: produced[rings] | signal_base[signals] | counters[counters] |
     // counter_base[counters] | consumed_seen[rings].
     let words = dev.alloc::<u64>(2 * rings + signal_count.max(1) as usize + 2 * counter_count as usize)?;
@@ -403,6 +445,8 @@ pub(crate) fn create(comm: &Communicator, shape: GinShape) -> Result<(DevGin, Gi
         tcp_receiver: Mutex::new(None),
         staging,
         deliveries,
+        copies,
+        copy_watch,
         #[cfg(feature = "verbs")]
         verbs: Mutex::new(None),
         stop: std::sync::atomic::AtomicBool::new(false),

@@ -12,6 +12,7 @@
 //! the pool is empty they use ordinary (pageable) memory instead, which never waits for the
 //! device.
 
+use super::copy_watch::CopyWatch;
 use crate::Result;
 use crate::runtime::backend::StreamBackend;
 use crate::runtime::device::Device;
@@ -27,17 +28,25 @@ pub(crate) struct StagingPool {
     /// The streams that copy sources into blocks, made now too (a stream made while kernels
     /// run may wait for them, as an allocation may): connections share them round robin.
     streams: Vec<Arc<dyn StreamBackend>>,
+    /// The rank's copies under way: senders note their waits for `streams` here.
+    pub(crate) watch: Arc<CopyWatch>,
 }
 
 impl StagingPool {
     /// `count` blocks of `block_bytes` host-mapped bytes of `dev`, allocated now, and
-    /// `streams` (at least one) copy streams.
-    pub(crate) fn new(dev: &Device, count: usize, block_bytes: usize, streams: usize) -> Result<Arc<StagingPool>> {
+    /// `streams` (at least one) copy streams, whose copies senders note in `watch`.
+    pub(crate) fn new(
+        dev: &Device,
+        count: usize,
+        block_bytes: usize,
+        streams: usize,
+        watch: Arc<CopyWatch>,
+    ) -> Result<Arc<StagingPool>> {
         let free = (0..count).map(|_| HostMapped::alloc(dev, block_bytes)).collect::<Result<Vec<_>>>()?;
         let streams = (0..streams.max(1))
             .map(|_| dev.backend_device().create_stream().map(Arc::from))
             .collect::<Result<Vec<Arc<dyn StreamBackend>>>>()?;
-        Ok(Arc::new(StagingPool { free: Mutex::new(free), block_bytes, count, streams }))
+        Ok(Arc::new(StagingPool { free: Mutex::new(free), block_bytes, count, streams, watch }))
     }
 
     /// The copy stream for connection `i` (shared with every `streams.len()`-th one).
@@ -109,7 +118,7 @@ mod tests {
     #[test]
     fn the_pool_hands_out_its_blocks_and_takes_them_back() {
         let dev = Device::open_with(Backend::Cpu, 0).unwrap();
-        let pool = StagingPool::new(&dev, 3, 4096, 1).unwrap();
+        let pool = StagingPool::new(&dev, 3, 4096, 1, Default::default()).unwrap();
         let allocs = HostMapped::allocs(&dev);
         assert_eq!((pool.count(), pool.available(), pool.block_bytes()), (3, 3, 4096));
         let mut held: Vec<StagingBlock> = std::iter::from_fn(|| pool.take()).collect();

@@ -26,6 +26,36 @@ pub use memory::DeviceBuffer;
 pub use module::Module;
 pub use stream::{Event, Graph, Stream};
 
+/// The environment variable that sets how many hardware queues the CUDA driver gives a
+/// context's streams (8 unless set, 32 at most), read when the driver makes the context.
+pub const CUDA_STREAM_QUEUES_VAR: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+
+/// Sets [`CUDA_STREAM_QUEUES_VAR`] to 32, the most, unless the environment sets it: with
+/// fewer, the GIN proxy's stream copies (TCP and copy-engine transports) may share a hardware
+/// queue with a kernel waiting for them, and never run. `ferrolink-run` sets it for the ranks
+/// it starts; a program started otherwise (torchrun, srun, mpirun) calls this first thing in
+/// `main`, or its launch sets the variable. Whether it was set by this call.
+///
+/// ```
+/// // First thing in `main`:
+/// // SAFETY: no other thread exists yet.
+/// unsafe { ferrolink::runtime::set_most_cuda_stream_queues() };
+/// // ... then open devices, communicators ...
+/// ```
+///
+/// # Safety
+/// It writes the process's environment: no other thread may read or write the environment
+/// while it runs (std's own reads are safe, C code's `getenv` is not), so call it before the
+/// program starts threads. It has no effect on a CUDA context made before it.
+pub unsafe fn set_most_cuda_stream_queues() -> bool {
+    if std::env::var_os(CUDA_STREAM_QUEUES_VAR).is_some() {
+        return false;
+    }
+    // SAFETY: the caller's contract (no concurrent access to the environment).
+    unsafe { std::env::set_var(CUDA_STREAM_QUEUES_VAR, "32") };
+    true
+}
+
 /// Devices `backend` has here: the GPUs the driver sees on CUDA (0 without a driver); on the
 /// emulator there is no limit, and any ordinal opens a fresh emulated device.
 pub fn device_count(backend: Backend) -> crate::Result<usize> {

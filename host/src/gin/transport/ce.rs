@@ -1,8 +1,10 @@
 //! The copy-engine transport: for peers whose memory is mapped on this rank's GPU (LSA peers
 //! reached through the proxy). A put is a driver copy into the peer's slot of this rank's flat
 //! window mapping; a signal is a stream-ordered write of the slot's new total
-//! (`cuStreamWriteValue64`) after the copy, on the same stream. One stream per peer keeps
-//! everything to a peer in order, across contexts (so a slot's totals only grow).
+//! (`cuStreamWriteValue64`) after the copy, on the same stream. The rank's one copy stream
+//! (`GinRank::copies`, made with its GIN) keeps everything to a peer in order, across contexts
+//! (so a slot's totals only grow); one stream, not one per peer, so that the rank adds one
+//! stream to the driver's hardware queues, not one per peer (see [`crate::gin::STREAM_QUEUES_VAR`]).
 
 use super::{Payload, Request, Transport};
 use crate::gin::GinRank;
@@ -23,7 +25,6 @@ const FAILURE_CHECK_POLLS: u32 = 1024;
 
 pub(crate) struct CopyEngine {
     gin: Arc<GinRank>,
-    streams: HashMap<usize, Stream>,
     /// Per peer: the total this rank has added to each of the peer's `[signal][me]` slots.
     sent: HashMap<(usize, u32), u64>,
     /// Requests in flight per peer, in order, with the windows they use (kept alive).
@@ -33,7 +34,7 @@ pub(crate) struct CopyEngine {
 
 impl CopyEngine {
     pub(crate) fn new(gin: Arc<GinRank>) -> CopyEngine {
-        CopyEngine { gin, streams: HashMap::new(), sent: HashMap::new(), pending: HashMap::new(), polls: 0 }
+        CopyEngine { gin, sent: HashMap::new(), pending: HashMap::new(), polls: 0 }
     }
 }
 
@@ -51,10 +52,12 @@ impl Transport for CopyEngine {
                 req.peer
             )));
         }
-        let stream = match self.streams.entry(req.peer) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(g.device.create_stream()?),
-        };
+        let stream = g.copies.as_ref().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "rank {}: the copy-engine transport was not set up with this rank's GIN",
+                g.rank
+            ))
+        })?;
         // What goes on the stream: the data (a copy, or a value written by the GPU's front
         // end), then the signal's new total; one completion for both.
         let mut copy = None;
@@ -113,12 +116,10 @@ impl Transport for CopyEngine {
             }
         }
         self.polls = self.polls.wrapping_add(1);
-        if done.len() > before || self.polls.is_multiple_of(FAILURE_CHECK_POLLS) {
-            for s in self.streams.values() {
-                if let Some(e) = s.failure() {
-                    return Err(e);
-                }
-            }
+        if (done.len() > before || self.polls.is_multiple_of(FAILURE_CHECK_POLLS))
+            && let Some(e) = self.gin.copies.as_ref().and_then(Stream::failure)
+        {
+            return Err(e);
         }
         Ok(())
     }

@@ -80,6 +80,7 @@
 use super::tcp_wire::{self, Decoder, Frame, Item};
 use super::{Deliver, Payload, RemoteLocation, Request, Transport};
 use crate::gin::GinRank;
+use crate::gin::copy_watch::{CopyFor, CopyWatch};
 use crate::gin::staging::{StagingBlock, StagingPool};
 use crate::runtime::backend::{EventBackend, StreamBackend};
 use crate::runtime::lifetime::lock;
@@ -889,6 +890,8 @@ struct Wire {
     /// its copies before it reports a request, reuses a block, or drops one (returns it to
     /// the pool: see `Drop`).
     copy: Arc<dyn StreamBackend>,
+    /// The rank's copies under way, where this thread notes its waits for `copy`.
+    watch: Arc<CopyWatch>,
     staging: [Option<Staging>; 2],
 }
 
@@ -939,17 +942,17 @@ impl Link {
     fn serve(&self, jobs: &mpsc::Receiver<Request>, reports: &mpsc::Sender<Report>) -> Result<()> {
         // The copy stream comes from the pool, made before any kernel ran: making one here
         // may wait for running kernels, which may be waiting for this connection.
-        let copy = self
+        let (copy, watch) = self
             .pool
             .upgrade()
-            .map(|p| p.copy_stream(self.peer * 31 + self.context as usize))
+            .map(|p| (p.copy_stream(self.peer * 31 + self.context as usize), p.watch.clone()))
             .ok_or_else(|| Error::Aborted(format!("{}: the staging pool is gone", self.describe())))?;
         let mut sock =
             TcpStream::connect_timeout(&self.addr, CONNECT_TIMEOUT).map_err(|e| self.io_err("cannot connect", e))?;
         let hello = encode(&Frame::Hello { job: self.job, rank: self.rank as u32, context: self.context })?;
         sock.write_all(hello.as_bytes()).map_err(|e| self.io_err("broke", e))?;
         sock.set_nodelay(true).map_err(|e| self.io_err("cannot set TCP_NODELAY", e))?;
-        let mut w = Wire { sock, copy, staging: [None, None] };
+        let mut w = Wire { sock, copy, watch, staging: [None, None] };
         tracing::debug!(target: "ferrolink::gin", rank = self.rank, peer = self.peer, context = self.context, addr = %self.addr, "GIN TCP connection open");
         let mut plan = Plan { jobs, next: None, large: None, closed: false };
         // At most two pieces staged: the one being written and the next, in the other block.
@@ -1063,6 +1066,7 @@ impl Link {
     /// are in host memory: they may be reused), fills in its headers and writes it.
     fn send(&self, w: &mut Wire, p: Piece, reports: &mpsc::Sender<Report>) -> Result<()> {
         if let Some(e) = &p.event {
+            let _under_way = w.watch.begin(CopyFor::StagingTo(self.peer));
             e.synchronize()?;
         }
         for &(ring, ticket) in &p.done {
@@ -1146,6 +1150,7 @@ impl Link {
             }
             Staging::Pageable(v) => {
                 let dst = &mut v[PREFIX + at..PREFIX + at + bytes];
+                let _under_way = w.watch.begin(CopyFor::StagingTo(self.peer));
                 // SAFETY: `src` is this rank's source window range (resolved and
                 // bounds-checked by the proxy), device memory of this device that no work
                 // writes: the GIN contract keeps it alive and unwritten until the request is
@@ -1309,7 +1314,7 @@ mod tests {
 
     /// A staging pool of `blocks` blocks on `dev`, as a rank's.
     fn pool(dev: &Device, blocks: usize) -> Arc<StagingPool> {
-        StagingPool::new(dev, blocks, STAGING_BLOCK, 2).unwrap()
+        StagingPool::new(dev, blocks, STAGING_BLOCK, 2, Default::default()).unwrap()
     }
 
     /// Waits (up to 20 s) until `pool` has all its blocks back.

@@ -129,6 +129,13 @@ pub(crate) trait DeviceBackend: Send + Sync + 'static {
 
     /// A stream whose work may run concurrently with other streams' work.
     fn create_stream(&self) -> Result<Box<dyn StreamBackend>>;
+    /// How many hardware queues the device's streams share, where they share a bounded
+    /// number, and the setting that sets it (CUDA: the context's connections,
+    /// `CUDA_DEVICE_MAX_CONNECTIONS`, 8 unless set, 32 at most); `None` where every stream
+    /// has its own (the CPU backend: a thread each). Work in one queue starts in order, so
+    /// work on a stream can wait behind a kernel of another stream that shares its queue: a
+    /// copy that such a kernel waits for never runs.
+    fn stream_queues(&self) -> Option<(usize, &'static str)>;
     /// Loads a module and resolves each of `entries`. `cubin`, when given, is the same
     /// module assembled ahead of time; a backend that can run it uses it instead of compiling
     /// the PTX, and falls back to the PTX when the GPU cannot run it. `device_runtime`: the

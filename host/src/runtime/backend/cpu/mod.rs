@@ -154,6 +154,10 @@ impl DeviceBackend for CpuDevice {
         Ok(Box::new(stream::CpuStream::new()?))
     }
 
+    fn stream_queues(&self) -> Option<(usize, &'static str)> {
+        None
+    }
+
     fn load_module(
         &self,
         _ptx: &str,

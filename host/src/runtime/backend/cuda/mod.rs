@@ -56,6 +56,18 @@ struct Ctx {
     /// Freed pinned host allocations by size, for the next allocations of that size (see the
     /// module docs), and their bytes in all.
     pinned_cache: std::sync::Mutex<(HashMap<usize, Vec<usize>>, usize)>,
+    /// The hardware queues ("connections") the context's streams share, as the driver read
+    /// them from the environment when it made the context (see [`STREAM_QUEUES_VAR`]).
+    stream_queues: usize,
+}
+
+/// The driver's variable for the number of hardware queues a context's streams share: read
+/// once, when the driver makes the context; 8 unless set, 1 to 32.
+const STREAM_QUEUES_VAR: &str = crate::runtime::CUDA_STREAM_QUEUES_VAR;
+
+/// The hardware queues a context made now gets: [`STREAM_QUEUES_VAR`] as the driver reads it.
+fn stream_queues_from_env() -> usize {
+    std::env::var(STREAM_QUEUES_VAR).ok().and_then(|v| v.trim().parse::<usize>().ok()).map_or(8, |q| q.clamp(1, 32))
 }
 
 /// The GPU's launch figures. 256 threads per CTA: the collective kernel, one body for every
@@ -190,6 +202,7 @@ impl CudaDevice {
                 peek_stream,
                 free_events: Default::default(),
                 pinned_cache: Default::default(),
+                stream_queues: stream_queues_from_env(),
             }),
             ordinal,
             sm_count,
@@ -346,6 +359,10 @@ impl DeviceBackend for CudaDevice {
     fn create_stream(&self) -> Result<Box<dyn StreamBackend>> {
         let _g = self.ctx.bind()?;
         Ok(Box::new(CudaStream { ctx: self.ctx.clone(), stream: driver::stream_create()? }))
+    }
+
+    fn stream_queues(&self) -> Option<(usize, &'static str)> {
+        Some((self.ctx.stream_queues, STREAM_QUEUES_VAR))
     }
 
     fn load_module(
