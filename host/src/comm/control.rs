@@ -353,8 +353,15 @@ impl CommControl {
         }
         drop(stalls);
         if let Some((w, waited)) = expired {
+            // A proxy copy that does not finish is likely why the others wait: say so too.
+            let copies: Vec<String> = seen
+                .iter()
+                .filter(|c| matches!(c.on, WaitOn::ProxyCopy { .. }) && c.key() != w.key())
+                .map(StalledWait::describe)
+                .collect();
+            let also = if copies.is_empty() { String::new() } else { format!("; meanwhile {}", copies.join("; ")) };
             self.abort(Error::WaitTimeout(format!(
-                "{} (waited {:.1?}, over the communicator's timeout; FERROLINK_TIMEOUT sets it)",
+                "{} (waited {:.1?}, over the communicator's timeout; FERROLINK_TIMEOUT sets it){also}",
                 w.describe(),
                 waited
             )));
@@ -369,5 +376,63 @@ impl StreamObserver for CommControl {
 
     fn external_error(&self) -> Option<Error> {
         if self.is_aborted() { Some(self.error().unwrap_or_else(|| Error::Aborted("aborted".into()))) } else { None }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gin::copy_watch::CopyFor;
+
+    /// A rank whose kernel waits at a GIN barrier while its proxy waits for a copy.
+    struct Stalled;
+
+    impl ControlSource for Stalled {
+        fn rank(&self) -> usize {
+            2
+        }
+        fn raise_abort(&self) {}
+        fn fault(&self) -> Option<String> {
+            None
+        }
+        fn stalled_waits(&self) -> Result<Vec<StalledWait>> {
+            Ok(vec![
+                StalledWait { rank: 2, cta: 0, on: WaitOn::GinBarrier { index: 0, epoch: 5 }, missing: vec![4] },
+                StalledWait {
+                    rank: 2,
+                    cta: 0,
+                    on: WaitOn::ProxyCopy {
+                        id: 9,
+                        what: CopyFor::DeliveryFrom(4),
+                        running: Duration::from_secs(3),
+                        queues: Some((8, "QUEUES")),
+                    },
+                    missing: Vec::new(),
+                },
+            ])
+        }
+        fn reset(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_timed_out_wait_names_the_proxy_copy_that_does_not_finish() {
+        let config = CommConfig {
+            timeout: Some(Duration::from_secs(5)),
+            progress_interval: Duration::from_secs(1),
+            ..CommConfig::from_env(crate::Backend::Cpu)
+        };
+        let control = CommControl::new(1, config);
+        let source: std::sync::Arc<dyn ControlSource> = std::sync::Arc::new(Stalled);
+        control.add_source(std::sync::Arc::downgrade(&source));
+        let t0 = Instant::now();
+        control.tick(t0);
+        assert!(!control.is_aborted(), "not before the timeout");
+        control.tick(t0 + Duration::from_secs(6));
+        let text = control.error().expect("aborted at the timeout").to_string();
+        assert!(text.contains("GIN barrier 0 for epoch 5: rank 4 has not arrived"), "{text}");
+        assert!(text.contains("meanwhile rank 2's GIN proxy waits for its copy of what rank 4 sent"), "{text}");
+        assert!(text.contains("QUEUES=8"), "{text}");
     }
 }
