@@ -8,7 +8,7 @@
 // kernel and reports whether the operation finished while the SMs were held.
 //
 // Build: nvcc -O3 -arch=sm_90 -o copies_under_held_sms copies_under_held_sms.cu -lcuda
-// Run:   ./copies_under_held_sms [bytes]     (one GPU)
+// Run:   ./copies_under_held_sms [bytes] [mode 0-3: how the hold kernel spins; see `hold`]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,20 +31,62 @@
 
 static const int HOLD_MS = 300;
 
-__global__ void hold(volatile int* stop, int* started) {
+// How the hold kernel spins: 0 reads nothing (the global timer only), 1 every thread reads the
+// host flag, 2 lane 0 of each warp reads it then sleeps 100 ns (as a GIN wait past its fast
+// phase), 3 thread 0 of each CTA does. Every mode also ends at `deadline_ns` (a safety net;
+// mode 0's only end).
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void read_timer(unsigned long long* out) { *out = global_ns(); }
+
+__global__ void hold(volatile int* stop, int* started, int mode, unsigned long long deadline_ns) {
   if (threadIdx.x == 0) atomicAdd(started, 1);
-  while (*stop == 0) {
+  __shared__ int cta_done;
+  for (;;) {
+    if (mode == 0) {
+      if (global_ns() >= deadline_ns) break;
+    } else if (mode == 1) {
+      if (*stop != 0 || global_ns() >= deadline_ns) break;
+    } else if (mode == 2) {
+      // The lane-0 poller decides for its warp (no lane leaves alone).
+      int done = 0;
+      if (threadIdx.x % 32 == 0) {
+        done = *stop != 0 || global_ns() >= deadline_ns;
+        __nanosleep(100);
+      }
+      if (__shfl_sync(0xffffffffu, done, 0)) break;
+    } else {
+      // Thread 0 decides for its CTA.
+      if (threadIdx.x == 0) {
+        cta_done = *stop != 0 || global_ns() >= deadline_ns;
+        __nanosleep(100);
+      }
+      __syncthreads();
+      int done = cta_done;
+      __syncthreads();
+      if (done) break;
+    }
   }
 }
 
 int main(int argc, char** argv) {
   size_t bytes = argc > 1 ? strtoull(argv[1], nullptr, 0) : 4096;
+  int mode = argc > 2 ? atoi(argv[2]) : 1;
+  static const char* modes[] = {"no memory reads (timer)", "every thread reads the host flag",
+                                "lane 0 of each warp reads the host flag, 100 ns sleeps",
+                                "thread 0 of each CTA reads the host flag, 100 ns sleeps"};
+  if (mode < 0 || mode > 3) { fprintf(stderr, "mode 0..3\n"); return 2; }
   CK(cudaSetDevice(0));
   int sms = 0, per_sm = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, hold, 1024, 0));
   int ctas = sms * per_sm;
-  printf("SMs %d, hold CTAs %d (%d of 1024 threads per SM), %zu bytes per operation\n", sms, ctas, per_sm, bytes);
+  printf("SMs %d, hold CTAs %d (%d of 1024 threads per SM), %zu bytes per operation, hold kernel: %s\n", sms, ctas,
+         per_sm, bytes, modes[mode]);
 
   int *stop_h, *stop_d, *started_h, *started_d;
   CK(cudaHostAlloc(&stop_h, 4, cudaHostAllocMapped));
@@ -81,7 +123,17 @@ int main(int argc, char** argv) {
   for (auto& op : ops) {
     *stop_h = 0;
     *started_h = 0;
-    hold<<<ctas, 1024, 0, hs>>>(stop_d, started_d);
+    unsigned long long now_ns = 0;
+    {
+      // The GPU's global timer, read by a tiny kernel (the host has no view of it).
+      unsigned long long* t_d;
+      CK(cudaMalloc(&t_d, 8));
+      read_timer<<<1, 1, 0, hs>>>(t_d);
+      CK(cudaMemcpyAsync(&now_ns, t_d, 8, cudaMemcpyDeviceToHost, hs));
+      CK(cudaStreamSynchronize(hs));
+      CK(cudaFree(t_d));
+    }
+    hold<<<ctas, 1024, 0, hs>>>(stop_d, started_d, mode, now_ns + (HOLD_MS + 200) * 1000000ull);
     CK(cudaGetLastError());
     auto t0 = std::chrono::steady_clock::now();
     while (*(volatile int*)started_h < ctas) {
