@@ -238,6 +238,18 @@ pub enum LocalAction {
 /// Polls before a wait starts looking at the clock, the abort flag, and backing off.
 const FAST_POLLS: u32 = if cfg!(target_arch = "nvptx64") { 2048 } else { 1 };
 
+/// A waiter for ring credit or a flush that is not the ring's next waiter reads the host's
+/// `consumed` word only every this many polls; between, it reads the device's copy. Reads of
+/// host memory cross PCIe, and many warps polling it slow the proxy's own copies over PCIe
+/// several-fold (benches/cuda/copies_under_held_sms.cu, docs/PERF.md 2026-12-06: 4 KiB copies
+/// took 0.2 ms beside kernels reading no memory, 0.6-1.3 ms beside one host reader per CTA
+/// with 100 ns sleeps, 1.3-5 ms beside one per warp or per thread).
+const HOST_POLL_EVERY: u32 = 64;
+
+/// As [`HOST_POLL_EVERY`] for a flush, whose waiter has no one else refreshing the copy for it
+/// (one thread per coop: a shorter interval, for the flush's latency).
+const FLUSH_HOST_POLL_EVERY: u32 = 8;
+
 /// One context of a communicator's GIN (NCCL's `ncclGin(devComm, context)`). Every method
 /// that takes a coop is called by every thread of the coop with the same arguments.
 #[derive(Clone, Copy)]
@@ -512,12 +524,20 @@ impl<'a> Gin<'a> {
                     continue;
                 }
                 let ring = self.ring(p);
-                // SAFETY: `produced` and `consumed` hold a word per ring (host resources).
+                // SAFETY: `produced` holds a word per ring (device memory).
                 let produced = unsafe { atomic::load(self.produced(ring), LoadOrder::Relaxed, Scope::Gpu) };
+                let polls = core::cell::Cell::new(0u32);
                 let _ = self.poll(
                     || {
-                        // SAFETY: as above.
-                        let c = unsafe { atomic::load(self.consumed(ring), LoadOrder::Relaxed, Scope::Sys) };
+                        // The device's copy first; the host's word every FLUSH_HOST_POLL_EVERY
+                        // polls (and at once), refreshing the copy. Both only grow.
+                        let n = polls.get();
+                        polls.set(n.wrapping_add(1));
+                        let c = if n.is_multiple_of(FLUSH_HOST_POLL_EVERY) {
+                            self.consumed_from_host(ring)
+                        } else {
+                            self.consumed_seen_copy(ring)
+                        };
                         c.wrapping_sub(produced) as i64 >= 0
                     },
                     None,
@@ -809,6 +829,32 @@ impl<'a> Gin<'a> {
         (self.g().consumed as *mut u64).wrapping_add(ring)
     }
 
+    /// The device's copy of ring `ring`'s consumed word (a lower bound of it, in L2).
+    /// Ordering: read with an acquire at GPU scope, pairing with the release of
+    /// [`Gin::consumed_from_host`]'s refresh, which came after that thread's acquire of the
+    /// proxy's store: a thread that takes credit from the copy is ordered after the proxy's
+    /// read of the slot, as one reading host memory is.
+    #[inline(always)]
+    fn consumed_seen_copy(&self, ring: usize) -> u64 {
+        // SAFETY: `consumed_seen` holds a word per ring (device memory), accessed atomically.
+        unsafe { atomic::load((self.g().consumed_seen as *mut u64).wrapping_add(ring), LoadOrder::Acquire, Scope::Gpu) }
+    }
+
+    /// Ring `ring`'s consumed word read from host memory (acquire, system scope: the proxy
+    /// stores it with a release after reading the slots it frees), and the device's copy
+    /// raised to it (an atomic max with a release at GPU scope: the copy only grows).
+    #[inline(always)]
+    fn consumed_from_host(&self, ring: usize) -> u64 {
+        // SAFETY: `consumed` holds a word per ring, written by the proxy only; `consumed_seen`
+        // holds a word per ring (device memory); both accessed atomically.
+        unsafe {
+            let c = atomic::load(self.consumed(ring), LoadOrder::Acquire, Scope::Sys);
+            let seen = (self.g().consumed_seen as *mut u64).wrapping_add(ring);
+            atomic::fetch_max(seen, c, RmwOrder::Release, Scope::Gpu);
+            c
+        }
+    }
+
     /// Posts `d` on the ring to `peer`: claims a ticket, waits for credit (a free slot),
     /// writes the fields, then the sequence word with a release at system scope.
     #[inline(always)]
@@ -823,21 +869,28 @@ impl<'a> Gin<'a> {
         // read the slot; the load below acquires it (system scope), and the copy is stored
         // with a release and read with an acquire at GPU scope, so a thread that takes its
         // credit from the copy is ordered after the proxy's read of the slot as well.
-        let seen = (self.g().consumed_seen as *mut u64).wrapping_add(ring);
-        // SAFETY: `consumed_seen` holds a word per ring (device memory).
-        let cached = unsafe { atomic::load(seen, LoadOrder::Acquire, Scope::Gpu) };
+        //
+        // Only the ring's next waiter (the ticket the copy's next advance frees first) reads
+        // host memory at every poll; the others read the copy, which that waiter refreshes,
+        // and host memory every HOST_POLL_EVERY polls (so no wait depends on another thread).
+        // The copy only grows (an atomic max), so while anyone waits, the holder of ticket
+        // `copy + depth` is among the waiters (tickets are claimed in order, and it took no
+        // credit from a larger copy) and reads host memory.
+        let cached = self.consumed_seen_copy(ring);
         if ticket.wrapping_sub(cached) >= depth {
+            let polls = core::cell::Cell::new(0u32);
             let _ = self.poll(
                 || {
-                    // SAFETY: `consumed` holds a word per ring, written by the proxy only.
-                    let c = unsafe { atomic::load(self.consumed(ring), LoadOrder::Acquire, Scope::Sys) };
-                    let free = ticket.wrapping_sub(c) < depth;
-                    if free {
-                        // SAFETY: as above. A racing thread may store an older value: the copy
-                        // only ever needs to be a lower bound (a stale one costs a host read).
-                        unsafe { atomic::store(seen, c, StoreOrder::Release, Scope::Gpu) };
+                    let n = polls.get();
+                    polls.set(n.wrapping_add(1));
+                    let copy = self.consumed_seen_copy(ring);
+                    if ticket.wrapping_sub(copy) < depth {
+                        return true;
                     }
-                    free
+                    if ticket.wrapping_sub(copy) != depth && !n.is_multiple_of(HOST_POLL_EVERY) {
+                        return false;
+                    }
+                    ticket.wrapping_sub(self.consumed_from_host(ring)) < depth
                 },
                 None,
             );
