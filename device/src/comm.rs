@@ -28,6 +28,15 @@ pub const DEV_COMM_MAGIC: u32 = u32::from_le_bytes(*b"FLDC");
 /// version rejects a `DevComm` made by a host built against another.
 pub const DEV_COMM_ABI_VERSION: u32 = 4;
 
+/// [`DevComm::fault_claim`] states: no fault yet, a thread is writing the record, the record
+/// is written (threads that lost the claim trap only then, or after [`FAULT_RECORD_WAIT_NS`]).
+const FAULT_CLAIM_FREE: u32 = 0;
+const FAULT_RECORD_WRITING: u32 = 1;
+const FAULT_RECORD_WRITTEN: u32 = 2;
+
+/// How long a faulting thread that lost the claim waits for the record before it traps anyway.
+const FAULT_RECORD_WAIT_NS: u64 = 1_000_000;
+
 /// The first 16 bytes of a [`DevComm`]: what it is, its layout version and its size. Kernels
 /// check it when they open a barrier session ([`DevComm::check_header`]); the host checks it
 /// when a `DevComm` value comes back to it.
@@ -112,7 +121,8 @@ pub struct DevComm {
     pub wait_records: u64,
     /// Address of a word in device memory that the first faulting thread claims (compare and
     /// swap at `.gpu` scope) before it fills [`DevControl::error`], so that several threads
-    /// faulting at once leave one whole record, not a mix. Zero: none.
+    /// faulting at once leave one whole record, not a mix; it then marks the word written, and
+    /// the others trap only after that (bounded, see [`DevComm::fail`]). Zero: none.
     pub fault_claim: u64,
     /// GPU-initiated networking resources ([`crate::gin`]); `gin.flags == 0`: none.
     pub gin: crate::gin::DevGin,
@@ -291,11 +301,29 @@ impl DevComm {
     #[inline(never)]
     #[cold]
     pub fn fail(&self, code: u32, a: u64, b: u64) -> ! {
-        // The first faulting thread of this rank writes the record; the others only trap.
+        // The first faulting thread of this rank writes the record; the others wait, bounded,
+        // until it is written, then trap: a trap ends the whole grid, and one from a thread
+        // that lost the claim could otherwise end it between the claimer's stores.
+        // Ordering: the claimer's record stores, then `fence.sc.sys`, then its release store of
+        // FAULT_RECORD_WRITTEN (GPU scope); a loser's acquire load of that value orders its trap
+        // after the record is visible at system scope. The bound keeps a claimer that never
+        // finishes (its grid ended by another trap) from keeping the others waiting.
+        let claim = self.fault_claim as *mut u32;
         // SAFETY: `fault_claim` is this rank's live claim word in device memory, accessed
         // only atomically.
         let first = self.fault_claim == 0
-            || unsafe { atomic::compare_swap(self.fault_claim as *mut u32, 0, 1, RmwOrder::Relaxed, Scope::Gpu) } == 0;
+            || unsafe {
+                atomic::compare_swap(claim, FAULT_CLAIM_FREE, FAULT_RECORD_WRITING, RmwOrder::Relaxed, Scope::Gpu)
+            } == FAULT_CLAIM_FREE;
+        if !first {
+            let start = crate::arch::global_timer_ns();
+            // SAFETY: as above.
+            while unsafe { atomic::load(claim, LoadOrder::Acquire, Scope::Gpu) } != FAULT_RECORD_WRITTEN
+                && crate::arch::global_timer_ns().wrapping_sub(start) < FAULT_RECORD_WAIT_NS
+            {
+                crate::arch::nanosleep(100);
+            }
+        }
         if first && self.control != 0 {
             // On the emulator the record's stores and fence run to the end even if a thread
             // that lost the claim has trapped meanwhile (`emulator::RecordingFault`).
@@ -325,6 +353,10 @@ impl DevComm {
                 atomic::store(&raw mut (*c).abort, 1, StoreOrder::Relaxed, Scope::Sys);
             }
             atomic::fence(crate::arch::FenceOrder::SeqCst, Scope::Sys);
+        }
+        if first && self.fault_claim != 0 {
+            // SAFETY: as for the claim above.
+            unsafe { atomic::store(claim, FAULT_RECORD_WRITTEN, StoreOrder::Release, Scope::Gpu) };
         }
         crate::arch::trap()
     }
