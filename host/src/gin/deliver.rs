@@ -1,11 +1,20 @@
 //! A rank's receiving side: what transports deliver for it (data into its windows, signal
-//! slots), written by synchronous copies on the rank's own delivery stream
-//! ([`GinRank::deliveries`]).
+//! slots), written on the rank's own delivery stream ([`GinRank::deliveries`]): a batch of
+//! deliveries is queued in order and waited for once ([`Deliver::deliver`]); single ones
+//! are written by synchronous copies.
+//!
+//! # Ordering
+//! Every delivery of the rank goes on its one delivery stream, which runs them in order. A
+//! signal is a stream write of the slot's new total (`cuStreamWriteValue64`, after a memory
+//! barrier, so after the copies queued before it on the stream have landed); kernels read the
+//! slot with acquire loads, so the data a signal announces is visible to them once they see
+//! it. Totals are computed and queued under one lock, so a slot's writes reach the stream in
+//! increasing order even when several connections from one rank deliver at once.
 
 use super::GinRank;
 use super::copy_watch::CopyFor;
 use super::staging::StagingBlock;
-use super::transport::{Deliver, RemoteLocation};
+use super::transport::{Deliver, Delivery, RemoteLocation};
 use crate::mem::window::Window;
 use crate::runtime::lifetime::lock;
 use crate::{Error, Result};
@@ -62,22 +71,73 @@ impl Deliver for GinRank {
     }
 
     fn signal(&self, from: usize, id: u32, inc: u64) -> Result<()> {
+        let _under_way = self.copy_watch.begin(CopyFor::DeliveryFrom(from));
+        self.queue_signal(from, id, inc)?;
+        self.deliveries.synchronize()
+    }
+
+    fn deliver(&self, from: usize, buf: &[u8], ops: &[Delivery]) -> Result<()> {
+        let _under_way = self.copy_watch.begin(CopyFor::DeliveryFrom(from));
+        // The windows written, kept alive until their copies have run.
+        let mut windows: Vec<Window> = Vec::new();
+        let queued = self.queue_deliveries(from, buf, ops, &mut windows);
+        // Wait also after a failure: what was queued reads `buf` and `ops`, which the caller
+        // may reuse once this returns.
+        let landed = self.deliveries.synchronize();
+        drop(windows);
+        queued.and(landed)
+    }
+}
+
+impl GinRank {
+    /// Queues `ops` on the delivery stream, in order, keeping the windows they write in
+    /// `windows`; stops at the first that fails.
+    fn queue_deliveries(&self, from: usize, buf: &[u8], ops: &[Delivery], windows: &mut Vec<Window>) -> Result<()> {
+        for op in ops {
+            match op {
+                Delivery::Put { dst, range } => {
+                    let data = &buf[range.clone()];
+                    let (w, addr) = self.location(*dst, data.len())?;
+                    // SAFETY: the range lies in this rank's live buffer of window `w` (checked;
+                    // `w` is kept in `windows` until the caller has synchronized the stream);
+                    // `data` is the caller's, which it keeps until then (`deliver` waits);
+                    // kernels read the range only after the signal that follows (the GIN
+                    // contract).
+                    unsafe { self.deliveries.write_async(addr, data)? };
+                    windows.push(w);
+                }
+                Delivery::PutValue { dst, le, bytes } => {
+                    let (w, addr) = self.location(*dst, usize::from(*bytes))?;
+                    // SAFETY: as for a put; `le` lies in `ops`, kept by the caller until the
+                    // stream has run the copy.
+                    unsafe { self.deliveries.write_async(addr, &le[..usize::from(*bytes)])? };
+                    windows.push(w);
+                }
+                Delivery::Signal { id, inc } => self.queue_signal(from, *id, *inc)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues the write of signal `id`'s slot for sender `from`, with `inc` added to its total,
+    /// after everything queued on the delivery stream before.
+    fn queue_signal(&self, from: usize, id: u32, inc: u64) -> Result<()> {
         if id >= self.signal_count || from >= self.nranks {
             return Err(Error::InvalidArgument(format!(
                 "rank {}: GIN signal {id} from rank {from} is out of range",
                 self.rank
             )));
         }
-        // The slot is written whole with its new total, under the lock, so that it only grows
-        // even when several connections from `from` deliver at once.
+        // The slot is written whole with its new total, queued under the lock, so that it
+        // only grows even when several connections from `from` deliver at once.
         let mut received = lock(&self.received);
         let total = received.entry((from, id)).or_insert(0);
         *total = total.wrapping_add(inc);
         let addr = self.signals.local_addr((id as usize * self.nranks + from) * 8, 8)?;
-        let _under_way = self.copy_watch.begin(CopyFor::DeliveryFrom(from));
-        // SAFETY: an aligned word of this rank's signal window; kernels only read it (with
-        // atomics) and only this receiver writes slot `[id][from]`; the data it announces was
-        // written (synchronously, on the same stream) before.
-        unsafe { self.deliveries.write_sync(addr, &total.to_le_bytes()) }
+        // SAFETY: an aligned word of this rank's signal window (communicator memory, which
+        // allows stream writes), live as long as the rank; kernels only read it (with atomics)
+        // and only this receiver writes slot `[id][from]`; the stream writes it after the
+        // data queued before it (module docs).
+        unsafe { self.deliveries.write_value(addr, *total, 8) }
     }
 }

@@ -60,6 +60,18 @@ pub(crate) trait Transport: Send {
     fn in_flight(&self) -> usize;
 }
 
+/// One operation a receiver applies, from a buffer of received bytes
+/// ([`Deliver::deliver`]).
+#[derive(Clone, Debug)]
+pub(crate) enum Delivery {
+    /// `buf[range]` goes at `dst`.
+    Put { dst: RemoteLocation, range: std::ops::Range<usize> },
+    /// The first `bytes` of `le` (a value's little-endian bytes) go at `dst`.
+    PutValue { dst: RemoteLocation, le: [u8; 8], bytes: u8 },
+    /// Add `inc` to signal `id`.
+    Signal { id: u32, inc: u64 },
+}
+
 /// What a receiving rank does with what arrives for it (the TCP transport's receiver side).
 /// Implemented by the rank's GIN state.
 pub(crate) trait Deliver: Send + Sync {
@@ -73,6 +85,23 @@ pub(crate) trait Deliver: Send + Sync {
     /// Adds `inc` to signal `id` for sender `from`: written after everything `from`
     /// delivered before on this connection.
     fn signal(&self, from: usize, id: u32, inc: u64) -> Result<()>;
+    /// Applies `ops`, sent by world rank `from`, in order (a put's data is `buf[range]`): a
+    /// signal is written after the data before it. Everything it applied has landed when it
+    /// returns, also when it fails; then the operations before the failed one were applied
+    /// and none after it. This default applies them one by one; the rank's GIN queues them
+    /// all and waits once.
+    fn deliver(&self, from: usize, buf: &[u8], ops: &[Delivery]) -> Result<()> {
+        for op in ops {
+            match op {
+                Delivery::Put { dst, range } => self.put(from, *dst, &buf[range.clone()])?,
+                Delivery::PutValue { dst, le, bytes } => {
+                    self.put_value(from, *dst, u64::from_le_bytes(*le), u32::from(*bytes))?
+                }
+                Delivery::Signal { id, inc } => self.signal(from, *id, *inc)?,
+            }
+        }
+        Ok(())
+    }
     /// Rank `from`'s connection ended without its goodbye (its process died, or exited before
     /// its proxy said goodbye). Not an error by itself: the rank may have had nothing more
     /// to send. Waits that are stalled while a peer is lost abort the communicator.

@@ -25,10 +25,12 @@
 //!   [`TcpTransport::poll`] hands it to the proxy.
 //! * Receiver: an accept thread; per connection a reader thread that reads into buffers
 //!   (up to [`RECV_MAX`] bytes, [`RECV_BUFFERS`] of them) and decodes them, and a writer
-//!   thread that applies the decoded frames, in order, through [`Deliver`], so that writing
-//!   one buffer to the device overlaps receiving the next. The buffers are the rank's
-//!   staging memory ([`Deliver::staging`]: pinned on CUDA, so that [`Deliver::put`]'s copy
-//!   to the device runs at full speed), or ordinary memory where it has none. A connection's
+//!   thread that applies each buffer's decoded frames, in order, through
+//!   [`Deliver::deliver`] (the rank queues a buffer's copies and signal writes on its
+//!   delivery stream and waits once per buffer, not once per frame), so that writing one
+//!   buffer to the device overlaps receiving the next. The buffers are the rank's staging
+//!   memory ([`Deliver::staging`]: pinned on CUDA, so that the copies to the device run at
+//!   full speed), or ordinary memory where it has none. A connection's
 //!   `Hello` is read into ordinary memory: a stranger costs no pinned memory.
 //! * Pinned memory: neither side ever allocates or frees it. On CUDA that may wait for the
 //!   device's running kernels, which spin on signals that these very threads deliver (a
@@ -52,10 +54,12 @@
 //! The proxy gives a ring's requests to one sender thread in ticket order; the thread writes
 //! each request's data frame, then its signal frame, on the ring's one connection, and TCP
 //! delivers the bytes in order. The reader decodes them in order and hands them to the
-//! writer thread in order, through a FIFO channel; the writer applies each frame only after
-//! the one before has returned, and [`Deliver::put`] returns once the data is in device
-//! memory. So when [`Deliver::signal`] writes the slot, every put sent before the signal on
-//! that (context, peer) has landed. Nothing is ordered across connections (contexts are
+//! writer thread in order, through a FIFO channel; the writer hands a buffer's frames to
+//! [`Deliver::deliver`] only after the buffer before has landed (it returns once all it
+//! applied is in device memory), and inside a buffer the rank queues the frames in order on
+//! its one delivery stream, a signal as a stream write after the copies before it (the
+//! stream runs them in order; the write comes after a memory barrier). So when the signal's
+//! slot is written, every put sent before the signal on that (context, peer) has landed. Nothing is ordered across connections (contexts are
 //! independent), which is the GIN contract. Local completion says only that the source has
 //! been copied out (into staging); it says nothing about delivery, which only the signal
 //! does.
@@ -78,7 +82,7 @@
 //! is capped by `net.core.rmem_max`, often far below what autotuning reaches).
 
 use super::tcp_wire::{self, Decoder, Frame, Item};
-use super::{Deliver, Payload, RemoteLocation, Request, Transport};
+use super::{Deliver, Delivery, Payload, Request, Transport};
 use crate::gin::GinRank;
 use crate::gin::copy_watch::{CopyFor, CopyWatch};
 use crate::gin::staging::{StagingBlock, StagingPool};
@@ -88,7 +92,6 @@ use crate::{Error, Result};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -336,25 +339,6 @@ fn accept_loop(sh: Arc<RecvShared>) {
     }
 }
 
-/// One operation of a received buffer, for the writer thread.
-#[derive(Clone, Debug)]
-enum Op {
-    /// `buf[range]` goes at `dst`.
-    Put {
-        dst: RemoteLocation,
-        range: Range<usize>,
-    },
-    PutValue {
-        dst: RemoteLocation,
-        value: u64,
-        bytes: u8,
-    },
-    Signal {
-        id: u32,
-        inc: u64,
-    },
-}
-
 /// A receive buffer: a block of the rank's staging pool ([`Deliver::staging`], pinned where
 /// the device has it; back to the pool when dropped), or ordinary memory.
 enum RecvBuf {
@@ -390,9 +374,9 @@ impl RecvBuf {
             // (host-mapped memory is zeroed when allocated, and only bytes are written to it
             // after); this buffer owns it alone (taken from the pool, it is the reader's or,
             // in a batch, the writer's, never both; it returns to the pool only when dropped),
-            // and the device touches it only inside `Deliver::put`'s copy, which is
-            // synchronous (done when it returns), so no device access is pending while the
-            // host holds a slice.
+            // and the device touches it only inside `Deliver::deliver`'s copies, which are
+            // done when it returns, so no device access is pending while the host holds a
+            // mutable slice.
             RecvBuf::Staged(m) => unsafe { std::slice::from_raw_parts_mut(m.host_ptr(), m.len()) },
             RecvBuf::Plain(v) => v,
         }
@@ -402,7 +386,7 @@ impl RecvBuf {
 /// A filled receive buffer and what to do with it, in order.
 struct Batch {
     buf: RecvBuf,
-    ops: Vec<Op>,
+    ops: Vec<Delivery>,
 }
 
 /// How a connection's stream ended, when not broken.
@@ -532,22 +516,22 @@ fn handshake(
 
 /// Appends `item` to `ops` (merging a put's piece with the previous one when they continue
 /// each other); `at` is where the item's data starts in the buffer.
-fn push_op(ops: &mut Vec<Op>, item: Item<'_>, at: usize) -> std::result::Result<(), &'static str> {
+fn push_op(ops: &mut Vec<Delivery>, item: Item<'_>, at: usize) -> std::result::Result<(), &'static str> {
     match item {
         Item::Hello { .. } => return Err("a second Hello"),
         Item::PutData { dst, data, .. } => {
-            if let Some(Op::Put { dst: d, range }) = ops.last_mut()
+            if let Some(Delivery::Put { dst: d, range }) = ops.last_mut()
                 && d.window == dst.window
                 && d.offset + range.len() as u64 == dst.offset
                 && range.end == at
             {
                 range.end += data.len();
             } else {
-                ops.push(Op::Put { dst, range: at..at + data.len() });
+                ops.push(Delivery::Put { dst, range: at..at + data.len() });
             }
         }
-        Item::PutValue { dst, value, bytes } => ops.push(Op::PutValue { dst, value, bytes }),
-        Item::Signal { id, inc } => ops.push(Op::Signal { id, inc }),
+        Item::PutValue { dst, value, bytes } => ops.push(Delivery::PutValue { dst, le: value.to_le_bytes(), bytes }),
+        Item::Signal { id, inc } => ops.push(Delivery::Signal { id, inc }),
         // The decoder refuses anything after it; the end of the stream tells the rest.
         Item::Bye => {}
     }
@@ -649,30 +633,22 @@ fn read_loop(
     }
 }
 
-/// The writer thread: applies each batch's operations in order through [`Deliver`] (a put
-/// has landed when `put` returns, so a signal is written after the data before it).
+/// The writer thread: applies each batch's operations in order through [`Deliver::deliver`]
+/// (a signal is written after the data before it; all has landed when it returns, so the
+/// buffer may be reused).
 fn write_loop(sh: Arc<RecvShared>, from: Peer, id: u64, batches: mpsc::Receiver<Batch>, free: mpsc::Sender<RecvBuf>) {
     for batch in batches {
         let Some(d) = sh.deliver.upgrade() else {
             // The rank's GIN is gone: nothing to deliver to.
             return sh.close(id);
         };
-        for op in &batch.ops {
-            let r = match op {
-                Op::Put { dst, range } => d.put(from.rank, *dst, &batch.buf.as_slice()[range.clone()]),
-                Op::PutValue { dst, value, bytes } => d.put_value(from.rank, *dst, *value, u32::from(*bytes)),
-                Op::Signal { id, inc } => d.signal(from.rank, *id, *inc),
-            };
-            if let Err(e) = r {
-                drop(d);
-                sh.fail(format!(
-                    "GIN data from rank {} (context {}) cannot be delivered: {e}",
-                    from.rank, from.context
-                ));
-                // Nothing after a failed frame may be applied (a signal would announce data
-                // that is not there): close, which ends the reader.
-                return sh.close(id);
-            }
+        // The whole batch at once: one wait for the device per batch, not per operation.
+        if let Err(e) = d.deliver(from.rank, batch.buf.as_slice(), &batch.ops) {
+            drop(d);
+            sh.fail(format!("GIN data from rank {} (context {}) cannot be delivered: {e}", from.rank, from.context));
+            // Nothing after a failed frame may be applied (a signal would announce data
+            // that is not there): close, which ends the reader.
+            return sh.close(id);
         }
         drop(d);
         let _ = free.send(batch.buf);
@@ -1208,6 +1184,7 @@ fn encode(frame: &Frame) -> Result<tcp_wire::Header> {
 mod tests {
     use super::*;
     use crate::Backend;
+    use crate::gin::transport::RemoteLocation;
     use crate::runtime::device::Device;
     use crate::runtime::host_mapped::HostMapped;
     use std::sync::Condvar;
@@ -1871,6 +1848,43 @@ mod tests {
         assert_eq!(windows[0].read::<u8>(4096, data.len()).unwrap(), data);
         assert_eq!(windows[0].read::<u32>(8, 1).unwrap(), vec![0xdead_beef]);
         drop(t);
+        drop(owners);
+    }
+
+    /// A rank's GIN applies a batch in order, queued and waited for once: the puts, the value
+    /// and the signal before a refused put land; nothing after it does, and the error names
+    /// the window.
+    #[test]
+    fn a_ranks_batch_lands_in_order_up_to_the_first_refused_operation() {
+        let dev = Device::open_with(Backend::Cpu, 0).unwrap();
+        let reqs = crate::DevCommRequirements::default();
+        let (comms, windows, _handles) = crate::testing::virtual_job(&dev, 2, 1 << 20, &reqs).unwrap();
+        let owners = tcp_gins(&comms, 1, 2);
+        let g0 = &owners[0].0;
+        let id = windows[0].dev_window().id;
+        let buf = pattern(3000, 9);
+        let at = |offset| RemoteLocation { window: id, offset };
+        let ops = [
+            Delivery::Put { dst: at(0), range: 0..1000 },
+            Delivery::Put { dst: at(1000), range: 1000..3000 },
+            Delivery::PutValue { dst: at(4096), le: 0x1234_5678u64.to_le_bytes(), bytes: 4 },
+            Delivery::Signal { id: 0, inc: 2 },
+            Delivery::Signal { id: 0, inc: 3 },
+            Delivery::Put { dst: RemoteLocation { window: 99, offset: 0 }, range: 0..8 },
+            Delivery::Put { dst: at(8192), range: 0..8 },
+            Delivery::Signal { id: 1, inc: 7 },
+        ];
+        let err = Deliver::deliver(&**g0, 1, &buf, &ops).unwrap_err().to_string();
+        assert!(err.contains("window 99"), "{err}");
+        assert_eq!(windows[0].read::<u8>(0, 3000).unwrap(), buf);
+        assert_eq!(windows[0].read::<u32>(4096, 1).unwrap(), vec![0x1234_5678]);
+        assert_eq!(windows[0].read::<u8>(8192, 8).unwrap(), vec![0; 8], "after the refused put");
+        // Slots [signal][from rank 1] of rank 0 (two ranks): signal 0 reached 5, signal 1 none.
+        assert_eq!(g0.signals.read::<u64>(8, 1).unwrap(), vec![5]);
+        assert_eq!(g0.signals.read::<u64>(3 * 8, 1).unwrap(), vec![0]);
+        // A later batch goes on from the totals so far.
+        Deliver::deliver(&**g0, 1, &[], &[Delivery::Signal { id: 0, inc: 1 }]).unwrap();
+        assert_eq!(g0.signals.read::<u64>(8, 1).unwrap(), vec![6]);
         drop(owners);
     }
 

@@ -190,6 +190,15 @@ pub(crate) trait StreamBackend: Send + Sync {
     /// `[dst, dst + src.len())` is device memory of this device (or host-mapped memory),
     /// valid until the copy has run, that kernels read only after a later signal or write.
     unsafe fn write_sync(&self, dst: u64, src: &[u8]) -> Result<()>;
+    /// Queues a copy of host bytes `src` to device address `dst` after the stream's earlier
+    /// work, without waiting for it ([`StreamBackend::write_sync`] without the wait): the GIN
+    /// receiver queues a whole batch of deliveries, then waits once.
+    ///
+    /// # Safety
+    /// As [`StreamBackend::write_sync`] for `dst`; and `src` stays valid and unwritten until
+    /// the stream has run the copy (the caller synchronizes the stream before it lets go of
+    /// `src`).
+    unsafe fn write_async(&self, dst: u64, src: &[u8]) -> Result<()>;
     /// Copies device bytes at `src` into `dst` after the stream's earlier work and waits
     /// until it has run ([`StreamBackend::write_sync`]'s counterpart).
     ///

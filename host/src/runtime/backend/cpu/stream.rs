@@ -240,6 +240,13 @@ impl StreamBackend for CpuStream {
         Ok(())
     }
 
+    unsafe fn write_async(&self, dst: u64, src: &[u8]) -> Result<()> {
+        let (src, bytes) = (src.as_ptr() as u64, src.len());
+        // SAFETY: the caller's contract: `src` stays valid and unwritten until this copy has
+        // run (a later synchronize), `dst` is valid; host and device ranges do not overlap.
+        unsafe { self.copy_dtod(dst, src, bytes) }
+    }
+
     unsafe fn read_sync(&self, dst: &mut [u8], src: u64) -> Result<()> {
         self.synchronize()?;
         // SAFETY: the caller's contract: the range is valid and written by nothing meanwhile.

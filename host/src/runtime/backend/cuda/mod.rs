@@ -568,6 +568,15 @@ impl StreamBackend for CudaStream {
         self.copy_sync(src.len(), |s| unsafe { driver::memcpy_htod_async(dst, src, s) })
     }
 
+    unsafe fn write_async(&self, dst: u64, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let _g = self.ctx.bind()?;
+        // SAFETY: the caller's contract (`src` outlives the copy: the caller synchronizes).
+        unsafe { driver::memcpy_htod_async(dst, src, self.stream) }
+    }
+
     unsafe fn read_sync(&self, dst: &mut [u8], src: u64) -> Result<()> {
         let bytes = dst.len();
         // SAFETY: the caller's contract; `dst` outlives the copy (`copy_sync` synchronizes).
