@@ -1,7 +1,7 @@
 //! A rank's receiving side: what transports deliver for it (data into its windows, signal
 //! slots), written on the rank's own delivery stream ([`GinRank::deliveries`]): a batch of
-//! deliveries is queued in order and waited for once ([`Deliver::deliver`]); single ones
-//! are written by synchronous copies.
+//! deliveries is queued in order and waited for once ([`Deliver::deliver`]); a single one
+//! is a batch of one.
 //!
 //! # Ordering
 //! Every delivery of the rank goes on its one delivery stream, which runs them in order. A
@@ -53,27 +53,20 @@ impl Deliver for GinRank {
         pool.take()
     }
 
+    // Single operations go the way of a batch of one.
     fn put(&self, from: usize, dst: RemoteLocation, data: &[u8]) -> Result<()> {
-        let (_w, addr) = self.location(dst, data.len())?;
-        let _under_way = self.copy_watch.begin(CopyFor::DeliveryFrom(from));
-        // SAFETY: the range lies in this rank's live buffer of window `_w` (checked; `_w` keeps
-        // it alive until the copy has run: `write_sync` waits for it); kernels read it only
-        // after the signal that follows (the GIN contract).
-        unsafe { self.deliveries.write_sync(addr, data) }
+        self.deliver(from, data, &[Delivery::Put { dst, range: 0..data.len() }])
     }
 
     fn put_value(&self, from: usize, dst: RemoteLocation, value: u64, bytes: u32) -> Result<()> {
-        let (_w, addr) = self.location(dst, bytes as usize)?;
-        let le = value.to_le_bytes();
-        let _under_way = self.copy_watch.begin(CopyFor::DeliveryFrom(from));
-        // SAFETY: as in `put`.
-        unsafe { self.deliveries.write_sync(addr, &le[..bytes as usize]) }
+        let bytes = u8::try_from(bytes).ok().filter(|b| matches!(b, 1 | 2 | 4 | 8)).ok_or_else(|| {
+            Error::InvalidArgument(format!("rank {}: a GIN value of {bytes} bytes (1, 2, 4 or 8)", self.rank))
+        })?;
+        self.deliver(from, &[], &[Delivery::PutValue { dst, le: value.to_le_bytes(), bytes }])
     }
 
     fn signal(&self, from: usize, id: u32, inc: u64) -> Result<()> {
-        let _under_way = self.copy_watch.begin(CopyFor::DeliveryFrom(from));
-        self.queue_signal(from, id, inc)?;
-        self.deliveries.synchronize()
+        self.deliver(from, &[], &[Delivery::Signal { id, inc }])
     }
 
     fn deliver(&self, from: usize, buf: &[u8], ops: &[Delivery]) -> Result<()> {

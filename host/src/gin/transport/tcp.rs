@@ -59,10 +59,10 @@
 //! applied is in device memory), and inside a buffer the rank queues the frames in order on
 //! its one delivery stream, a signal as a stream write after the copies before it (the
 //! stream runs them in order; the write comes after a memory barrier). So when the signal's
-//! slot is written, every put sent before the signal on that (context, peer) has landed. Nothing is ordered across connections (contexts are
-//! independent), which is the GIN contract. Local completion says only that the source has
-//! been copied out (into staging); it says nothing about delivery, which only the signal
-//! does.
+//! slot is written, every put sent before the signal on that (context, peer) has landed.
+//! Nothing is ordered across connections (contexts are independent), which is the GIN
+//! contract. Local completion says only that the source has been copied out (into staging);
+//! it says nothing about delivery, which only the signal does.
 //!
 //! # Failures
 //! A connection that ends inside a frame, a read error, a malformed frame after the `Hello`

@@ -209,10 +209,12 @@ pub(super) unsafe fn memset_async(dst: sys::CUdeviceptr, value: u8, bytes: usize
     unsafe { result::memset_d8_async(dst, value, bytes, stream) }.map_err(cuda_err("cuMemsetD8Async"))
 }
 
-/// Queues a host-to-device copy from pageable memory (staged before this returns).
+/// Queues a host-to-device copy. From pageable memory the driver stages `src` before this
+/// returns; from pinned memory it reads `src` when the copy runs.
 ///
 /// # Safety
-/// `[dst, dst + src.len())` is device memory valid until the copy has run.
+/// `[dst, dst + src.len())` is device memory valid until the copy has run; where `src` is
+/// pinned memory, it stays valid and unwritten until then too.
 pub(super) unsafe fn memcpy_htod_async(dst: sys::CUdeviceptr, src: &[u8], stream: sys::CUstream) -> Result<()> {
     // SAFETY: the caller's contract; `src` is a valid host slice.
     unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, src.len(), stream) }
