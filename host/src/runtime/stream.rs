@@ -1045,8 +1045,9 @@ mod tests {
         a.synchronize().unwrap();
     }
 
-    /// `write_sync` and `read_sync` run after the stream's earlier work and are done when they
-    /// return (the GIN proxy's copies rely on both), on every backend.
+    /// `write_async` and `read_sync` run after the stream's earlier work; `read_sync` is done
+    /// when it returns, `write_async` once the stream is synchronized (the GIN proxy's copies
+    /// rely on both), on every backend.
     #[test]
     fn synchronous_stream_copies_follow_the_streams_work() {
         crate::testing::for_each_backend("synchronous_stream_copies_follow_the_streams_work", |dev| {
@@ -1060,16 +1061,17 @@ mod tests {
             // stream has run everything (each call below waits for it); nothing else uses them.
             unsafe {
                 stream.copy_dtod(b.addr(), a.addr(), old.len())?;
-                stream.write_sync(a.addr(), &new)?;
+                stream.write_async(a.addr(), &new)?;
                 stream.read_sync(&mut back, b.addr())?;
             }
             assert_eq!(back, old, "the copy queued first read `a` before the write");
+            stream.synchronize()?;
             // SAFETY: as above.
             unsafe { stream.read_sync(&mut back, a.addr())? };
-            assert_eq!(back, new, "the write is done when it returns");
+            assert_eq!(back, new, "the write is done once the stream is synchronized");
             // SAFETY: empty ranges.
             unsafe {
-                stream.write_sync(a.addr(), &[])?;
+                stream.write_async(a.addr(), &[])?;
                 stream.read_sync(&mut [], a.addr())?;
             }
             Ok(())

@@ -180,27 +180,20 @@ pub(crate) trait StreamBackend: Send + Sync {
     /// Both ranges are device memory of this device, valid until the copy has run, and do
     /// not overlap.
     unsafe fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
-    /// Copies host bytes `src` to device address `dst` after the stream's earlier work and
-    /// waits until the stream has run it (and all before it). The GIN proxy writes what it
-    /// receives this way, on a stream of its own: the device's shared copy stream may hold
-    /// work that needs an SM (a fill of a fresh allocation), which kernels waiting for the
-    /// proxy may hold.
+    /// Queues a copy of host bytes `src` to device address `dst` after the stream's earlier
+    /// work, without waiting for it. The GIN proxy writes what it receives this way, a whole
+    /// batch of deliveries at a time and then one wait, on a stream of its own: the device's
+    /// shared copy stream may hold work that needs an SM (a fill of a fresh allocation), which
+    /// kernels waiting for the proxy may hold.
     ///
     /// # Safety
     /// `[dst, dst + src.len())` is device memory of this device (or host-mapped memory),
-    /// valid until the copy has run, that kernels read only after a later signal or write.
-    unsafe fn write_sync(&self, dst: u64, src: &[u8]) -> Result<()>;
-    /// Queues a copy of host bytes `src` to device address `dst` after the stream's earlier
-    /// work, without waiting for it ([`StreamBackend::write_sync`] without the wait): the GIN
-    /// receiver queues a whole batch of deliveries, then waits once.
-    ///
-    /// # Safety
-    /// As [`StreamBackend::write_sync`] for `dst`; and `src` stays valid and unwritten until
-    /// the stream has run the copy (the caller synchronizes the stream before it lets go of
-    /// `src`).
+    /// valid until the copy has run, that kernels read only after a later signal or write;
+    /// `src` stays valid and unwritten until the stream has run the copy (the caller
+    /// synchronizes the stream before it lets go of `src`).
     unsafe fn write_async(&self, dst: u64, src: &[u8]) -> Result<()>;
     /// Copies device bytes at `src` into `dst` after the stream's earlier work and waits
-    /// until it has run ([`StreamBackend::write_sync`]'s counterpart).
+    /// until it has run.
     ///
     /// # Safety
     /// `[src, src + dst.len())` is device memory of this device (or host-mapped memory),

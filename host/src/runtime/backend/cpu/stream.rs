@@ -230,16 +230,6 @@ impl StreamBackend for CpuStream {
         }))
     }
 
-    unsafe fn write_sync(&self, dst: u64, src: &[u8]) -> Result<()> {
-        // After the stream's earlier work; then a plain copy, as the emulated device's own
-        // writes (`CpuDevice::write`).
-        self.synchronize()?;
-        // SAFETY: the caller's contract: the range is valid, and kernels read it only after
-        // a later signal.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
-        Ok(())
-    }
-
     unsafe fn write_async(&self, dst: u64, src: &[u8]) -> Result<()> {
         let (src, bytes) = (src.as_ptr() as u64, src.len());
         // SAFETY: the caller's contract: `src` stays valid and unwritten until this copy has

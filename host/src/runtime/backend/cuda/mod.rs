@@ -521,7 +521,7 @@ unsafe impl Sync for CudaStream {}
 
 impl CudaStream {
     /// Queues `copy` (of `bytes` bytes; none: nothing) on this stream and waits until the
-    /// stream has run it and everything before it: `write_sync` and `read_sync`.
+    /// stream has run it and everything before it: `read_sync`.
     fn copy_sync(&self, bytes: usize, copy: impl FnOnce(sys::CUstream) -> Result<()>) -> Result<()> {
         if bytes == 0 {
             return Ok(());
@@ -561,11 +561,6 @@ impl StreamBackend for CudaStream {
         let _g = self.ctx.bind()?;
         // SAFETY: the caller's contract.
         unsafe { driver::memcpy_dtod_async(dst, src, bytes, self.stream) }
-    }
-
-    unsafe fn write_sync(&self, dst: u64, src: &[u8]) -> Result<()> {
-        // SAFETY: the caller's contract; `src` outlives the copy (`copy_sync` synchronizes).
-        self.copy_sync(src.len(), |s| unsafe { driver::memcpy_htod_async(dst, src, s) })
     }
 
     unsafe fn write_async(&self, dst: u64, src: &[u8]) -> Result<()> {
