@@ -858,8 +858,11 @@ pub struct CollRow {
     /// In place, when the collective has it.
     pub in_place: Option<(f64, f64, f64)>,
     /// Out-of-place: microseconds per call that rank 0's thread spent queuing the calls (the
-    /// loop without the final synchronize). Near the time per call, the host bounds the
-    /// rate; well under it, the GPU does.
+    /// loop without the final synchronize). A rank alone on its GPU: near the time per call,
+    /// the host bounds the rate; well under it, the GPU does. Ranks sharing a GPU: the loop
+    /// also waits whenever rank 0 is 64 calls ahead of the GPU's shared launches, so this
+    /// nears the time per call whatever bounds it (the `run-ahead` phase of
+    /// `FERROLINK_HOST_PHASES=1` is that wait: subtract it for the host's own time).
     pub host_us: f64,
 }
 

@@ -1240,6 +1240,7 @@ impl GpuGroup {
         let to_launcher = purpose == Purpose::Launch && launcher_mode() == LauncherMode::Thread;
         if purpose == Purpose::Launch {
             self.within_reach(rank, seq)?;
+            phases::mark(Phase::RunAhead);
             if to_launcher {
                 self.launch_dev.get_or_init(|| dev.clone());
             }

@@ -12,6 +12,11 @@ use std::time::Instant;
 pub(crate) enum Phase {
     /// From the call to the meeting (or its own launch): checks, state, staging.
     Prepare,
+    /// A member of a shared launch that is the run-ahead bound of calls (`RUN_AHEAD`, 64)
+    /// beyond its GPU group's last queued launch, waiting for the launches to catch up: time
+    /// the host spends because something after it (the launcher, or the GPU) is slower, not
+    /// work of its own.
+    RunAhead,
     /// Bringing its entry to the meeting (arrival, the meeting's lock).
     Arrive,
     /// A member that is not last: for a shared launch, noting the launch to come in what it
@@ -43,8 +48,9 @@ pub(crate) enum Phase {
     Finish,
 }
 
-const PHASES: [Phase; 12] = [
+const PHASES: [Phase; 13] = [
     Phase::Prepare,
+    Phase::RunAhead,
     Phase::Arrive,
     Phase::AwaitLast,
     Phase::Note,
@@ -62,6 +68,7 @@ impl Phase {
     fn name(self) -> &'static str {
         match self {
             Phase::Prepare => "prepare",
+            Phase::RunAhead => "run-ahead",
             Phase::Arrive => "arrive",
             Phase::AwaitLast => "await-last",
             Phase::Note => "note",
@@ -123,7 +130,8 @@ pub(crate) fn mark(phase: Phase) {
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostPhase {
     /// The phase: `prepare` (checks, state and staging before the meeting or launch),
-    /// `arrive` (bringing the entry to the GPU group's meeting), `await-last` (a member
+    /// `run-ahead` (a member of a shared launch waiting because it is that many calls ahead
+    /// of its GPU's launches: the launches, not this thread, bound the rate), `arrive` (bringing the entry to the GPU group's meeting), `await-last` (a member
     /// waiting for the last one's launch, or noting the launch to come), `note` (the last
     /// member's own noting), `gather` (the last member's: taking the meeting, gathering the
     /// entries), `stream-waits` (its stream's waits), `track`, `driver` and `record` (a
@@ -189,6 +197,7 @@ mod tests {
             names,
             [
                 "prepare",
+                "run-ahead",
                 "arrive",
                 "await-last",
                 "note",
