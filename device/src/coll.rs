@@ -1732,7 +1732,9 @@ pub mod group {
         /// entry of part `p` is entry `j * count + p` (of `ops`, or of `entries`).
         pub operations: u32,
         /// With more than one operation: the launch's [`GridSync`] (device memory), where
-        /// every CTA meets between operations.
+        /// every CTA meets between operations; or 0 in a launch of LL calls alone
+        /// ([`serve_launch`]'s `LL_ONLY`) with one CTA per rank, whose CTAs then go from one
+        /// call to the next without meeting ([`serve_launch`] says why that is enough).
         pub grid_sync: u64,
         /// 0: the entries are `ops` (at most [`MAX_LAUNCH_ENTRIES`]). Else the device address
         /// (16-byte aligned) of `operations * count` entries, [`RANK_OP_STRIDE`] bytes apart
@@ -1815,7 +1817,25 @@ pub mod group {
     /// entry has no control block to see an abort by), and every rank of each entry's LSA
     /// domain is served by this grid (the grid barrier orders the operations at GPU scope
     /// only). With `LL_ONLY`, every entry is an LL call inside one LSA domain (anything else
-    /// is a fault): the kernel then holds that path alone ([`super::run_lsa_ll`]).
+    /// is a fault): the kernel then holds that path alone ([`super::run_lsa_ll`]); and with
+    /// one CTA per rank as well, `grid_sync` may be 0: the CTAs then do not meet between
+    /// the operations.
+    ///
+    /// # Ordering without the grid meetings
+    /// LL calls with one CTA per rank need none. Each rank's calls run in its one CTA, in
+    /// order, with a CTA barrier between them, so a call's reads of its input follow the
+    /// previous call's writes of its output (in place, or a caller chaining them), and its
+    /// barrier session reads the epoch the previous one stored (the flag: every rank's CTA
+    /// advances it by one per LL call, so the ranks' flags agree call by call). No rank reads
+    /// another rank's input or output in an LL call; what ranks share is their LL lines, whose
+    /// reuse is argued in [`super::ll`] (*Reuse*): a sender writes lines of flag `f + 2`
+    /// into a peer only after it has received that peer's lines of flag `f + 1`, which the
+    /// peer's CTA stores only after the CTA barrier that ends its call `f`, in which each of
+    /// its threads had loaded every line of flag `f` it waited for and found the flag there
+    /// (the value returned before the thread left its poll loop), so no load of call `f` can
+    /// see call `f + 2`'s lines. An abort ends each call's waits, as in a launch of one call.
+    /// Without the meetings, a rank's CTA runs at most one call ahead of a peer that has not
+    /// sent it the current one: the grid is no longer in lock step.
     ///
     /// Inlined into the kernel: `ops` is read with `ld.param`, which in a called function
     /// would read that function's own parameters ([`arch::load_param_v2`]).
@@ -1839,10 +1859,13 @@ pub mod group {
         let served = part < count && skip & (1 << part) == 0;
         let most = if entries != 0 { MAX_LAUNCH_OPERATIONS } else { MAX_LAUNCH_ENTRIES / count.max(1) };
         let operations = (operations.max(1) as usize).min(most);
+        // LL calls of one CTA per rank go on without meeting when the host asks (see the
+        // ordering note above); anything else meets.
+        let meet = !(LL_ONLY && per == 1 && grid_sync == 0);
         // Where a CTA waiting between operations looks for an abort (its rank's).
         let mut control = 0u64;
         for j in 0..operations {
-            if j > 0 {
+            if j > 0 && meet {
                 // SAFETY: `grid_sync` is this launch's (contract); every CTA of the grid
                 // comes here once per operation boundary.
                 unsafe { grid_meeting(grid_sync as *mut GridSync, grid, control) };

@@ -39,8 +39,10 @@
 //!   several calls, `super::group::serve_launch`, does so only when every rank of the LSA
 //!   domain is in that launch, on one GPU, and meets at a grid barrier between the calls,
 //!   which orders them at GPU scope, the scope of every access between those ranks, as the
-//!   end of one kernel and the start of the next would. In persistent mode,
-//!   `super::group::serve`, the kernel of each GPU starts an operation only once every one of
+//!   end of one kernel and the start of the next would; or, for LL calls of one CTA per rank,
+//!   goes on without the grid barrier: `P`'s call `f + 1` then starts after the CTA barrier
+//!   that ended its call `f` in the same CTA, which serves in place of the kernel's end. In
+//!   persistent mode, `super::group::serve`, the kernel of each GPU starts an operation only once every one of
 //!   its CTAs has ended the previous one, which thread 0 of each CTA acquires from the
 //!   completion word at system scope before its CTA goes on: it stands for the end of `P`'s
 //!   kernel of call `f`, and each operation's CTA `b` uses barrier `b` of the kernel's device

@@ -799,6 +799,14 @@ fn launcher_mode() -> LauncherMode {
     })
 }
 
+/// `FERROLINK_GROUP_LL_MEETINGS=1`: the CTAs of a launch of several LL calls meet between
+/// them even with one CTA per rank (as every other launch of several calls does; for
+/// comparisons). Unset, they go on without meeting.
+fn ll_grid_meetings() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERROLINK_GROUP_LL_MEETINGS").ok().as_deref().map(str::trim) == Some("1"))
+}
+
 /// How long the launcher thread waits for work before it ends (the next shared launch
 /// starts another).
 const LAUNCHER_IDLE_EXIT: Duration = Duration::from_millis(100);
@@ -837,6 +845,8 @@ struct Launcher {
     batched: AtomicU64,
     /// Of those, launches whose entries lay in device memory ([`LaunchEntries`]).
     device_entries: AtomicU64,
+    /// Of those, launches of LL calls whose CTAs did not meet between the calls.
+    unmet: AtomicU64,
     /// Tests: the launcher leaves the queue alone while set.
     #[cfg(test)]
     hold: AtomicBool,
@@ -1516,6 +1526,12 @@ impl GpuGroup {
         self.launcher.device_entries.load(Ordering::Relaxed)
     }
 
+    /// How many launches so far ran several LL calls with no grid meeting between them.
+    #[cfg(test)]
+    pub(crate) fn unmet_launches(&self) -> u64 {
+        self.launcher.unmet.load(Ordering::Relaxed)
+    }
+
     /// Tests: makes the launcher leave queued calls alone (`true`) or take them again.
     #[cfg(test)]
     pub(crate) fn hold_launches(&self, hold: bool) {
@@ -1595,7 +1611,14 @@ impl GpuGroup {
             }
             launch.operations = operations as u32;
             self.launcher.batched.fetch_add(1, Ordering::Relaxed);
-            launch.grid_sync = sync;
+            // LL calls of one CTA per rank in the LL kernel go on from call to call without
+            // the grid meeting (`serve_launch`'s ordering note says why that suffices).
+            let unmet =
+                first.ll_only == Some(true) && super::ll_kernels() && launch.ctas_per_rank == 1 && !ll_grid_meetings();
+            if unmet {
+                self.launcher.unmet.fetch_add(1, Ordering::Relaxed);
+            }
+            launch.grid_sync = if unmet { 0 } else { sync };
             first.launch = launch;
             first.batch = gathered.into_iter().map(|(_, g)| g).collect();
         }

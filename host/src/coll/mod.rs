@@ -1137,7 +1137,8 @@ mod tests {
                     b.to_vec().map(drop)
                 })?;
                 let group = lock(&comms[0].shared.coll).as_ref().expect("made").group.clone();
-                let (before, device_before) = (group.batched_launches(), group.device_entry_launches());
+                let (before, device_before, unmet_before) =
+                    (group.batched_launches(), group.device_entry_launches(), group.unmet_launches());
                 let mut bufs =
                     (0..2).map(|r| dev.alloc_from(&vec![r as f32 + 1.0; count])).collect::<crate::Result<Vec<_>>>()?;
                 group.hold_launches(true);
@@ -1155,6 +1156,12 @@ mod tests {
                     assert_eq!(b.to_vec()?, vec![3.0 * 2f32.powi(ROUNDS - 1); count], "{proto:?}");
                 }
                 assert!(group.batched_launches() > before, "{proto:?}: the calls were launched one by one");
+                // 300 f32 of LL: one CTA per rank, so the LL kernel's CTAs go from call to
+                // call without meeting (unless asked to meet, or LL runs in the general kernel).
+                let unmet = group.unmet_launches() > unmet_before;
+                let may_meet = var("FERROLINK_GROUP_LL_MEETINGS").as_deref() == Some("1")
+                    || var("FERROLINK_LL_KERNELS").as_deref() == Some("0");
+                assert_eq!(unmet, proto == proto::LL && !may_meet, "{proto:?}: launches without grid meetings");
                 if var("FERROLINK_GROUP_DEVICE_ENTRIES").as_deref() != Some("0") {
                     assert!(
                         group.device_entry_launches() > device_before,
