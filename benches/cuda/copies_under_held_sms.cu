@@ -9,6 +9,8 @@
 //
 // Build: nvcc -O3 -arch=sm_90 -o copies_under_held_sms copies_under_held_sms.cu -lcuda
 // Run:   ./copies_under_held_sms [bytes] [mode 0-3: how the hold kernel spins; see `hold`]
+// The batch rows compare 64 copies issued one by one with the same copies as one
+// `cuMemcpyBatchAsync` (CUDA 12.8+), each followed by one synchronize.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -99,6 +101,27 @@ int main(int argc, char** argv) {
   CK(cudaHostAlloc(&pinned, bytes, cudaHostAllocMapped));
   CK(cudaHostGetDevicePointer(&pinned_d, pinned, 0));
   std::vector<char> pageable(bytes, 1);
+  // BATCH copies of `bytes` each (distinct ranges), issued one by one or as one batch.
+  const int BATCH = 64;
+  char *dev_many, *pinned_many, *pinned_many_d;
+  CK(cudaMalloc(&dev_many, bytes * BATCH));
+  CK(cudaHostAlloc(&pinned_many, bytes * BATCH, cudaHostAllocMapped));
+  CK(cudaHostGetDevicePointer(&pinned_many_d, pinned_many, 0));
+  std::vector<CUdeviceptr> to_host(BATCH), from_dev(BATCH), to_dev(BATCH), from_host(BATCH);
+  std::vector<size_t> sizes(BATCH, bytes);
+  for (int i = 0; i < BATCH; i++) {
+    to_host[i] = (CUdeviceptr)(pinned_many_d + i * bytes);
+    from_dev[i] = (CUdeviceptr)(dev_many + i * bytes);
+    to_dev[i] = from_dev[i];
+    from_host[i] = to_host[i];
+  }
+  auto batch = [&](std::vector<CUdeviceptr>& dst, std::vector<CUdeviceptr>& src) {
+    CUmemcpyAttributes attr = {};
+    attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    size_t idx = 0;
+    CUresult r = cuMemcpyBatchAsync(dst.data(), src.data(), sizes.data(), BATCH, &attr, &idx, 1, (CUstream)os);
+    if (r != CUDA_SUCCESS) { fprintf(stderr, "cuMemcpyBatchAsync: %d\n", (int)r); exit(1); }
+  };
   cudaStream_t hs, os;
   CK(cudaStreamCreateWithFlags(&hs, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&os, cudaStreamNonBlocking));
@@ -115,6 +138,16 @@ int main(int argc, char** argv) {
       {"memcpy DtoH into pageable host memory", [&] { CK(cudaMemcpyAsync(pageable.data(), dev_a, bytes, cudaMemcpyDeviceToHost, os)); }},
       {"memcpy DtoD within the device", [&] { CK(cudaMemcpyAsync(dev_b, dev_a, bytes, cudaMemcpyDeviceToDevice, os)); }},
       {"memset of device memory", [&] { CK(cudaMemsetAsync(dev_b, 0, bytes, os)); }},
+      {"64 memcpy DtoD into pinned memory, one by one", [&] {
+         for (int i = 0; i < BATCH; i++)
+           CK(cudaMemcpyAsync((void*)to_host[i], (void*)from_dev[i], bytes, cudaMemcpyDeviceToDevice, os));
+       }},
+      {"64 copies DtoD into pinned memory, one batch", [&] { batch(to_host, from_dev); }},
+      {"64 memcpy HtoD from pinned memory, one by one", [&] {
+         for (int i = 0; i < BATCH; i++)
+           CK(cudaMemcpyAsync((void*)to_dev[i], pinned_many + i * bytes, bytes, cudaMemcpyHostToDevice, os));
+       }},
+      {"64 copies from pinned memory to device, one batch", [&] { batch(to_dev, from_host); }},
       {"cuStreamWriteValue64", [&] {
          CUresult r = cuStreamWriteValue64((CUstream)os, (CUdeviceptr)dev_b, 7, 0);
          if (r != CUDA_SUCCESS) { fprintf(stderr, "cuStreamWriteValue64: %d\n", (int)r); exit(1); }
