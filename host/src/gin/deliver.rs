@@ -85,12 +85,16 @@ impl Deliver for GinRank {
 /// Copies `(dst, src, bytes)` to queue as one batch.
 type Copies = Vec<(u64, u64, usize)>;
 
+/// The most puts in one batch of copies: a buffer of many tiny puts goes as several.
+const MAX_BATCH_COPIES: usize = 256;
+
 impl GinRank {
     /// Queues `ops` on the delivery stream, in order, keeping the windows they write in
     /// `windows`; stops at the first that fails. From pinned memory (`buf_device`), the puts
-    /// between two signals go as one batch of copies (one submission: each costs about 0.2
-    /// ms while the ranks' kernels hold every SM), cut where a put's destination overlaps one
-    /// already in the batch (a batch's copies run in no order).
+    /// between two signals go as batches of copies (one submission: each costs about 0.2 ms
+    /// while the ranks' kernels hold every SM) of at most [`MAX_BATCH_COPIES`], cut where a
+    /// put's destination overlaps one already in the batch (a batch's copies run in no
+    /// order).
     fn queue_deliveries(
         &self,
         from: usize,
@@ -139,7 +143,9 @@ impl GinRank {
                 windows.push(w);
                 if let Some(base) = buf_device {
                     let end = addr + data.len() as u64;
-                    if batch.iter().any(|&(d, _, n)| addr < d + n as u64 && d < end) {
+                    // A bounded batch keeps this check short (it is linear in the batch).
+                    if batch.len() >= MAX_BATCH_COPIES || batch.iter().any(|&(d, _, n)| addr < d + n as u64 && d < end)
+                    {
                         flush(batch)?;
                     }
                     batch.push((addr, base + range.start as u64, data.len()));

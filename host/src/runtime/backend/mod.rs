@@ -195,8 +195,8 @@ pub(crate) trait StreamBackend: Send + Sync {
     /// Queues `copies` `(dst, src, bytes)` after the stream's earlier work, in no order among
     /// themselves: as one submission where the backend can (the GIN proxy's copies while the
     /// ranks' kernels hold every SM cost about 0.2 ms each on an H200, waits or not), else
-    /// one by one. Addresses are device memory or host memory of this process (unified
-    /// addressing).
+    /// one by one. Addresses are device memory or the device address of host-mapped pinned
+    /// memory (never pageable memory).
     ///
     /// # Safety
     /// Every range is valid until the stream has run the copies; no destination overlaps

@@ -233,8 +233,8 @@ fn has_batch_copies() -> bool {
     })
 }
 
-/// Queues `copies` `(dst, src, bytes)` (unified addresses: device memory, or host memory
-/// pinned or not) as one `cuMemcpyBatchAsync`: one driver call and one submission for all,
+/// Queues `copies` `(dst, src, bytes)` (device memory, or the device address of host-mapped
+/// pinned memory) as one `cuMemcpyBatchAsync`: one driver call and one submission for all,
 /// which run after the stream's earlier work, in no order among themselves. `Ok(false)`: not
 /// queued, as this driver has no batch copies (the caller copies one by one).
 ///
@@ -258,7 +258,9 @@ pub(super) unsafe fn memcpy_batch_async(copies: &[(u64, u64, usize)], stream: sy
         srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
         srcLocHint: nowhere,
         dstLocHint: nowhere,
-        flags: 0,
+        // Copy engines rather than SMs where the driver heeds it (CUDA 13.1 and later, by
+        // their release notes): the kernels waiting for these copies may hold every SM.
+        flags: sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32,
     };
     let mut first = 0usize;
     // SAFETY: the arrays hold `copies.len()` entries each and one attribute for all copies
