@@ -55,18 +55,18 @@ impl Deliver for GinRank {
 
     // Single operations go the way of a batch of one.
     fn put(&self, from: usize, dst: RemoteLocation, data: &[u8]) -> Result<()> {
-        self.deliver(from, data, &[Delivery::Put { dst, range: 0..data.len() }])
+        self.deliver(from, data, None, &[Delivery::Put { dst, range: 0..data.len() }])
     }
 
     fn put_value(&self, from: usize, dst: RemoteLocation, value: u64, bytes: u32) -> Result<()> {
         let bytes = u8::try_from(bytes).ok().filter(|b| matches!(b, 1 | 2 | 4 | 8)).ok_or_else(|| {
             Error::InvalidArgument(format!("rank {}: a GIN value of {bytes} bytes (1, 2, 4 or 8)", self.rank))
         })?;
-        self.deliver(from, &[], &[Delivery::PutValue { dst, le: value.to_le_bytes(), bytes }])
+        self.deliver(from, &[], None, &[Delivery::PutValue { dst, le: value.to_le_bytes(), bytes }])
     }
 
     fn signal(&self, from: usize, id: u32, inc: u64) -> Result<()> {
-        self.deliver(from, &[], &[Delivery::Signal { id, inc }])
+        self.deliver(from, &[], None, &[Delivery::Signal { id, inc }])
     }
 
     fn deliver(&self, from: usize, buf: &[u8], buf_device: Option<u64>, ops: &[Delivery]) -> Result<()> {
