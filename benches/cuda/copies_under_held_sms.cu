@@ -9,6 +9,9 @@
 //
 // Build: nvcc -O3 -arch=sm_90 -o copies_under_held_sms copies_under_held_sms.cu -lcuda
 // Run:   ./copies_under_held_sms [bytes] [mode 0-3: how the hold kernel spins; see `hold`]
+// The batch rows compare 64 copies issued one by one with the same copies as one
+// `cuMemcpyBatchAsync` (CUDA 13 headers), each followed by one synchronize; "CE" rows set
+// CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -102,6 +105,35 @@ int main(int argc, char** argv) {
   cudaStream_t hs, os;
   CK(cudaStreamCreateWithFlags(&hs, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&os, cudaStreamNonBlocking));
+  // BATCH copies of `bytes` each (distinct ranges), issued one by one or as one batch.
+  const int BATCH = 64;
+  char *dev_many, *pinned_many, *pinned_many_d;
+  CK(cudaMalloc(&dev_many, bytes * BATCH));
+  CK(cudaHostAlloc(&pinned_many, bytes * BATCH, cudaHostAllocMapped));
+  CK(cudaHostGetDevicePointer(&pinned_many_d, pinned_many, 0));
+  std::vector<CUdeviceptr> to_host(BATCH), from_dev(BATCH), to_dev(BATCH), from_host(BATCH);
+  std::vector<size_t> sizes(BATCH, bytes);
+  for (int i = 0; i < BATCH; i++) {
+    to_host[i] = (CUdeviceptr)(pinned_many_d + i * bytes);
+    from_dev[i] = (CUdeviceptr)(dev_many + i * bytes);
+    to_dev[i] = from_dev[i];
+    from_host[i] = to_host[i];
+  }
+  // `flags`: 0, or CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (copy engines rather than SMs).
+  auto batch = [&](std::vector<CUdeviceptr>& dst, std::vector<CUdeviceptr>& src, unsigned flags) {
+#if CUDA_VERSION >= 13000
+    CUmemcpyAttributes attr = {};
+    attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    attr.flags = flags;
+    size_t idx = 0;
+    CUresult r = cuMemcpyBatchAsync(dst.data(), src.data(), sizes.data(), BATCH, &attr, &idx, 1, (CUstream)os);
+    if (r != CUDA_SUCCESS) { fprintf(stderr, "cuMemcpyBatchAsync: %d\n", (int)r); exit(1); }
+#else
+    (void)dst; (void)src; (void)flags;
+    fprintf(stderr, "batch copies need CUDA 13 headers\n");
+    exit(1);
+#endif
+  };
 
   struct Op {
     const char* name;
@@ -115,6 +147,18 @@ int main(int argc, char** argv) {
       {"memcpy DtoH into pageable host memory", [&] { CK(cudaMemcpyAsync(pageable.data(), dev_a, bytes, cudaMemcpyDeviceToHost, os)); }},
       {"memcpy DtoD within the device", [&] { CK(cudaMemcpyAsync(dev_b, dev_a, bytes, cudaMemcpyDeviceToDevice, os)); }},
       {"memset of device memory", [&] { CK(cudaMemsetAsync(dev_b, 0, bytes, os)); }},
+      {"64 memcpy DtoD into pinned memory, one by one", [&] {
+         for (int i = 0; i < BATCH; i++)
+           CK(cudaMemcpyAsync((void*)to_host[i], (void*)from_dev[i], bytes, cudaMemcpyDeviceToDevice, os));
+       }},
+      {"64 copies DtoD into pinned memory, one batch", [&] { batch(to_host, from_dev, 0); }},
+      {"64 copies DtoD into pinned memory, one batch, CE", [&] { batch(to_host, from_dev, 1); }},
+      {"64 memcpy HtoD from pinned memory, one by one", [&] {
+         for (int i = 0; i < BATCH; i++)
+           CK(cudaMemcpyAsync((void*)to_dev[i], pinned_many + i * bytes, bytes, cudaMemcpyHostToDevice, os));
+       }},
+      {"64 copies from pinned memory to device, one batch", [&] { batch(to_dev, from_host, 0); }},
+      {"64 copies from pinned memory to device, one batch, CE", [&] { batch(to_dev, from_host, 1); }},
       {"cuStreamWriteValue64", [&] {
          CUresult r = cuStreamWriteValue64((CUstream)os, (CUdeviceptr)dev_b, 7, 0);
          if (r != CUDA_SUCCESS) { fprintf(stderr, "cuStreamWriteValue64: %d\n", (int)r); exit(1); }

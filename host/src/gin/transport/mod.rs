@@ -88,9 +88,11 @@ pub(crate) trait Deliver: Send + Sync {
     /// Applies `ops`, sent by world rank `from`, in order (a put's data is `buf[range]`): a
     /// signal is written after the data before it. Everything it applied has landed when it
     /// returns, also when it fails; then the operations before the failed one were applied
-    /// and none after it. This default applies them one by one; the rank's GIN queues them
-    /// all and waits once.
-    fn deliver(&self, from: usize, buf: &[u8], ops: &[Delivery]) -> Result<()> {
+    /// and none after it. `buf_device`: the device address of `buf` where it lies in pinned
+    /// memory of the device ([`Deliver::staging`]). This default applies them one by one;
+    /// the rank's GIN queues them all and waits once.
+    fn deliver(&self, from: usize, buf: &[u8], buf_device: Option<u64>, ops: &[Delivery]) -> Result<()> {
+        let _ = buf_device;
         for op in ops {
             match op {
                 Delivery::Put { dst, range } => self.put(from, *dst, &buf[range.clone()])?,

@@ -360,6 +360,14 @@ impl RecvBuf {
         }
     }
 
+    /// The buffer's device address, where it is pinned memory of the device.
+    fn device_addr(&self) -> Option<u64> {
+        match self {
+            RecvBuf::Staged(m) => Some(m.device_addr()),
+            RecvBuf::Plain(_) => None,
+        }
+    }
+
     fn as_slice(&self) -> &[u8] {
         match self {
             // SAFETY: as in `as_mut_slice`; `&self` keeps writers off.
@@ -643,7 +651,7 @@ fn write_loop(sh: Arc<RecvShared>, from: Peer, id: u64, batches: mpsc::Receiver<
             return sh.close(id);
         };
         // The whole batch at once: one wait for the device per batch, not per operation.
-        if let Err(e) = d.deliver(from.rank, batch.buf.as_slice(), &batch.ops) {
+        if let Err(e) = d.deliver(from.rank, batch.buf.as_slice(), batch.buf.device_addr(), &batch.ops) {
             drop(d);
             sh.fail(format!("GIN data from rank {} (context {}) cannot be delivered: {e}", from.rank, from.context));
             // Nothing after a failed frame may be applied (a signal would announce data
@@ -995,7 +1003,9 @@ impl Link {
         let last = off + len == bytes;
         plan.large = if last { None } else { Some((r, i + 1)) };
         self.staging(w, block);
-        let event = if self.stage(w, block, 0, src + off as u64, len)? { Some(w.copy.record(false)?) } else { None };
+        let mut copies = Vec::with_capacity(1);
+        self.stage(w, block, 0, src + off as u64, len, &mut copies)?;
+        let event = self.queue_copies(w, &copies)?;
         let header = if i == 0 { Some(encode(&Frame::Put { dst, len: bytes as u64 })?) } else { None };
         let signal = match r.signal {
             Some((id, inc)) if last => Some(encode(&Frame::Signal { id, inc })?),
@@ -1026,14 +1036,14 @@ impl Link {
         debug_assert!(total <= CHUNK);
         self.staging(w, block);
         let mut at = 0;
-        let mut copies = false;
+        let mut copies = Vec::with_capacity(batch.len());
         for r in &batch {
             if let Payload::Put { src, bytes, .. } = r.payload {
-                copies |= self.stage(w, block, at + tcp_wire::PUT_HEADER, src, bytes)?;
+                self.stage(w, block, at + tcp_wire::PUT_HEADER, src, bytes, &mut copies)?;
             }
             at += framed_bytes(r);
         }
-        let event = if copies { Some(w.copy.record(false)?) } else { None };
+        let event = self.queue_copies(w, &copies)?;
         let done = batch.iter().map(|r| (r.ring, r.ticket)).collect();
         Ok(Piece { block, event, kind: PieceKind::Small { batch, len: total }, done })
     }
@@ -1103,26 +1113,26 @@ impl Link {
         }
     }
 
-    /// Copies `bytes` device bytes at `src` to data byte `at` of staging block `block`:
-    /// queued on the copy stream for a pinned block (`true`: record an event to wait for), or
-    /// done when this returns for ordinary memory (`false`).
-    fn stage(&self, w: &mut Wire, block: usize, at: usize, src: u64, bytes: usize) -> Result<bool> {
+    /// Copies `bytes` device bytes at `src` to data byte `at` of staging block `block`: for
+    /// a pinned block, added to `copies` (for [`Link::queue_copies`]), or done when this
+    /// returns for ordinary memory.
+    fn stage(
+        &self,
+        w: &mut Wire,
+        block: usize,
+        at: usize,
+        src: u64,
+        bytes: usize,
+        copies: &mut Vec<(u64, u64, usize)>,
+    ) -> Result<()> {
         if bytes == 0 {
-            return Ok(false);
+            return Ok(());
         }
         match w.staging[block].as_mut().expect("readied by `staging`") {
             Staging::Pinned(b) => {
                 assert!(PREFIX + at + bytes <= b.len());
-                let dst = b.device_addr() + (PREFIX + at) as u64;
-                // SAFETY: `src` is this rank's source window range (resolved and
-                // bounds-checked by the proxy; the GIN contract keeps it alive and unwritten
-                // until the request is reported complete, which this thread does only after
-                // the copy has run); `dst` is a range (checked above) of one of this thread's
-                // live staging blocks, which no host code touches and which is not dropped
-                // (returned to the pool: `Wire`'s drop waits) until the copy has run; they do
-                // not overlap (device memory and pinned host memory).
-                unsafe { w.copy.copy_dtod(dst, src, bytes)? };
-                Ok(true)
+                copies.push((b.device_addr() + (PREFIX + at) as u64, src, bytes));
+                Ok(())
             }
             Staging::Pageable(v) => {
                 let dst = &mut v[PREFIX + at..PREFIX + at + bytes];
@@ -1135,9 +1145,28 @@ impl Link {
                 // device's shared one, which may hold work waiting for an SM that kernels
                 // waiting for this connection hold (`GinRank::deliveries`).
                 unsafe { w.copy.read_sync(dst, src)? };
-                Ok(false)
+                Ok(())
             }
         }
+    }
+
+    /// Queues the staging copies of a piece on the copy stream, as one batch (one submission:
+    /// each costs about 0.2 ms while the ranks' kernels hold every SM), and returns the event
+    /// to wait for; `None` when there are none.
+    fn queue_copies(&self, w: &mut Wire, copies: &[(u64, u64, usize)]) -> Result<Option<Arc<dyn EventBackend>>> {
+        if copies.is_empty() {
+            return Ok(None);
+        }
+        // SAFETY: each `src` is this rank's source window range (resolved and bounds-checked
+        // by the proxy; the GIN contract keeps it alive and unwritten until the request is
+        // reported complete, which this thread does only after the copies have run); each
+        // `dst` is a range (checked by `stage`) of one of this thread's live staging blocks,
+        // which no host code touches and which is not dropped (returned to the pool: `Wire`'s
+        // drop waits) until the copies have run; the destinations are disjoint (a piece lays
+        // its data out back to back) and do not overlap the sources (device memory and pinned
+        // host memory).
+        unsafe { w.copy.copy_batch(copies)? };
+        Ok(Some(w.copy.record(false)?))
     }
 }
 
@@ -1851,41 +1880,58 @@ mod tests {
         drop(owners);
     }
 
-    /// A rank's GIN applies a batch in order, queued and waited for once: the puts, the value
-    /// and the signal before a refused put land; nothing after it does, and the error names
-    /// the window.
+    /// A rank's GIN applies a batch in order, queued and waited for once, from ordinary
+    /// memory (a copy per put) and from pinned memory (the puts between signals as one batch
+    /// of copies, cut where destinations overlap): the puts, the value and the signals before
+    /// a refused put land, the later of two overlapping puts wins, nothing after the refused
+    /// put lands, and the error names the window.
     #[test]
     fn a_ranks_batch_lands_in_order_up_to_the_first_refused_operation() {
-        let dev = Device::open_with(Backend::Cpu, 0).unwrap();
-        let reqs = crate::DevCommRequirements::default();
-        let (comms, windows, _handles) = crate::testing::virtual_job(&dev, 2, 1 << 20, &reqs).unwrap();
-        let owners = tcp_gins(&comms, 1, 2);
-        let g0 = &owners[0].0;
-        let id = windows[0].dev_window().id;
-        let buf = pattern(3000, 9);
-        let at = |offset| RemoteLocation { window: id, offset };
-        let ops = [
-            Delivery::Put { dst: at(0), range: 0..1000 },
-            Delivery::Put { dst: at(1000), range: 1000..3000 },
-            Delivery::PutValue { dst: at(4096), le: 0x1234_5678u64.to_le_bytes(), bytes: 4 },
-            Delivery::Signal { id: 0, inc: 2 },
-            Delivery::Signal { id: 0, inc: 3 },
-            Delivery::Put { dst: RemoteLocation { window: 99, offset: 0 }, range: 0..8 },
-            Delivery::Put { dst: at(8192), range: 0..8 },
-            Delivery::Signal { id: 1, inc: 7 },
-        ];
-        let err = Deliver::deliver(&**g0, 1, &buf, &ops).unwrap_err().to_string();
-        assert!(err.contains("window 99"), "{err}");
-        assert_eq!(windows[0].read::<u8>(0, 3000).unwrap(), buf);
-        assert_eq!(windows[0].read::<u32>(4096, 1).unwrap(), vec![0x1234_5678]);
-        assert_eq!(windows[0].read::<u8>(8192, 8).unwrap(), vec![0; 8], "after the refused put");
-        // Slots [signal][from rank 1] of rank 0 (two ranks): signal 0 reached 5, signal 1 none.
-        assert_eq!(g0.signals.read::<u64>(8, 1).unwrap(), vec![5]);
-        assert_eq!(g0.signals.read::<u64>(3 * 8, 1).unwrap(), vec![0]);
-        // A later batch goes on from the totals so far.
-        Deliver::deliver(&**g0, 1, &[], &[Delivery::Signal { id: 0, inc: 1 }]).unwrap();
-        assert_eq!(g0.signals.read::<u64>(8, 1).unwrap(), vec![6]);
-        drop(owners);
+        for pinned in [false, true] {
+            let dev = Device::open_with(Backend::Cpu, 0).unwrap();
+            let reqs = crate::DevCommRequirements::default();
+            let (comms, windows, _handles) = crate::testing::virtual_job(&dev, 2, 1 << 20, &reqs).unwrap();
+            let owners = tcp_gins(&comms, 1, 2);
+            let g0 = &owners[0].0;
+            let id = windows[0].dev_window().id;
+            let data = pattern(3000, 9);
+            let block = crate::runtime::host_mapped::HostMapped::alloc(&dev, data.len()).unwrap();
+            // SAFETY: the block spans `data.len()` bytes and nothing else uses it yet.
+            let host = unsafe { std::slice::from_raw_parts_mut(block.host_ptr(), data.len()) };
+            host.copy_from_slice(&data);
+            let (buf, buf_device): (&[u8], _) = if pinned { (host, Some(block.device_addr())) } else { (&data, None) };
+            let at = |offset| RemoteLocation { window: id, offset };
+            let ops = [
+                Delivery::Put { dst: at(0), range: 0..1000 },
+                Delivery::Put { dst: at(1000), range: 1000..3000 },
+                // Overlaps the first: written after it.
+                Delivery::Put { dst: at(500), range: 2000..2100 },
+                Delivery::PutValue { dst: at(4096), le: 0x1234_5678u64.to_le_bytes(), bytes: 4 },
+                Delivery::Signal { id: 0, inc: 2 },
+                Delivery::Put { dst: at(6000), range: 0..16 },
+                Delivery::Signal { id: 0, inc: 3 },
+                Delivery::Put { dst: at(7000), range: 16..32 },
+                Delivery::Put { dst: RemoteLocation { window: 99, offset: 0 }, range: 0..8 },
+                Delivery::Put { dst: at(8192), range: 0..8 },
+                Delivery::Signal { id: 1, inc: 7 },
+            ];
+            let err = Deliver::deliver(&**g0, 1, buf, buf_device, &ops).unwrap_err().to_string();
+            assert!(err.contains("window 99"), "{err}");
+            let mut want = data.clone();
+            want[500..600].copy_from_slice(&data[2000..2100]);
+            assert_eq!(windows[0].read::<u8>(0, 3000).unwrap(), want, "pinned {pinned}");
+            assert_eq!(windows[0].read::<u32>(4096, 1).unwrap(), vec![0x1234_5678]);
+            assert_eq!(windows[0].read::<u8>(6000, 16).unwrap(), data[..16]);
+            assert_eq!(windows[0].read::<u8>(7000, 16).unwrap(), data[16..32], "before the refused put");
+            assert_eq!(windows[0].read::<u8>(8192, 8).unwrap(), vec![0; 8], "after the refused put");
+            // Slots [signal][from rank 1] of rank 0 (two ranks): signal 0 reached 5, signal 1 none.
+            assert_eq!(g0.signals.read::<u64>(8, 1).unwrap(), vec![5]);
+            assert_eq!(g0.signals.read::<u64>(3 * 8, 1).unwrap(), vec![0]);
+            // A later batch goes on from the totals so far.
+            Deliver::deliver(&**g0, 1, &[], None, &[Delivery::Signal { id: 0, inc: 1 }]).unwrap();
+            assert_eq!(g0.signals.read::<u64>(8, 1).unwrap(), vec![6]);
+            drop(owners);
+        }
     }
 
     /// A rank's GIN with TCP makes all its pinned staging at creation: a full exchange both

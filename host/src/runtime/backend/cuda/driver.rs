@@ -222,6 +222,66 @@ pub(super) unsafe fn memcpy_htod_async(dst: sys::CUdeviceptr, src: &[u8], stream
         .map_err(cuda_err("cuMemcpyHtoDAsync"))
 }
 
+/// Whether the driver has `cuMemcpyBatchAsync_v2` (CUDA 13.0 drivers and later); asked once.
+fn has_batch_copies() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        let mut version = 0;
+        // SAFETY: writes one int; callable before and after `cuInit`.
+        let ok = unsafe { sys::cuDriverGetVersion(&mut version) }.result().is_ok();
+        ok && version >= 13000
+    })
+}
+
+/// Queues `copies` `(dst, src, bytes)` (device memory, or the device address of host-mapped
+/// pinned memory) as one `cuMemcpyBatchAsync`: one driver call and one submission for all,
+/// which run after the stream's earlier work, in no order among themselves. `Ok(false)`: not
+/// queued, as this driver has no batch copies (the caller copies one by one).
+///
+/// # Safety
+/// Every range is valid until the stream has run the batch; no destination overlaps another
+/// copy's destination or source; the sources are not written before the batch has run.
+pub(super) unsafe fn memcpy_batch_async(copies: &[(u64, u64, usize)], stream: sys::CUstream) -> Result<bool> {
+    if !has_batch_copies() {
+        return Ok(false);
+    }
+    let copies: Vec<_> = copies.iter().filter(|c| c.2 > 0).collect();
+    if copies.is_empty() {
+        return Ok(true);
+    }
+    let mut dsts: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.0).collect();
+    let mut srcs: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.1).collect();
+    let mut sizes: Vec<usize> = copies.iter().map(|c| c.2).collect();
+    let nowhere = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID, id: 0 };
+    // Sources read in stream order (as a plain async copy), no placement hints.
+    let mut attrs = sys::CUmemcpyAttributes {
+        srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+        srcLocHint: nowhere,
+        dstLocHint: nowhere,
+        // Copy engines rather than SMs where the driver heeds it (CUDA 13.1 and later, by
+        // their release notes): the kernels waiting for these copies may hold every SM.
+        flags: sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32,
+    };
+    let mut first = 0usize;
+    // SAFETY: the arrays hold `copies.len()` entries each and one attribute for all copies
+    // (starting at copy 0); the ranges are the caller's contract.
+    unsafe {
+        sys::cuMemcpyBatchAsync_v2(
+            dsts.as_mut_ptr(),
+            srcs.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            copies.len(),
+            &mut attrs,
+            &mut first,
+            1,
+            stream,
+        )
+    }
+    .result()
+    .map_err(cuda_err("cuMemcpyBatchAsync"))?;
+    Ok(true)
+}
+
 /// Queues a device-to-host copy into pageable memory (complete when this returns, by the
 /// driver's rule for pageable destinations; the caller still synchronizes the stream).
 ///

@@ -563,6 +563,19 @@ impl StreamBackend for CudaStream {
         unsafe { driver::memcpy_dtod_async(dst, src, bytes, self.stream) }
     }
 
+    unsafe fn copy_batch(&self, copies: &[(u64, u64, usize)]) -> Result<()> {
+        let _g = self.ctx.bind()?;
+        // SAFETY: the caller's contract.
+        if unsafe { driver::memcpy_batch_async(copies, self.stream)? } {
+            return Ok(());
+        }
+        for &(dst, src, bytes) in copies {
+            // SAFETY: the caller's contract, for each copy.
+            unsafe { driver::memcpy_dtod_async(dst, src, bytes, self.stream)? };
+        }
+        Ok(())
+    }
+
     unsafe fn write_async(&self, dst: u64, src: &[u8]) -> Result<()> {
         if src.is_empty() {
             return Ok(());
