@@ -64,12 +64,12 @@
 //! a wait logs who it waits for at the progress interval.
 //!
 //! # Ordering
-//! A shared launch's entries are pushed into the meeting under the meetings' mutex; the last
-//! member takes the meeting out under it and queues it for the launcher under the launcher's
-//! queue mutex (or, with `FERROLINK_GROUP_LAUNCHER=last`, keeps it), and whoever launches
-//! gathers the entries after taking it and the driver copies them into the launch's
-//! parameter. Meetings complete in order of their numbers (every member arrives at them in
-//! order), so the queue, filled under the meetings' mutex, is in launch order. A member's pending completion is noted in
+//! A shared launch's entries go into its meeting's slot, each member's into its own cell
+//! ([`LaunchSlot`], whose note has the argument); the last member takes the meeting out and
+//! queues it for the launcher under the launcher's queue mutex (or, with
+//! `FERROLINK_GROUP_LAUNCHER=last`, keeps it), and whoever launches gathers the entries after
+//! taking it and the driver copies them into the launch's parameter. The last member of a
+//! meeting queues it before it arrives at the next one, so the queue is in launch order. A member's pending completion is noted in
 //! its resources before its call returns, at the launch's place in the launch stream's order
 //! (a resource keeps the later of two: members note them out of order); the launch stream
 //! orders every launch after the members' arrivals (event waits), and work of another stream
@@ -103,7 +103,7 @@ use ferrolink_device::coll::group::{
 };
 use ferrolink_device::kernels::coll::{coll_gpu_group_launch, coll_ll_group_launch};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -550,8 +550,8 @@ impl EventBackend for PendingLaunch {
     }
 }
 
-/// One member's share of a meeting, made before it takes the meetings' lock (under which it
-/// is only pushed: 8 members arriving together queue on that lock).
+/// One member's share of a meeting, made before it arrives (a shared launch's goes into the
+/// member's cell of the meeting's slot, other meetings' are pushed under the meetings' lock).
 struct Arrival {
     part: usize,
     entry: Option<RankOp>,
@@ -736,9 +736,12 @@ pub(crate) struct GpuGroup {
     pub(crate) ll_threads: OnceLock<u32>,
     /// Made once, by the first member to need it (it may allocate: before any kernel runs).
     ring: OnceLock<Arc<Ring>>,
-    /// Every member's call takes it: on cache lines of its own (`Hot`), apart from the
-    /// fields the members only read.
+    /// The meetings of hand-overs to the persistent kernel and of its start (each member's
+    /// call takes it): on cache lines of its own (`Hot`), apart from the fields the members
+    /// only read.
     meetings: Hot<Mutex<HashMap<(Purpose, u64), Meeting>>>,
+    /// The meetings of shared launches, by sequence number modulo [`LAUNCH_SLOTS`].
+    launch_slots: Vec<LaunchSlot>,
     /// The members' communicator's control (its timeout, its abort).
     control: Arc<CommControl>,
     /// What the launch stream has been given (see [`LaunchLog`]).
@@ -771,6 +774,65 @@ pub(crate) struct GpuGroup {
     /// Per member: the observers it registered with the launch stream, each on cache lines
     /// of its own.
     observed: Vec<Hot<Mutex<Vec<ObserverRef>>>>,
+}
+
+/// Slots of shared launches' meetings: twice the run-ahead bound, so that a slot's meeting
+/// is over before any member comes to the slot's next one (see [`LaunchSlot`]).
+const LAUNCH_SLOTS: usize = 2 * RUN_AHEAD as usize;
+
+/// Where the members of a shared launch meet ([`Purpose::Launch`]; meetings whose number is the
+/// slot's index modulo [`LAUNCH_SLOTS`], in turn): each member puts its arrival in its own cell
+/// and raises its bit, so members arriving together share no lock (under one mutex for all
+/// meetings, 8 ranks spent 3.5–4.4 µs per call arriving on an H100, PERF.md 2026-12-07 call 9);
+/// the member whose bit completes the set takes the meeting.
+///
+/// Ordering: a member clones the meeting's outcome and writes its cell (each cell's mutex is
+/// taken by that member and then by the last one only), then raises its bit with
+/// acquire-release; the last member's raise reads every bit, so it acquires every cell and
+/// every clone happened before it replaces the outcome and clears the bits for the next
+/// meeting. No member comes to that next meeting (number `seq + LAUNCH_SLOTS`) before meeting
+/// `seq` is over: a member makes call `s` only once the meetings up to `s - RUN_AHEAD` are
+/// over ([`GpuGroup::within_reach`], whose SeqCst load follows the launcher's SeqCst raise of
+/// the meetings over, which follows its taking of the meeting from the queue, which this
+/// member's queuing preceded), and `seq + LAUNCH_SLOTS - RUN_AHEAD > seq`. Meetings are
+/// queued for the launcher in order without a shared lock too: the last member of meeting
+/// `seq` queues it before its call returns, so before its own arrival at meeting `seq + 1`,
+/// which the last member of `seq + 1` has read (its raise acquires every bit) before it queues
+/// that one.
+struct LaunchSlot {
+    /// Bit `p`: member `p`'s arrival is in `cells[p]`.
+    arrived: AtomicU32,
+    /// The current meeting's outcome (read by every member; replaced by the last).
+    outcome: std::sync::RwLock<Arc<Outcome>>,
+    /// Per member, its arrival (written by the member, taken by the last).
+    cells: Vec<Mutex<Option<Arrival>>>,
+}
+
+impl LaunchSlot {
+    fn new(members: usize) -> LaunchSlot {
+        LaunchSlot {
+            arrived: AtomicU32::new(0),
+            outcome: std::sync::RwLock::new(Arc::default()),
+            cells: (0..members).map(|_| Mutex::new(None)).collect(),
+        }
+    }
+
+    /// The members whose arrival is in (parts).
+    fn arrived(&self) -> Vec<usize> {
+        let bits = self.arrived.load(Ordering::Acquire);
+        (0..self.cells.len()).filter(|p| bits & (1 << p) != 0).collect()
+    }
+
+    /// Empties a half-full meeting (recovery, while no member meets): its arrivals, and its
+    /// outcome, which the caller gives up.
+    fn drain(&self) -> Option<Meeting> {
+        if self.arrived.swap(0, Ordering::AcqRel) == 0 {
+            return None;
+        }
+        let arrivals = self.cells.iter().filter_map(|c| lock(c).take()).collect();
+        let outcome = std::mem::take(&mut *self.outcome.write().unwrap_or_else(|e| e.into_inner()));
+        Some(Meeting { arrivals, outcome })
+    }
 }
 
 /// An observer that a member registered with the launch stream (held weakly, as the stream
@@ -830,9 +892,9 @@ const LAUNCHER_IDLE_EXIT: Duration = Duration::from_millis(100);
 /// are dropped is still launched); if it cannot be made, the member that handed the meeting
 /// over launches it. It spins for the members' spin time ([`spin`]) before it sleeps.
 ///
-/// Ordering: a meeting is queued under the meetings' lock by the member that completes it,
-/// and meetings complete in order of their numbers (each member arrives at them in order),
-/// so the queue is in launch order. A hand-over raises `pending` (SeqCst) and then reads
+/// Ordering: a meeting is queued by the member that completes it before that member arrives
+/// at the next meeting, which is complete only once it has ([`LaunchSlot`]), so the queue is
+/// in launch order. A hand-over raises `pending` (SeqCst) and then reads
 /// `asleep`; the launcher raises `asleep` (SeqCst) and then reads `pending` before it parks:
 /// one of the two sees the other's write, so a queued meeting never waits for a sleeping
 /// launcher (the `unpark` token covers a wake-up that comes before the park).
@@ -949,6 +1011,7 @@ impl GpuGroup {
             ll_threads: OnceLock::new(),
             ring: OnceLock::new(),
             meetings: Hot(Mutex::new(HashMap::new())),
+            launch_slots: (0..LAUNCH_SLOTS).map(|_| LaunchSlot::new(members.len())).collect(),
             log: Arc::new(LaunchLog {
                 control: control.clone(),
                 launching: AtomicUsize::new(0),
@@ -991,6 +1054,7 @@ impl GpuGroup {
         // Dropped after the lock: dropping what they hold may retire memory, which looks at
         // completions whose queries take the meetings' lock.
         let mut left: Vec<Meeting> = lock(&self.meetings).drain().map(|(_, m)| m).collect();
+        left.extend(self.launch_slots.iter().filter_map(LaunchSlot::drain));
         // Meetings handed to the launcher and not taken yet (a recovery follows an abort, so
         // the launcher would not launch them either).
         let queued: Vec<Meeting> = lock(&self.launcher.queue).ready.drain(..).map(|(_, m)| m).collect();
@@ -1297,7 +1361,39 @@ impl GpuGroup {
         };
         let arrival = Arrival { part: p, entry, served, control, sync, ctas, uses, launch_stream, events };
         let mut handed_over = None;
-        let (outcome, complete) = {
+        let (outcome, complete) = if purpose == Purpose::Launch {
+            // A shared launch's meeting: its slot, with no lock that the members share (see
+            // `LaunchSlot`).
+            let slot = &self.launch_slots[(seq % LAUNCH_SLOTS as u64) as usize];
+            // Before the arrival is raised: the last member replaces it once all are in.
+            let outcome = slot.outcome.read().unwrap_or_else(|e| e.into_inner()).clone();
+            *lock(&slot.cells[p]) = Some(arrival);
+            let all = (1u32 << self.members.len()) - 1;
+            // AcqRel: the last member's read of every bit acquires every member's cell.
+            let last = slot.arrived.fetch_or(1 << p, Ordering::AcqRel) | 1 << p == all;
+            phases::mark(Phase::Arrive);
+            if !last {
+                if wait.is_none() {
+                    return Ok(None);
+                }
+                (Some(outcome), None)
+            } else {
+                let arrivals: Vec<Arrival> =
+                    slot.cells.iter().map(|c| lock(c).take().expect("every member's arrival is in")).collect();
+                // Ready for the slot's next meeting (no member of it comes before this one
+                // is over: `LaunchSlot`).
+                *slot.outcome.write().unwrap_or_else(|e| e.into_inner()) = Arc::default();
+                slot.arrived.store(0, Ordering::Release);
+                let m = Meeting { arrivals, outcome: outcome.clone() };
+                if to_launcher {
+                    // In order: see `LaunchSlot`.
+                    handed_over = Some(self.hand_over(seq, m));
+                    (Some(outcome), None)
+                } else {
+                    (None, Some(m))
+                }
+            }
+        } else {
             let mut meetings = lock(&self.meetings);
             let m = meetings.entry((purpose, seq)).or_insert_with(|| Meeting {
                 arrivals: Vec::with_capacity(self.members.len()),
@@ -1381,8 +1477,8 @@ impl GpuGroup {
         Ok(())
     }
 
-    /// Queues complete meeting `seq` for the launcher (under the meetings' lock); returns
-    /// what [`GpuGroup::wake_launcher`] must do after the lock.
+    /// Queues complete meeting `seq` for the launcher (before its last member arrives at the
+    /// next meeting); returns what [`GpuGroup::wake_launcher`] must do.
     fn hand_over(&self, seq: u64, m: Meeting) -> LauncherStart {
         let mut q = lock(&self.launcher.queue);
         q.ready.push_back((seq, m));
@@ -1851,9 +1947,13 @@ impl GpuGroup {
         if lock(&self.launcher.queue).ready.iter().any(|(s, _)| *s == seq) && purpose == Purpose::Launch {
             return Vec::new(); // every member came: the launcher has not taken it yet
         }
-        let meetings = lock(&self.meetings);
-        let arrived: Vec<usize> =
-            meetings.get(&(purpose, seq)).map(|m| m.arrivals.iter().map(|a| a.part).collect()).unwrap_or_default();
+        let arrived: Vec<usize> = if purpose == Purpose::Launch {
+            // (The oldest open meeting's slot holds no other meeting: `LaunchSlot`.)
+            self.launch_slots[(seq % LAUNCH_SLOTS as u64) as usize].arrived()
+        } else {
+            let meetings = lock(&self.meetings);
+            meetings.get(&(purpose, seq)).map(|m| m.arrivals.iter().map(|a| a.part).collect()).unwrap_or_default()
+        };
         (0..self.members.len()).filter(|p| !arrived.contains(p)).map(|p| self.members[p]).collect()
     }
 
@@ -2018,8 +2118,12 @@ mod tests {
             launch_stream: None,
             events: Vec::new(),
         };
-        lock(&g.meetings)
-            .insert((Purpose::Launch, 5), Meeting { arrivals: vec![arrived(0), arrived(1)], outcome: o.clone() });
+        let slot = &g.launch_slots[5];
+        *slot.outcome.write().expect("not poisoned") = o.clone();
+        for part in [0, 1] {
+            *lock(&slot.cells[part]) = Some(arrived(part));
+        }
+        slot.arrived.store(0b011, Ordering::Release);
         let p = pending(&g, &o, Instant::now());
         assert!(matches!(p.query(), EventState::Pending), "within the timeout");
         let late = pending(&g, &o, Instant::now() - Duration::from_millis(60));
