@@ -779,6 +779,7 @@ pub(crate) struct GpuGroup {
 /// Slots of shared launches' meetings: twice the run-ahead bound, so that a slot's meeting
 /// is over before any member comes to the slot's next one (see [`LaunchSlot`]).
 const LAUNCH_SLOTS: usize = 2 * RUN_AHEAD as usize;
+const _: () = assert!(LAUNCH_SLOTS as u64 > RUN_AHEAD && MAX_LOCAL_RANKS <= 32);
 
 /// Where the members of a shared launch meet ([`Purpose::Launch`]; meetings whose number is the
 /// slot's index modulo [`LAUNCH_SLOTS`], in turn): each member puts its arrival in its own cell
@@ -790,15 +791,22 @@ const LAUNCH_SLOTS: usize = 2 * RUN_AHEAD as usize;
 /// taken by that member and then by the last one only), then raises its bit with
 /// acquire-release; the last member's raise reads every bit, so it acquires every cell and
 /// every clone happened before it replaces the outcome and clears the bits for the next
-/// meeting. No member comes to that next meeting (number `seq + LAUNCH_SLOTS`) before meeting
-/// `seq` is over: a member makes call `s` only once the meetings up to `s - RUN_AHEAD` are
-/// over ([`GpuGroup::within_reach`], whose SeqCst load follows the launcher's SeqCst raise of
-/// the meetings over, which follows its taking of the meeting from the queue, which this
-/// member's queuing preceded), and `seq + LAUNCH_SLOTS - RUN_AHEAD > seq`. Meetings are
+/// meeting. No member comes to that next meeting (number `seq + LAUNCH_SLOTS`) before the
+/// reset: a member makes call `s` only once `meetings_over`, the highest number of a meeting
+/// over, reaches `s - RUN_AHEAD` ([`GpuGroup::within_reach`]), which is above `seq`; and no
+/// meeting after `seq` completes (so none is launched and raises `meetings_over`) before
+/// meeting `seq`'s last member, which resets the slot before it arrives at any later meeting,
+/// has arrived there. That needs every meeting to complete: a member that fails before it
+/// arrives aborts the communicator, whose `recover` empties the slots ([`LaunchSlot::drain`]),
+/// and a member that finds its own bit still set (an earlier meeting left half full) refuses
+/// the call and aborts. Meetings are
 /// queued for the launcher in order without a shared lock too: the last member of meeting
 /// `seq` queues it before its call returns, so before its own arrival at meeting `seq + 1`,
 /// which the last member of `seq + 1` has read (its raise acquires every bit) before it queues
 /// that one.
+// (Aligned: the members of the next meeting write the neighbouring slot while the last
+// member of this one resets it.)
+#[repr(align(128))]
 struct LaunchSlot {
     /// Bit `p`: member `p`'s arrival is in `cells[p]`.
     arrived: AtomicU32,
@@ -1319,7 +1327,16 @@ impl GpuGroup {
                 self.launch_dev.get_or_init(|| dev.clone());
             }
         }
-        let ring = self.ring(dev)?;
+        // A shared launch's member that fails before it arrives leaves its meeting half full
+        // for good (no one waits on it to time out, later meetings go on): abort, so that the
+        // communicator needs `recover`, which empties the meeting's slot (`LaunchSlot`).
+        let fail_unarrived = |e: Error| {
+            if purpose == Purpose::Launch {
+                self.control.abort(e.clone());
+            }
+            e
+        };
+        let ring = self.ring(dev).map_err(fail_unarrived)?;
         if let Some(e) = &entry
             && purpose != Purpose::Launch
         {
@@ -1329,7 +1346,7 @@ impl GpuGroup {
         // loop of collectives it is the previous one's completion, recorded already). The
         // last member's counts too: the work goes on another stream.
         let mut events: Vec<Completion> = match stream {
-            Some(s) if self.members.len() > 1 => vec![s.arrival()?],
+            Some(s) if self.members.len() > 1 => vec![s.arrival().map_err(fail_unarrived)?],
             _ => Vec::new(),
         };
         let launch_stream = match stream {
@@ -1343,7 +1360,7 @@ impl GpuGroup {
         // them ([`PendingLaunch`]) before it returns.
         let (uses, early) = match (purpose, stream, wait) {
             (Purpose::Launch, Some(s), Some(_)) => {
-                let on = self.launch_stream_and_id(dev)?.1;
+                let on = self.launch_stream_and_id(dev).map_err(fail_unarrived)?.1;
                 if let Err(e) = uses.check() {
                     // The others would wait for this member: end their wait.
                     self.control.abort(e.clone());
@@ -1354,7 +1371,7 @@ impl GpuGroup {
                 // (in a loop of collectives, the previous call's) needs no wait, and the
                 // launcher then takes in no completion of the member's.
                 events.retain(|c| c.stream() != on);
-                self.register_observers(dev, p, &uses)?;
+                self.register_observers(dev, p, &uses).map_err(fail_unarrived)?;
                 (None, Some((s, on, uses)))
             }
             _ => (Some(uses), None),
@@ -1368,9 +1385,20 @@ impl GpuGroup {
             // Before the arrival is raised: the last member replaces it once all are in.
             let outcome = slot.outcome.read().unwrap_or_else(|e| e.into_inner()).clone();
             *lock(&slot.cells[p]) = Some(arrival);
-            let all = (1u32 << self.members.len()) - 1;
+            debug_assert!(self.members.len() <= MAX_LOCAL_RANKS, "shared launches need `fits`");
+            let all = u32::MAX >> (32 - self.members.len());
             // AcqRel: the last member's read of every bit acquires every member's cell.
-            let last = slot.arrived.fetch_or(1 << p, Ordering::AcqRel) | 1 << p == all;
+            let before = slot.arrived.fetch_or(1 << p, Ordering::AcqRel);
+            if before & 1 << p != 0 {
+                // An earlier meeting of this slot was left half full (`LaunchSlot`).
+                let e = Error::Aborted(format!(
+                    "rank {rank}'s collective call #{seq} found an unfinished earlier call in its meeting place (a rank \
+                     failed before it arrived); recover the communicator"
+                ));
+                self.control.abort(e.clone());
+                return Err(e);
+            }
+            let last = before | 1 << p == all;
             phases::mark(Phase::Arrive);
             if !last {
                 if wait.is_none() {
@@ -1378,8 +1406,15 @@ impl GpuGroup {
                 }
                 (Some(outcome), None)
             } else {
-                let arrivals: Vec<Arrival> =
-                    slot.cells.iter().map(|c| lock(c).take().expect("every member's arrival is in")).collect();
+                let arrivals: Vec<Arrival> = slot.cells.iter().filter_map(|c| lock(c).take()).collect();
+                if arrivals.len() != self.members.len() {
+                    // A bit without its cell: only a `resync` racing a meeting leaves that.
+                    let e =
+                        Error::Aborted(format!("GPU group meeting #{seq} lost an arrival (a recovery during a call?)"));
+                    self.control.abort(e.clone());
+                    outcome.set(Err(e.clone()));
+                    return Err(e);
+                }
                 // Ready for the slot's next meeting (no member of it comes before this one
                 // is over: `LaunchSlot`).
                 *slot.outcome.write().unwrap_or_else(|e| e.into_inner()) = Arc::default();
