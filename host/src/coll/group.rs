@@ -825,6 +825,41 @@ impl LaunchSlot {
         }
     }
 
+    /// Puts member `arrival.part`'s arrival in its cell and raises its bit (see [`LaunchSlot`]
+    /// for the ordering); the member whose bit completes the set takes the meeting.
+    fn arrive(&self, arrival: Arrival) -> SlotArrival {
+        let p = arrival.part;
+        // Before the arrival is raised: the last member replaces it once all are in.
+        let outcome = self.outcome.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let all = u32::MAX >> (32 - self.cells.len());
+        let mut cell = lock(&self.cells[p]);
+        if self.arrived.load(Ordering::Acquire) & 1 << p != 0 {
+            // (Checked before the cell is written: the stale arrival stays for `drain`.)
+            return SlotArrival::Stale;
+        }
+        *cell = Some(arrival);
+        drop(cell);
+        // AcqRel: the last member's read of every bit acquires every member's cell.
+        let before = self.arrived.fetch_or(1 << p, Ordering::AcqRel);
+        if before | 1 << p != all {
+            return SlotArrival::Early(outcome);
+        }
+        let arrivals: Vec<Arrival> = self.cells.iter().filter_map(|c| lock(c).take()).collect();
+        if arrivals.len() != self.cells.len() {
+            return SlotArrival::Lost(outcome);
+        }
+        SlotArrival::Last(Meeting { arrivals, outcome })
+    }
+
+    /// Readies the slot for its next meeting, after its last member took this one
+    /// ([`SlotArrival::Last`]), before that member arrives at any later meeting (no member of
+    /// the next one comes before this one is over: [`LaunchSlot`]). Until then the slot's bits
+    /// say that every member came; after it, the launch queue does ([`GpuGroup::missing`]).
+    fn reset(&self) {
+        *self.outcome.write().unwrap_or_else(|e| e.into_inner()) = Arc::default();
+        self.arrived.store(0, Ordering::Release);
+    }
+
     /// The members whose arrival is in (parts).
     fn arrived(&self) -> Vec<usize> {
         let bits = self.arrived.load(Ordering::Acquire);
@@ -841,6 +876,18 @@ impl LaunchSlot {
         let outcome = std::mem::take(&mut *self.outcome.write().unwrap_or_else(|e| e.into_inner()));
         Some(Meeting { arrivals, outcome })
     }
+}
+
+/// What a member's arrival at its [`LaunchSlot`] found.
+enum SlotArrival {
+    /// Others are still to come: the meeting's outcome.
+    Early(Arc<Outcome>),
+    /// This member completed the set: the meeting (the slot is to be [reset](LaunchSlot::reset)).
+    Last(Meeting),
+    /// The member's bit was still set: an earlier meeting of the slot was left half full.
+    Stale,
+    /// Every bit but not every cell was in: a recovery raced the meeting.
+    Lost(Arc<Outcome>),
 }
 
 /// An observer that a member registered with the launch stream (held weakly, as the stream
@@ -925,6 +972,9 @@ struct Launcher {
 #[derive(Default)]
 struct LaunchQueue {
     ready: std::collections::VecDeque<(u64, Meeting)>,
+    /// The number of the last meeting queued (they come in order): those up to it had every
+    /// member ([`GpuGroup::missing`]).
+    last_queued: Option<u64>,
     /// The launcher thread, while it runs.
     thread: Option<std::thread::Thread>,
     /// A thread is running (or being made).
@@ -1382,50 +1432,42 @@ impl GpuGroup {
             // A shared launch's meeting: its slot, with no lock that the members share (see
             // `LaunchSlot`).
             let slot = &self.launch_slots[(seq % LAUNCH_SLOTS as u64) as usize];
-            // Before the arrival is raised: the last member replaces it once all are in.
-            let outcome = slot.outcome.read().unwrap_or_else(|e| e.into_inner()).clone();
-            *lock(&slot.cells[p]) = Some(arrival);
             debug_assert!(self.members.len() <= MAX_LOCAL_RANKS, "shared launches need `fits`");
-            let all = u32::MAX >> (32 - self.members.len());
-            // AcqRel: the last member's read of every bit acquires every member's cell.
-            let before = slot.arrived.fetch_or(1 << p, Ordering::AcqRel);
-            if before & 1 << p != 0 {
-                // An earlier meeting of this slot was left half full (`LaunchSlot`).
-                let e = Error::Aborted(format!(
-                    "rank {rank}'s collective call #{seq} found an unfinished earlier call in its meeting place (a rank \
-                     failed before it arrived); recover the communicator"
-                ));
-                self.control.abort(e.clone());
-                return Err(e);
-            }
-            let last = before | 1 << p == all;
+            let arrived = slot.arrive(arrival);
             phases::mark(Phase::Arrive);
-            if !last {
-                if wait.is_none() {
-                    return Ok(None);
+            match arrived {
+                SlotArrival::Early(outcome) => {
+                    if wait.is_none() {
+                        return Ok(None);
+                    }
+                    (Some(outcome), None)
                 }
-                (Some(outcome), None)
-            } else {
-                let arrivals: Vec<Arrival> = slot.cells.iter().filter_map(|c| lock(c).take()).collect();
-                if arrivals.len() != self.members.len() {
+                SlotArrival::Last(m) if to_launcher => {
+                    let outcome = m.outcome.clone();
+                    // In order: see `LaunchSlot`.
+                    handed_over = Some(self.hand_over(seq, m));
+                    slot.reset();
+                    (Some(outcome), None)
+                }
+                SlotArrival::Last(m) => {
+                    slot.reset();
+                    (None, Some(m))
+                }
+                SlotArrival::Stale => {
+                    let e = Error::Aborted(format!(
+                        "rank {rank}'s collective call #{seq} found an unfinished earlier call in its meeting place (a rank \
+                         failed before it arrived); recover the communicator"
+                    ));
+                    self.control.abort(e.clone());
+                    return Err(e);
+                }
+                SlotArrival::Lost(outcome) => {
                     // A bit without its cell: only a `resync` racing a meeting leaves that.
                     let e =
                         Error::Aborted(format!("GPU group meeting #{seq} lost an arrival (a recovery during a call?)"));
                     self.control.abort(e.clone());
                     outcome.set(Err(e.clone()));
                     return Err(e);
-                }
-                // Ready for the slot's next meeting (no member of it comes before this one
-                // is over: `LaunchSlot`).
-                *slot.outcome.write().unwrap_or_else(|e| e.into_inner()) = Arc::default();
-                slot.arrived.store(0, Ordering::Release);
-                let m = Meeting { arrivals, outcome: outcome.clone() };
-                if to_launcher {
-                    // In order: see `LaunchSlot`.
-                    handed_over = Some(self.hand_over(seq, m));
-                    (Some(outcome), None)
-                } else {
-                    (None, Some(m))
                 }
             }
         } else {
@@ -1517,6 +1559,7 @@ impl GpuGroup {
     fn hand_over(&self, seq: u64, m: Meeting) -> LauncherStart {
         let mut q = lock(&self.launcher.queue);
         q.ready.push_back((seq, m));
+        q.last_queued = Some(seq);
         // SeqCst: see `Launcher`.
         self.launcher.pending.fetch_add(1, Ordering::SeqCst);
         if q.running {
@@ -1979,8 +2022,8 @@ impl GpuGroup {
 
     /// The members that have not arrived at meeting `(purpose, seq)` (world ranks).
     fn missing(&self, purpose: Purpose, seq: u64) -> Vec<usize> {
-        if lock(&self.launcher.queue).ready.iter().any(|(s, _)| *s == seq) && purpose == Purpose::Launch {
-            return Vec::new(); // every member came: the launcher has not taken it yet
+        if purpose == Purpose::Launch && lock(&self.launcher.queue).last_queued.is_some_and(|q| seq <= q) {
+            return Vec::new(); // every member came (its slot may be reset already)
         }
         let arrived: Vec<usize> = if purpose == Purpose::Launch {
             // (The oldest open meeting's slot holds no other meeting: `LaunchSlot`.)
@@ -2170,6 +2213,49 @@ mod tests {
         assert!(err.contains("rank 1 waits on the host for ranks [2]") && err.contains("FERROLINK_TIMEOUT"), "{err}");
         assert!(matches!(p.query(), EventState::Done), "given up, and nothing was launched");
         assert!(o.claim(&g.log, true).is_err(), "the last member, arriving now, does not launch");
+    }
+
+    #[test]
+    fn a_launch_slot_gives_its_meeting_to_the_member_completing_the_set_and_refuses_a_stale_bit() {
+        let arrival = |part| Arrival {
+            part,
+            entry: None,
+            served: true,
+            control: 0,
+            sync: None,
+            ctas: 1,
+            uses: None,
+            launch_stream: None,
+            events: Vec::new(),
+        };
+        let slot = LaunchSlot::new(3);
+        let first = match slot.arrive(arrival(2)) {
+            SlotArrival::Early(o) => o,
+            _ => panic!("two members are still to come"),
+        };
+        assert!(matches!(slot.arrive(arrival(0)), SlotArrival::Early(ref o) if Arc::ptr_eq(o, &first)));
+        assert_eq!(slot.arrived(), vec![0, 2]);
+        // A member arriving again before the meeting is over (its earlier meeting left half
+        // full): refused, the first arrival kept for `drain`.
+        assert!(matches!(slot.arrive(arrival(0)), SlotArrival::Stale));
+        assert_eq!(slot.arrived(), vec![0, 2]);
+        let m = match slot.arrive(arrival(1)) {
+            SlotArrival::Last(m) => m,
+            _ => panic!("the third member completes the set"),
+        };
+        let mut parts: Vec<usize> = m.arrivals.iter().map(|a| a.part).collect();
+        parts.sort_unstable();
+        assert_eq!(parts, vec![0, 1, 2], "every arrival, once");
+        assert!(Arc::ptr_eq(&m.outcome, &first), "the outcome that the members hold");
+        assert_eq!(slot.arrived(), vec![0, 1, 2], "every member came, until the reset");
+        slot.reset();
+        assert!(slot.arrived().is_empty());
+        // The slot's next meeting has an outcome of its own.
+        assert!(matches!(slot.arrive(arrival(1)), SlotArrival::Early(ref o) if !Arc::ptr_eq(o, &first)));
+        assert!(slot.drain().is_some_and(|m| m.arrivals.len() == 1), "a half-full meeting drains");
+        // A bit without its cell (a recovery racing the meeting): the meeting is lost.
+        slot.arrived.store(0b011, Ordering::Release);
+        assert!(matches!(slot.arrive(arrival(2)), SlotArrival::Lost(_)));
     }
 
     #[test]
