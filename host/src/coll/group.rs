@@ -1422,6 +1422,7 @@ impl GpuGroup {
                 // launcher then takes in no completion of the member's.
                 events.retain(|c| c.stream() != on);
                 self.register_observers(dev, p, &uses).map_err(fail_unarrived)?;
+                phases::mark(Phase::Uses);
                 (None, Some((s, on, uses)))
             }
             _ => (Some(uses), None),
@@ -1510,9 +1511,10 @@ impl GpuGroup {
             let c = Completion::ordered(Arc::new(pending), launch_stream, seq);
             // Before returning: the caller may drop what the launch uses at once.
             mine.note(&c);
+            phases::mark(Phase::Note);
             s.follow(c);
             if complete.is_some() {
-                phases::mark(Phase::Note);
+                phases::mark(Phase::AwaitLast);
             }
         }
         if let Some(m) = complete {

@@ -17,16 +17,16 @@ pub(crate) enum Phase {
     /// the host spends because something after it (the launcher, or the GPU) is slower, not
     /// work of its own.
     RunAhead,
-    /// Bringing its entry to the meeting (arrival, the meeting's lock).
+    /// A member of a shared launch: its stream's arrival, and ordering the launch after
+    /// other streams' uses of what its part uses (it tracks its own part, outside the meeting).
+    Uses,
+    /// Bringing its entry to the meeting (the meeting's slot, or lock).
     Arrive,
-    /// A member that is not last: for a shared launch, noting the launch to come in what it
-    /// uses (it does not wait); else waiting for the last one's work.
-    AwaitLast,
-    /// The last member of a shared launch when it launches (`FERROLINK_GROUP_LAUNCHER=last`):
-    /// noting the launch to come in what its own part uses and making its stream follow it
-    /// (as every member does in `await-last`). With the launcher thread (the default) the last
-    /// member does this in `await-last` like the others.
+    /// A member of a shared launch: noting the launch to come in what its part uses.
     Note,
+    /// A member of a shared launch: making its stream follow the launch to come (it does not
+    /// wait). A member that is not last, for other work: waiting for the last one's work.
+    AwaitLast,
     /// The launcher (the GPU group's launcher thread, or the last member with
     /// `FERROLINK_GROUP_LAUNCHER=last`; the last member for other work): taking the meeting
     /// and gathering the members' entries into the launch.
@@ -48,12 +48,13 @@ pub(crate) enum Phase {
     Finish,
 }
 
-const PHASES: [Phase; 13] = [
+const PHASES: [Phase; 14] = [
     Phase::Prepare,
     Phase::RunAhead,
+    Phase::Uses,
     Phase::Arrive,
-    Phase::AwaitLast,
     Phase::Note,
+    Phase::AwaitLast,
     Phase::Gather,
     Phase::StreamWaits,
     Phase::Track,
@@ -69,6 +70,7 @@ impl Phase {
         match self {
             Phase::Prepare => "prepare",
             Phase::RunAhead => "run-ahead",
+            Phase::Uses => "uses",
             Phase::Arrive => "arrive",
             Phase::AwaitLast => "await-last",
             Phase::Note => "note",
@@ -131,12 +133,15 @@ pub(crate) fn mark(phase: Phase) {
 pub struct HostPhase {
     /// The phase: `prepare` (checks, state and staging before the meeting or launch),
     /// `run-ahead` (a member of a shared launch waiting because it is that many calls ahead
-    /// of its GPU's launches: the launches, not this thread, bound the rate), `arrive` (bringing the entry to the GPU group's meeting), `await-last` (a member
-    /// waiting for the last one's launch, or noting the launch to come), `note` (the last
-    /// member's own noting), `gather` (the last member's: taking the meeting, gathering the
-    /// entries), `stream-waits` (its stream's waits), `track`, `driver` and `record` (a
-    /// launch: ordering after other streams, the driver call, the completion event), `follow`
-    /// and `publish` (the last member's), `finish` (after the work is queued).
+    /// of its GPU's launches: the launches, not this thread, bound the rate), `uses` (a
+    /// member of a shared launch ordering it after other streams' uses of its part's
+    /// resources), `arrive` (bringing the entry to the GPU group's meeting), `note` (a member
+    /// of a shared launch noting the launch to come in its part's resources), `await-last` (a
+    /// member making its stream follow the shared launch to come, or waiting for the last
+    /// one's work), `gather` (the launcher's: taking the meeting, gathering the entries),
+    /// `stream-waits` (its stream's waits), `track`, `driver` and `record` (a launch:
+    /// ordering after other streams, the driver call, the completion event), `follow` and
+    /// `publish` (the launcher's), `finish` (after the work is queued).
     pub name: &'static str,
     /// Times it was timed (summed over every rank thread).
     pub calls: u64,
@@ -198,9 +203,10 @@ mod tests {
             [
                 "prepare",
                 "run-ahead",
+                "uses",
                 "arrive",
-                "await-last",
                 "note",
+                "await-last",
                 "gather",
                 "stream-waits",
                 "track",
