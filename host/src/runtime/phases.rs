@@ -1,7 +1,7 @@
 //! Where the host's time in collective calls goes, by phase (`FERROLINK_HOST_PHASES=1`; see
 //! [`host_phases`], public as `ferrolink::coll::host_phases`). Here, in the runtime, because
-//! the launch path's phases (track, driver, record) are marked in `Stream`. A thread's phases are consecutive: [`begin`] starts the first, each
-//! [`mark`] ends one and starts the next.
+//! the launch path's phases (track, driver, record) are marked in `Stream`. A thread's phases
+//! are consecutive: [`begin`] starts the first, each [`mark`] ends one and starts the next.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
