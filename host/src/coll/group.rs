@@ -69,20 +69,20 @@
 //! queues it for the launcher under the launcher's queue mutex (or, with
 //! `FERROLINK_GROUP_LAUNCHER=last`, keeps it), and whoever launches gathers the entries after
 //! taking it and the driver copies them into the launch's parameter. The last member of a
-//! meeting queues it before it arrives at the next one, so the queue is in launch order. A member's pending completion is noted in
-//! its resources before its call returns, at the launch's place in the launch stream's order
-//! (a resource keeps the later of two: members note them out of order); the launch stream
-//! orders every launch after the members' arrivals (event waits), and work of another stream
-//! on a member's memory waits for the launch's event (the pending completion settles to it,
-//! or, if that launch never runs, to the launch stream's work so far: [`LaunchLog`]). In
-//! persistent mode, a member writes its ring entry (plain stores to host memory) before it
-//! arrives; the last member, after taking the meetings' mutex (which every member took after
-//! writing), submits the copy of the slot into the kernel's ring and then the write of the
-//! sequence number, so every entry was written before the copy that reads it was submitted,
-//! and the GPU reads host memory as the host wrote it before a submission. A slot is
-//! rewritten only after the work that read it has completed (its completion, kept per slot,
-//! is waited for). The device side's argument
-//! is at `ferrolink_device::coll::group::serve`.
+//! meeting queues it before it arrives at the next one, so the queue is in launch order. A
+//! member's pending completion is noted in its resources before its call returns, at the
+//! launch's place in the launch stream's order (a resource keeps the later of two: members
+//! note them out of order); the launch stream orders every launch after the members'
+//! arrivals (event waits), and work of another stream on a member's memory waits for the
+//! launch's event (the pending completion settles to it, or, if that launch never runs, to
+//! the launch stream's work so far: [`LaunchLog`]). In persistent mode, a member writes its
+//! ring entry (plain stores to host memory) before it arrives; the last member, after taking
+//! the meetings' mutex (which every member took after writing), submits the copy of the slot
+//! into the kernel's ring and then the write of the sequence number, so every entry was
+//! written before the copy that reads it was submitted, and the GPU reads host memory as the
+//! host wrote it before a submission. A ring slot is rewritten only after the work that read
+//! it has completed (its completion, kept per slot, is waited for). The device side's
+//! argument is at `ferrolink_device::coll::group::serve`.
 
 use crate::comm::Communicator;
 use crate::comm::control::CommControl;
