@@ -493,21 +493,30 @@ impl LaunchLog {
 /// member failed, or a member gave up), it stands for the launch stream's work so far
 /// ([`LaunchLog`]).
 struct PendingLaunch {
+    /// The member's link to its group.
+    link: Arc<MemberLink>,
+    seq: u64,
+    outcome: Arc<Outcome>,
+    since: Instant,
+}
+
+/// What a member's pending launches refer to: its group and rank. One per member, made at
+/// its first shared launch, so that a pending launch per call clones a count of the
+/// member's own rather than the group's, which every member of the GPU would change at
+/// every call.
+struct MemberLink {
     /// Weak: open meetings hold their members' arrivals, which may be pending completions.
     group: Weak<GpuGroup>,
     log: Arc<LaunchLog>,
     rank: usize,
-    seq: u64,
-    outcome: Arc<Outcome>,
-    since: Instant,
 }
 
 impl PendingLaunch {
     /// What it stands for: the launch's completion, or with the work given up the launch
     /// stream's work so far (`Some(None)`: nothing); `None` while unknown (without `block`).
     fn resolve(&self, block: bool) -> Option<Option<Completion>> {
-        let outcome = match self.group.upgrade() {
-            Some(g) => g.await_outcome(self.rank, Purpose::Launch, self.seq, &self.outcome, self.since, block),
+        let outcome = match self.link.group.upgrade() {
+            Some(g) => g.await_outcome(self.link.rank, Purpose::Launch, self.seq, &self.outcome, self.since, block),
             None => {
                 // No last member can come (a last member holds the group): give it up.
                 self.outcome.abandon(&Error::Aborted("the GPU group is gone".into()));
@@ -519,7 +528,7 @@ impl PendingLaunch {
         };
         match outcome? {
             Ok(c) => Some(Some(c)),
-            Err(_) => self.log.settled(block),
+            Err(_) => self.link.log.settled(block),
         }
     }
 }
@@ -725,7 +734,7 @@ impl<T> std::ops::Deref for Hot<T> {
 }
 
 /// The ranks of one communicator on one GPU in this process.
-#[repr(align(128))] // (as `Outcome`: members take a `Weak` of it at every call)
+#[repr(align(128))] // (as `Outcome`: its counts are changed by every member)
 pub(crate) struct GpuGroup {
     /// Their world ranks, ascending: a rank's place here is its part of the kernel.
     pub(crate) members: Vec<usize>,
@@ -774,6 +783,8 @@ pub(crate) struct GpuGroup {
     /// Per member: the observers it registered with the launch stream, each on cache lines
     /// of its own.
     observed: Vec<Hot<Mutex<Vec<ObserverRef>>>>,
+    /// Per member: its [`MemberLink`].
+    links: Vec<Hot<OnceLock<Arc<MemberLink>>>>,
 }
 
 /// Slots of shared launches' meetings: twice the run-ahead bound, so that a slot's meeting
@@ -1090,6 +1101,7 @@ impl GpuGroup {
             launcher: Launcher::default(),
             launch_dev: OnceLock::new(),
             observed: (0..members.len()).map(|_| Hot::default()).collect(),
+            links: (0..members.len()).map(|_| Hot::default()).collect(),
             members,
         }
     }
@@ -1497,16 +1509,14 @@ impl GpuGroup {
         if let Some(start) = handed_over {
             self.wake_launcher(start);
         }
-        let outcome = outcome.unwrap_or_else(|| complete.as_ref().expect("the last member's").outcome.clone());
+        let mut outcome =
+            Some(outcome.unwrap_or_else(|| complete.as_ref().expect("the last member's").outcome.clone()));
         if let Some((s, launch_stream, mine)) = early {
-            let pending = PendingLaunch {
-                group: Arc::downgrade(self),
-                log: self.log.clone(),
-                rank,
-                seq,
-                outcome: outcome.clone(),
-                since,
-            };
+            let link = self.links[p]
+                .get_or_init(|| Arc::new(MemberLink { group: Arc::downgrade(self), log: self.log.clone(), rank }));
+            // (The outcome moved, not cloned: its count is one that every member changes.)
+            let outcome = outcome.take().expect("taken once");
+            let pending = PendingLaunch { link: link.clone(), seq, outcome, since };
             // At the launch's place in the launch stream's order: a resource keeps the later.
             let c = Completion::ordered(Arc::new(pending), launch_stream, seq);
             // Before returning: the caller may drop what the launch uses at once.
@@ -1533,6 +1543,7 @@ impl GpuGroup {
             phases::mark(Phase::AwaitLast);
             return Ok(None);
         }
+        let outcome = outcome.expect("only a shared launch's member takes it");
         let done = self.await_outcome(rank, purpose, seq, &outcome, since, true).expect("a blocking wait ends")?;
         stream.expect("a waiting member has a stream").follow(done);
         phases::mark(Phase::AwaitLast);
@@ -2063,9 +2074,7 @@ mod tests {
 
     fn pending(group: &Arc<GpuGroup>, outcome: &Arc<Outcome>, since: Instant) -> PendingLaunch {
         PendingLaunch {
-            group: Arc::downgrade(group),
-            log: group.log.clone(),
-            rank: 1,
+            link: Arc::new(MemberLink { group: Arc::downgrade(group), log: group.log.clone(), rank: 1 }),
             seq: 5,
             outcome: outcome.clone(),
             since,
