@@ -189,6 +189,10 @@ int main(int argc, char** argv) {
     std::atomic<long> done_us{-1};
     auto start = std::chrono::steady_clock::now();
     std::thread t([&] {
+      // The primary context current on this thread too: the runtime's calls make it so by
+      // themselves, the driver's (the batch rows, cuStreamWriteValue64) do not, and without
+      // it the batch failed with CUDA_ERROR_INVALID_VALUE (2026-12-07, H100).
+      CK(cudaSetDevice(0));
       op.issue();
       CK(cudaStreamSynchronize(os));
       done_us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
