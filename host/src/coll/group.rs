@@ -439,7 +439,7 @@ impl Outcome {
 /// failure aborts it first), and an aborted communicator's meetings are no longer taken
 /// ([`Outcome::claim`]); so once no launch is under way, every launch that will ever run is
 /// queued, in order, and the last one's completion comes after all of them.
-#[repr(align(128))] // (as `Outcome`: members clone the `Arc` at every call)
+#[repr(align(128))] // (as `Outcome`: the launcher's and members' counts of it change)
 struct LaunchLog {
     control: Arc<CommControl>,
     launching: AtomicUsize,
@@ -503,7 +503,8 @@ struct PendingLaunch {
 /// What a member's pending launches refer to: its group and rank. One per member, made at
 /// its first shared launch, so that a pending launch per call clones a count of the
 /// member's own rather than the group's, which every member of the GPU would change at
-/// every call.
+/// every call. (Aligned: members change their links' counts at every call.)
+#[repr(align(128))]
 struct MemberLink {
     /// Weak: open meetings hold their members' arrivals, which may be pending completions.
     group: Weak<GpuGroup>,
@@ -734,7 +735,7 @@ impl<T> std::ops::Deref for Hot<T> {
 }
 
 /// The ranks of one communicator on one GPU in this process.
-#[repr(align(128))] // (as `Outcome`: its counts are changed by every member)
+#[repr(align(128))] // (as `Outcome`: its counts change at every launch)
 pub(crate) struct GpuGroup {
     /// Their world ranks, ascending: a rank's place here is its part of the kernel.
     pub(crate) members: Vec<usize>,
@@ -766,6 +767,9 @@ pub(crate) struct GpuGroup {
     /// The meetings of numbers up to this one are over (their work queued, failed or not
     /// needed): members do not run more than [`RUN_AHEAD`] calls beyond it.
     meetings_over: Hot<AtomicU64>,
+    /// The highest number of a shared launch's meeting that every member came to (raised by
+    /// its last member before it resets the meeting's slot; [`GpuGroup::missing`]).
+    last_complete: Hot<AtomicU64>,
     /// Where a member that is too far ahead sleeps ([`GpuGroup::within_reach`]), and how many
     /// do (a meeting's end wakes them only if some do).
     reach: Mutex<()>,
@@ -864,8 +868,9 @@ impl LaunchSlot {
 
     /// Readies the slot for its next meeting, after its last member took this one
     /// ([`SlotArrival::Last`]), before that member arrives at any later meeting (no member of
-    /// the next one comes before this one is over: [`LaunchSlot`]). Until then the slot's bits
-    /// say that every member came; after it, the launch queue does ([`GpuGroup::missing`]).
+    /// the slot's next meeting comes before a meeting after this one is over, which needs
+    /// that member's arrival: [`LaunchSlot`]). Until then the slot's bits say that every
+    /// member came; after it, the group's `last_complete` does ([`GpuGroup::missing`]).
     fn reset(&self) {
         *self.outcome.write().unwrap_or_else(|e| e.into_inner()) = Arc::default();
         self.arrived.store(0, Ordering::Release);
@@ -983,9 +988,6 @@ struct Launcher {
 #[derive(Default)]
 struct LaunchQueue {
     ready: std::collections::VecDeque<(u64, Meeting)>,
-    /// The number of the last meeting queued (they come in order): those up to it had every
-    /// member ([`GpuGroup::missing`]).
-    last_queued: Option<u64>,
     /// The launcher thread, while it runs.
     thread: Option<std::thread::Thread>,
     /// A thread is running (or being made).
@@ -1094,6 +1096,7 @@ impl GpuGroup {
             making: Mutex::new(()),
             seqs: (0..members.len()).map(|_| Hot(AtomicU64::new(1))).collect(),
             meetings_over: Hot(AtomicU64::new(0)),
+            last_complete: Hot(AtomicU64::new(0)),
             reach: Mutex::new(()),
             reach_wake: Condvar::new(),
             reach_sleepers: AtomicUsize::new(0),
@@ -1459,10 +1462,12 @@ impl GpuGroup {
                     let outcome = m.outcome.clone();
                     // In order: see `LaunchSlot`.
                     handed_over = Some(self.hand_over(seq, m));
+                    self.last_complete.fetch_max(seq, Ordering::Release);
                     slot.reset();
                     (Some(outcome), None)
                 }
                 SlotArrival::Last(m) => {
+                    self.last_complete.fetch_max(seq, Ordering::Release);
                     slot.reset();
                     (None, Some(m))
                 }
@@ -1508,6 +1513,7 @@ impl GpuGroup {
         };
         if let Some(start) = handed_over {
             self.wake_launcher(start);
+            phases::mark(Phase::HandOver);
         }
         let mut outcome =
             Some(outcome.unwrap_or_else(|| complete.as_ref().expect("the last member's").outcome.clone()));
@@ -1572,7 +1578,6 @@ impl GpuGroup {
     fn hand_over(&self, seq: u64, m: Meeting) -> LauncherStart {
         let mut q = lock(&self.launcher.queue);
         q.ready.push_back((seq, m));
-        q.last_queued = Some(seq);
         // SeqCst: see `Launcher`.
         self.launcher.pending.fetch_add(1, Ordering::SeqCst);
         if q.running {
@@ -1663,7 +1668,9 @@ impl GpuGroup {
         }
         let limit = self.batch_limit();
         loop {
-            let (batch, popped) = {
+            // Meetings given up: dropped after the queue's lock, as in `resync` (dropping what
+            // their arrivals hold may retire memory, which queries completions).
+            let (batch, popped, refused) = {
                 let mut q = lock(&self.launcher.queue);
                 let Some(first) = q.ready.pop_front() else { return true };
                 let ctas = first.1.arrivals.first().map_or(0, |a| a.ctas);
@@ -1677,16 +1684,19 @@ impl GpuGroup {
                 // Taken while still under the queue's lock: `resync` (recovery) drains the
                 // queue under it, so a meeting is either given up there or taken here
                 // before the recovery can end, never taken after it.
-                batch.retain(|(seq, m)| match m.outcome.claim(&self.log, true) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        // A member gave the call up, or the communicator was aborted.
-                        tracing::debug!(target: "ferrolink::coll", seq, error = %e, "a shared launch was given up");
-                        false
+                let (batch, given_up): (Vec<_>, Vec<_>) = batch.into_iter().partition(|(seq, m)| {
+                    match m.outcome.claim(&self.log, true) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            // A member gave the call up, or the communicator was aborted.
+                            tracing::debug!(target: "ferrolink::coll", seq, error = %e, "a shared launch was given up");
+                            false
+                        }
                     }
                 });
-                (batch, popped)
+                (batch, popped, given_up)
             };
+            drop(refused);
             self.launcher.pending.fetch_sub(popped, Ordering::SeqCst);
             if batch.is_empty() {
                 continue;
@@ -2033,14 +2043,18 @@ impl GpuGroup {
         }
     }
 
-    /// The members that have not arrived at meeting `(purpose, seq)` (world ranks).
+    /// The members that have not arrived at meeting `(purpose, seq)` (world ranks). For a
+    /// live communicator (its callers look after an abort first): after one, a member that
+    /// failed may leave a meeting half full while later meetings complete.
     fn missing(&self, purpose: Purpose, seq: u64) -> Vec<usize> {
-        if purpose == Purpose::Launch && lock(&self.launcher.queue).last_queued.is_some_and(|q| seq <= q) {
-            return Vec::new(); // every member came (its slot may be reset already)
-        }
         let arrived: Vec<usize> = if purpose == Purpose::Launch {
-            // (The oldest open meeting's slot holds no other meeting: `LaunchSlot`.)
-            self.launch_slots[(seq % LAUNCH_SLOTS as u64) as usize].arrived()
+            // (The oldest open meeting's slot holds no other meeting: `LaunchSlot`.) The bits
+            // first: reading a reset's zeroes acquires the `last_complete` raised before it.
+            let arrived = self.launch_slots[(seq % LAUNCH_SLOTS as u64) as usize].arrived();
+            if seq <= self.last_complete.load(Ordering::Acquire) {
+                return Vec::new(); // every member came (its slot may be reset already)
+            }
+            arrived
         } else {
             let meetings = lock(&self.meetings);
             meetings.get(&(purpose, seq)).map(|m| m.arrivals.iter().map(|a| a.part).collect()).unwrap_or_default()
@@ -2224,6 +2238,12 @@ mod tests {
         assert!(err.contains("rank 1 waits on the host for ranks [2]") && err.contains("FERROLINK_TIMEOUT"), "{err}");
         assert!(matches!(p.query(), EventState::Done), "given up, and nothing was launched");
         assert!(o.claim(&g.log, true).is_err(), "the last member, arriving now, does not launch");
+        // A meeting that every member came to misses no one, its slot reset or not; the next
+        // one, which no member came to yet, misses every member.
+        assert_eq!(g.missing(Purpose::Launch, 5), vec![2]);
+        g.last_complete.store(5, Ordering::Release);
+        assert!(g.missing(Purpose::Launch, 5).is_empty());
+        assert_eq!(g.missing(Purpose::Launch, 6), vec![0, 1, 2]);
     }
 
     #[test]

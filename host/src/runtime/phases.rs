@@ -22,6 +22,9 @@ pub(crate) enum Phase {
     Uses,
     /// Bringing its entry to the meeting (the meeting's slot, or lock).
     Arrive,
+    /// The last member of a shared launch's meeting: queuing it for the launcher thread and
+    /// waking that thread.
+    HandOver,
     /// A member of a shared launch: noting the launch to come in what its part uses.
     Note,
     /// A member of a shared launch: making its stream follow the launch to come (it does not
@@ -48,11 +51,12 @@ pub(crate) enum Phase {
     Finish,
 }
 
-const PHASES: [Phase; 14] = [
+const PHASES: [Phase; 15] = [
     Phase::Prepare,
     Phase::RunAhead,
     Phase::Uses,
     Phase::Arrive,
+    Phase::HandOver,
     Phase::Note,
     Phase::AwaitLast,
     Phase::Gather,
@@ -72,6 +76,7 @@ impl Phase {
             Phase::RunAhead => "run-ahead",
             Phase::Uses => "uses",
             Phase::Arrive => "arrive",
+            Phase::HandOver => "hand-over",
             Phase::AwaitLast => "await-last",
             Phase::Note => "note",
             Phase::Gather => "gather",
@@ -135,7 +140,8 @@ pub struct HostPhase {
     /// `run-ahead` (a member of a shared launch waiting because it is that many calls ahead
     /// of its GPU's launches: the launches, not this thread, bound the rate), `uses` (a
     /// member of a shared launch ordering it after other streams' uses of its part's
-    /// resources), `arrive` (bringing the entry to the GPU group's meeting), `note` (a member
+    /// resources), `arrive` (bringing the entry to the GPU group's meeting), `hand-over` (the
+    /// meeting's last member queuing it for the launcher thread), `note` (a member
     /// of a shared launch noting the launch to come in its part's resources), `await-last` (a
     /// member making its stream follow the shared launch to come, or waiting for the last
     /// one's work), `gather` (the launcher's: taking the meeting, gathering the entries),
@@ -205,6 +211,7 @@ mod tests {
                 "run-ahead",
                 "uses",
                 "arrive",
+                "hand-over",
                 "note",
                 "await-last",
                 "gather",
