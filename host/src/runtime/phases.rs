@@ -3,8 +3,8 @@
 //! the launch path's phases (track, driver, record) are marked in `Stream`. A thread's phases
 //! are consecutive: [`begin`] starts the first, each [`mark`] ends one and starts the next.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// A phase of a collective call on the host.
@@ -91,13 +91,62 @@ impl Phase {
     }
 }
 
+/// Sums per phase, of one thread or of the threads that ended. Per thread (on cache lines
+/// of its own) so that timing does not add the contention it measures: 8 rank threads
+/// adding to shared sums at every mark would.
+#[repr(align(128))]
 struct Sums {
     nanos: [AtomicU64; PHASES.len()],
     calls: [AtomicU64; PHASES.len()],
 }
 
-static SUMS: Sums =
-    Sums { nanos: [const { AtomicU64::new(0) }; PHASES.len()], calls: [const { AtomicU64::new(0) }; PHASES.len()] };
+impl Sums {
+    const fn new() -> Sums {
+        Sums { nanos: [const { AtomicU64::new(0) }; PHASES.len()], calls: [const { AtomicU64::new(0) }; PHASES.len()] }
+    }
+
+    fn add_to(&self, into: &Sums) {
+        for i in 0..PHASES.len() {
+            into.nanos[i].fetch_add(self.nanos[i].load(Ordering::Relaxed), Ordering::Relaxed);
+            into.calls[i].fetch_add(self.calls[i].load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    fn zero(&self) {
+        for i in 0..PHASES.len() {
+            self.nanos[i].store(0, Ordering::Relaxed);
+            self.calls[i].store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The sums of the threads that timed a phase and still run, and of those that ended.
+struct Registry {
+    live: Vec<Arc<Sums>>,
+    ended: Sums,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry { live: Vec::new(), ended: Sums::new() });
+
+/// A thread's own sums, registered while it runs; added to the ended threads' at its end.
+struct ThreadSums(Arc<Sums>);
+
+impl ThreadSums {
+    fn new() -> ThreadSums {
+        let mine = Arc::new(Sums::new());
+        crate::runtime::lifetime::lock(&REGISTRY).live.push(mine.clone());
+        ThreadSums(mine)
+    }
+}
+
+impl Drop for ThreadSums {
+    fn drop(&mut self) {
+        // Under the registry's lock: a reader sees the sums once, live or ended.
+        let mut r = crate::runtime::lifetime::lock(&REGISTRY);
+        self.0.add_to(&r.ended);
+        r.live.retain(|s| !Arc::ptr_eq(s, &self.0));
+    }
+}
 
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
@@ -107,6 +156,8 @@ fn enabled() -> bool {
 thread_local! {
     /// When this thread's current phase began (timing on).
     static SINCE: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+    /// This thread's sums (made at its first mark).
+    static MINE: ThreadSums = ThreadSums::new();
 }
 
 /// Starts timing this thread's next phase (the start of a call, or of its tail).
@@ -126,8 +177,10 @@ pub(crate) fn mark(phase: Phase) {
         if let Some(t) = s.get() {
             let now = Instant::now();
             let i = phase as usize;
-            SUMS.nanos[i].fetch_add((now - t).as_nanos() as u64, Ordering::Relaxed);
-            SUMS.calls[i].fetch_add(1, Ordering::Relaxed);
+            MINE.with(|m| {
+                m.0.nanos[i].fetch_add((now - t).as_nanos() as u64, Ordering::Relaxed);
+                m.0.calls[i].fetch_add(1, Ordering::Relaxed);
+            });
             s.set(Some(now));
         }
     });
@@ -179,27 +232,57 @@ impl HostPhase {
 /// assert!(phases.iter().all(|p| p.calls == 0 && p.mean_us() == 0.0));
 /// ```
 pub fn host_phases() -> Vec<HostPhase> {
+    let total = Sums::new();
+    {
+        let r = crate::runtime::lifetime::lock(&REGISTRY);
+        r.ended.add_to(&total);
+        for s in &r.live {
+            s.add_to(&total);
+        }
+    }
     PHASES
         .iter()
         .map(|&p| HostPhase {
             name: p.name(),
-            calls: SUMS.calls[p as usize].load(Ordering::Relaxed),
-            total_us: SUMS.nanos[p as usize].load(Ordering::Relaxed) as f64 / 1e3,
+            calls: total.calls[p as usize].load(Ordering::Relaxed),
+            total_us: total.nanos[p as usize].load(Ordering::Relaxed) as f64 / 1e3,
         })
         .collect()
 }
 
 /// Sets every phase's sums back to zero.
 pub fn reset_host_phases() {
-    for i in 0..PHASES.len() {
-        SUMS.nanos[i].store(0, Ordering::Relaxed);
-        SUMS.calls[i].store(0, Ordering::Relaxed);
+    let r = crate::runtime::lifetime::lock(&REGISTRY);
+    r.ended.zero();
+    for s in &r.live {
+        s.zero();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_s_sums_count_while_it_runs_and_after_it_ended_until_a_reset() {
+        let i = Phase::Gather as usize;
+        let gather = || host_phases()[i].calls;
+        let before = gather();
+        let (add, added) = (std::sync::mpsc::channel::<()>(), std::sync::mpsc::channel::<()>());
+        let (go, done) = (add.1, added.0);
+        let t = std::thread::spawn(move || {
+            MINE.with(|m| m.0.calls[i].fetch_add(3, Ordering::Relaxed));
+            done.send(()).expect("the test waits");
+            go.recv().expect("the test tells it to end");
+        });
+        added.1.recv().expect("the thread added");
+        assert_eq!(gather(), before + 3, "a running thread's sums");
+        add.0.send(()).expect("the thread waits");
+        t.join().expect("no panic");
+        assert_eq!(gather(), before + 3, "an ended thread's sums");
+        reset_host_phases();
+        assert_eq!(gather(), 0);
+    }
 
     #[test]
     fn phases_are_named_in_order_and_means_divide() {
