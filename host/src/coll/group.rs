@@ -2290,6 +2290,60 @@ mod tests {
     }
 
     #[test]
+    fn launch_slots_under_racing_members_give_every_meeting_all_its_arrivals_once() {
+        // Members on threads of their own go through 1000 meetings over 8 slots, each at most
+        // 4 meetings ahead of the last complete one (the run-ahead bound, scaled down); the
+        // member completing a set checks it and resets the slot, as `meet` does.
+        const MEMBERS: usize = 4;
+        const SLOTS: u64 = 8;
+        const AHEAD: u64 = SLOTS / 2;
+        const MEETINGS: u64 = 1000;
+        let slots: Vec<LaunchSlot> = (0..SLOTS).map(|_| LaunchSlot::new(MEMBERS)).collect();
+        let complete = AtomicU64::new(0);
+        let taken = AtomicU64::new(0);
+        let arrival = |part, seq: u64| Arrival {
+            part,
+            entry: None,
+            served: true,
+            control: seq,
+            sync: None,
+            ctas: 1,
+            uses: None,
+            launch_stream: None,
+            events: Vec::new(),
+        };
+        std::thread::scope(|s| {
+            for part in 0..MEMBERS {
+                let (slots, complete, taken) = (&slots, &complete, &taken);
+                s.spawn(move || {
+                    for seq in 1..=MEETINGS {
+                        while seq > complete.load(Ordering::Acquire) + AHEAD {
+                            std::thread::yield_now();
+                        }
+                        let slot = &slots[(seq % SLOTS) as usize];
+                        match slot.arrive(arrival(part, seq)) {
+                            SlotArrival::Early(_) => {}
+                            SlotArrival::Last(m) => {
+                                let mut parts: Vec<usize> = m.arrivals.iter().map(|a| a.part).collect();
+                                parts.sort_unstable();
+                                assert_eq!(parts, (0..MEMBERS).collect::<Vec<_>>(), "meeting {seq}");
+                                assert!(m.arrivals.iter().all(|a| a.control == seq), "meeting {seq}: a stray arrival");
+                                taken.fetch_add(1, Ordering::Relaxed);
+                                complete.fetch_max(seq, Ordering::Release);
+                                slot.reset();
+                            }
+                            SlotArrival::Stale => panic!("member {part} found its bit set at meeting {seq}"),
+                            SlotArrival::Lost(_) => panic!("meeting {seq} lost an arrival"),
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(taken.load(Ordering::Relaxed), MEETINGS, "every meeting taken once");
+        assert!(slots.iter().all(|s| s.arrived().is_empty()), "every slot reset");
+    }
+
+    #[test]
     fn a_grid_that_cannot_be_resident_is_an_error_naming_the_numbers() {
         let g = GpuGroup::new((0..8).collect(), control());
         assert!(g.check_resident(16, Some(132), "all_reduce").is_ok());
