@@ -64,25 +64,25 @@
 //! a wait logs who it waits for at the progress interval.
 //!
 //! # Ordering
-//! A shared launch's entries are pushed into the meeting under the meetings' mutex; the last
-//! member takes the meeting out under it and queues it for the launcher under the launcher's
-//! queue mutex (or, with `FERROLINK_GROUP_LAUNCHER=last`, keeps it), and whoever launches
-//! gathers the entries after taking it and the driver copies them into the launch's
-//! parameter. Meetings complete in order of their numbers (every member arrives at them in
-//! order), so the queue, filled under the meetings' mutex, is in launch order. A member's pending completion is noted in
-//! its resources before its call returns, at the launch's place in the launch stream's order
-//! (a resource keeps the later of two: members note them out of order); the launch stream
-//! orders every launch after the members' arrivals (event waits), and work of another stream
-//! on a member's memory waits for the launch's event (the pending completion settles to it,
-//! or, if that launch never runs, to the launch stream's work so far: [`LaunchLog`]). In
-//! persistent mode, a member writes its ring entry (plain stores to host memory) before it
-//! arrives; the last member, after taking the meetings' mutex (which every member took after
-//! writing), submits the copy of the slot into the kernel's ring and then the write of the
-//! sequence number, so every entry was written before the copy that reads it was submitted,
-//! and the GPU reads host memory as the host wrote it before a submission. A slot is
-//! rewritten only after the work that read it has completed (its completion, kept per slot,
-//! is waited for). The device side's argument
-//! is at `ferrolink_device::coll::group::serve`.
+//! A shared launch's entries go into its meeting's slot, each member's into its own cell
+//! ([`LaunchSlot`], whose note has the argument); the last member takes the meeting out and
+//! queues it for the launcher under the launcher's queue mutex (or, with
+//! `FERROLINK_GROUP_LAUNCHER=last`, keeps it), and whoever launches gathers the entries after
+//! taking it and the driver copies them into the launch's parameter. The last member of a
+//! meeting queues it before it arrives at the next one, so the queue is in launch order. A
+//! member's pending completion is noted in its resources before its call returns, at the
+//! launch's place in the launch stream's order (a resource keeps the later of two: members
+//! note them out of order); the launch stream orders every launch after the members'
+//! arrivals (event waits), and work of another stream on a member's memory waits for the
+//! launch's event (the pending completion settles to it, or, if that launch never runs, to
+//! the launch stream's work so far: [`LaunchLog`]). In persistent mode, a member writes its
+//! ring entry (plain stores to host memory) before it arrives; the last member, after taking
+//! the meetings' mutex (which every member took after writing), submits the copy of the slot
+//! into the kernel's ring and then the write of the sequence number, so every entry was
+//! written before the copy that reads it was submitted, and the GPU reads host memory as the
+//! host wrote it before a submission. A ring slot is rewritten only after the work that read
+//! it has completed (its completion, kept per slot, is waited for). The device side's
+//! argument is at `ferrolink_device::coll::group::serve`.
 
 use crate::comm::Communicator;
 use crate::comm::control::CommControl;
@@ -103,7 +103,7 @@ use ferrolink_device::coll::group::{
 };
 use ferrolink_device::kernels::coll::{coll_gpu_group_launch, coll_ll_group_launch};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -439,7 +439,7 @@ impl Outcome {
 /// failure aborts it first), and an aborted communicator's meetings are no longer taken
 /// ([`Outcome::claim`]); so once no launch is under way, every launch that will ever run is
 /// queued, in order, and the last one's completion comes after all of them.
-#[repr(align(128))] // (as `Outcome`: members clone the `Arc` at every call)
+#[repr(align(128))] // (as `Outcome`: the launcher's and members' counts of it change)
 struct LaunchLog {
     control: Arc<CommControl>,
     launching: AtomicUsize,
@@ -493,21 +493,31 @@ impl LaunchLog {
 /// member failed, or a member gave up), it stands for the launch stream's work so far
 /// ([`LaunchLog`]).
 struct PendingLaunch {
+    /// The member's link to its group.
+    link: Arc<MemberLink>,
+    seq: u64,
+    outcome: Arc<Outcome>,
+    since: Instant,
+}
+
+/// What a member's pending launches refer to: its group and rank. One per member, made at
+/// its first shared launch, so that a pending launch per call clones a count of the
+/// member's own rather than the group's, which every member of the GPU would change at
+/// every call. (Aligned: members change their links' counts at every call.)
+#[repr(align(128))]
+struct MemberLink {
     /// Weak: open meetings hold their members' arrivals, which may be pending completions.
     group: Weak<GpuGroup>,
     log: Arc<LaunchLog>,
     rank: usize,
-    seq: u64,
-    outcome: Arc<Outcome>,
-    since: Instant,
 }
 
 impl PendingLaunch {
     /// What it stands for: the launch's completion, or with the work given up the launch
     /// stream's work so far (`Some(None)`: nothing); `None` while unknown (without `block`).
     fn resolve(&self, block: bool) -> Option<Option<Completion>> {
-        let outcome = match self.group.upgrade() {
-            Some(g) => g.await_outcome(self.rank, Purpose::Launch, self.seq, &self.outcome, self.since, block),
+        let outcome = match self.link.group.upgrade() {
+            Some(g) => g.await_outcome(self.link.rank, Purpose::Launch, self.seq, &self.outcome, self.since, block),
             None => {
                 // No last member can come (a last member holds the group): give it up.
                 self.outcome.abandon(&Error::Aborted("the GPU group is gone".into()));
@@ -519,7 +529,7 @@ impl PendingLaunch {
         };
         match outcome? {
             Ok(c) => Some(Some(c)),
-            Err(_) => self.log.settled(block),
+            Err(_) => self.link.log.settled(block),
         }
     }
 }
@@ -550,8 +560,8 @@ impl EventBackend for PendingLaunch {
     }
 }
 
-/// One member's share of a meeting, made before it takes the meetings' lock (under which it
-/// is only pushed: 8 members arriving together queue on that lock).
+/// One member's share of a meeting, made before it arrives (a shared launch's goes into the
+/// member's cell of the meeting's slot, other meetings' are pushed under the meetings' lock).
 struct Arrival {
     part: usize,
     entry: Option<RankOp>,
@@ -725,7 +735,7 @@ impl<T> std::ops::Deref for Hot<T> {
 }
 
 /// The ranks of one communicator on one GPU in this process.
-#[repr(align(128))] // (as `Outcome`: members take a `Weak` of it at every call)
+#[repr(align(128))] // (as `Outcome`: its counts change at every launch)
 pub(crate) struct GpuGroup {
     /// Their world ranks, ascending: a rank's place here is its part of the kernel.
     pub(crate) members: Vec<usize>,
@@ -736,9 +746,12 @@ pub(crate) struct GpuGroup {
     pub(crate) ll_threads: OnceLock<u32>,
     /// Made once, by the first member to need it (it may allocate: before any kernel runs).
     ring: OnceLock<Arc<Ring>>,
-    /// Every member's call takes it: on cache lines of its own (`Hot`), apart from the
-    /// fields the members only read.
+    /// The meetings of hand-overs to the persistent kernel and of its start (each member's
+    /// call takes it): on cache lines of its own (`Hot`), apart from the fields the members
+    /// only read.
     meetings: Hot<Mutex<HashMap<(Purpose, u64), Meeting>>>,
+    /// The meetings of shared launches, by sequence number modulo [`LAUNCH_SLOTS`].
+    launch_slots: Vec<LaunchSlot>,
     /// The members' communicator's control (its timeout, its abort).
     control: Arc<CommControl>,
     /// What the launch stream has been given (see [`LaunchLog`]).
@@ -754,6 +767,9 @@ pub(crate) struct GpuGroup {
     /// The meetings of numbers up to this one are over (their work queued, failed or not
     /// needed): members do not run more than [`RUN_AHEAD`] calls beyond it.
     meetings_over: Hot<AtomicU64>,
+    /// The highest number of a shared launch's meeting that every member came to (raised by
+    /// its last member before it resets the meeting's slot; [`GpuGroup::missing`]).
+    last_complete: Hot<AtomicU64>,
     /// Where a member that is too far ahead sleeps ([`GpuGroup::within_reach`]), and how many
     /// do (a meeting's end wakes them only if some do).
     reach: Mutex<()>,
@@ -771,6 +787,123 @@ pub(crate) struct GpuGroup {
     /// Per member: the observers it registered with the launch stream, each on cache lines
     /// of its own.
     observed: Vec<Hot<Mutex<Vec<ObserverRef>>>>,
+    /// Per member: its [`MemberLink`].
+    links: Vec<Hot<OnceLock<Arc<MemberLink>>>>,
+}
+
+/// Slots of shared launches' meetings: twice the run-ahead bound, so that a slot's meeting
+/// is over before any member comes to the slot's next one (see [`LaunchSlot`]).
+const LAUNCH_SLOTS: usize = 2 * RUN_AHEAD as usize;
+const _: () = assert!(LAUNCH_SLOTS as u64 > RUN_AHEAD && MAX_LOCAL_RANKS <= 32);
+
+/// Where the members of a shared launch meet ([`Purpose::Launch`]; meetings whose number is the
+/// slot's index modulo [`LAUNCH_SLOTS`], in turn): each member puts its arrival in its own cell
+/// and raises its bit, so members arriving together share no lock (under one mutex for all
+/// meetings, 8 ranks spent 3.5–4.4 µs per call arriving on an H100, PERF.md 2026-12-07 call 9);
+/// the member whose bit completes the set takes the meeting.
+///
+/// Ordering: a member clones the meeting's outcome and writes its cell (each cell's mutex is
+/// taken by that member and then by the last one only), then raises its bit with
+/// acquire-release; the last member's raise reads every bit, so it acquires every cell and
+/// every clone happened before it replaces the outcome and clears the bits for the next
+/// meeting. No member comes to that next meeting (number `seq + LAUNCH_SLOTS`) before the
+/// reset: a member makes call `s` only once `meetings_over`, the highest number of a meeting
+/// over, reaches `s - RUN_AHEAD` ([`GpuGroup::within_reach`]), which is above `seq`; and no
+/// meeting after `seq` completes (so none is launched and raises `meetings_over`) before
+/// meeting `seq`'s last member, which resets the slot before it arrives at any later meeting,
+/// has arrived there. That needs every meeting to complete: a member that fails before it
+/// arrives aborts the communicator, whose `recover` empties the slots ([`LaunchSlot::drain`]),
+/// and a member that finds its own bit still set (an earlier meeting left half full) refuses
+/// the call and aborts. Meetings are
+/// queued for the launcher in order without a shared lock too: the last member of meeting
+/// `seq` queues it before its call returns, so before its own arrival at meeting `seq + 1`,
+/// which the last member of `seq + 1` has read (its raise acquires every bit) before it queues
+/// that one.
+// (Aligned: the members of the next meeting write the neighbouring slot while the last
+// member of this one resets it.)
+#[repr(align(128))]
+struct LaunchSlot {
+    /// Bit `p`: member `p`'s arrival is in `cells[p]`.
+    arrived: AtomicU32,
+    /// The current meeting's outcome (read by every member; replaced by the last).
+    outcome: std::sync::RwLock<Arc<Outcome>>,
+    /// Per member, its arrival (written by the member, taken by the last).
+    cells: Vec<Mutex<Option<Arrival>>>,
+}
+
+impl LaunchSlot {
+    fn new(members: usize) -> LaunchSlot {
+        LaunchSlot {
+            arrived: AtomicU32::new(0),
+            outcome: std::sync::RwLock::new(Arc::default()),
+            cells: (0..members).map(|_| Mutex::new(None)).collect(),
+        }
+    }
+
+    /// Puts member `arrival.part`'s arrival in its cell and raises its bit (see [`LaunchSlot`]
+    /// for the ordering); the member whose bit completes the set takes the meeting.
+    fn arrive(&self, arrival: Arrival) -> SlotArrival {
+        let p = arrival.part;
+        // Before the arrival is raised: the last member replaces it once all are in.
+        let outcome = self.outcome.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let all = u32::MAX >> (32 - self.cells.len());
+        let mut cell = lock(&self.cells[p]);
+        if self.arrived.load(Ordering::Acquire) & 1 << p != 0 {
+            // (Checked before the cell is written: the stale arrival stays for `drain`.)
+            return SlotArrival::Stale;
+        }
+        *cell = Some(arrival);
+        drop(cell);
+        // AcqRel: the last member's read of every bit acquires every member's cell.
+        let before = self.arrived.fetch_or(1 << p, Ordering::AcqRel);
+        if before | 1 << p != all {
+            return SlotArrival::Early(outcome);
+        }
+        let arrivals: Vec<Arrival> = self.cells.iter().filter_map(|c| lock(c).take()).collect();
+        if arrivals.len() != self.cells.len() {
+            return SlotArrival::Lost(outcome);
+        }
+        SlotArrival::Last(Meeting { arrivals, outcome })
+    }
+
+    /// Readies the slot for its next meeting, after its last member took this one
+    /// ([`SlotArrival::Last`]), before that member arrives at any later meeting (no member of
+    /// the slot's next meeting comes before a meeting after this one is over, which needs
+    /// that member's arrival: [`LaunchSlot`]). Until then the slot's bits say that every
+    /// member came; after it, the group's `last_complete` does ([`GpuGroup::missing`]).
+    fn reset(&self) {
+        *self.outcome.write().unwrap_or_else(|e| e.into_inner()) = Arc::default();
+        self.arrived.store(0, Ordering::Release);
+    }
+
+    /// The members whose arrival is in (parts).
+    fn arrived(&self) -> Vec<usize> {
+        let bits = self.arrived.load(Ordering::Acquire);
+        (0..self.cells.len()).filter(|p| bits & (1 << p) != 0).collect()
+    }
+
+    /// Empties a half-full meeting (recovery, while no member meets): its arrivals, and its
+    /// outcome, which the caller gives up.
+    fn drain(&self) -> Option<Meeting> {
+        if self.arrived.swap(0, Ordering::AcqRel) == 0 {
+            return None;
+        }
+        let arrivals = self.cells.iter().filter_map(|c| lock(c).take()).collect();
+        let outcome = std::mem::take(&mut *self.outcome.write().unwrap_or_else(|e| e.into_inner()));
+        Some(Meeting { arrivals, outcome })
+    }
+}
+
+/// What a member's arrival at its [`LaunchSlot`] found.
+enum SlotArrival {
+    /// Others are still to come: the meeting's outcome.
+    Early(Arc<Outcome>),
+    /// This member completed the set: the meeting (the slot is to be [reset](LaunchSlot::reset)).
+    Last(Meeting),
+    /// The member's bit was still set: an earlier meeting of the slot was left half full.
+    Stale,
+    /// Every bit but not every cell was in: a recovery raced the meeting.
+    Lost(Arc<Outcome>),
 }
 
 /// An observer that a member registered with the launch stream (held weakly, as the stream
@@ -830,9 +963,9 @@ const LAUNCHER_IDLE_EXIT: Duration = Duration::from_millis(100);
 /// are dropped is still launched); if it cannot be made, the member that handed the meeting
 /// over launches it. It spins for the members' spin time ([`spin`]) before it sleeps.
 ///
-/// Ordering: a meeting is queued under the meetings' lock by the member that completes it,
-/// and meetings complete in order of their numbers (each member arrives at them in order),
-/// so the queue is in launch order. A hand-over raises `pending` (SeqCst) and then reads
+/// Ordering: a meeting is queued by the member that completes it before that member arrives
+/// at the next meeting, which is complete only once it has ([`LaunchSlot`]), so the queue is
+/// in launch order. A hand-over raises `pending` (SeqCst) and then reads
 /// `asleep`; the launcher raises `asleep` (SeqCst) and then reads `pending` before it parks:
 /// one of the two sees the other's write, so a queued meeting never waits for a sleeping
 /// launcher (the `unpark` token covers a wake-up that comes before the park).
@@ -949,6 +1082,7 @@ impl GpuGroup {
             ll_threads: OnceLock::new(),
             ring: OnceLock::new(),
             meetings: Hot(Mutex::new(HashMap::new())),
+            launch_slots: (0..LAUNCH_SLOTS).map(|_| LaunchSlot::new(members.len())).collect(),
             log: Arc::new(LaunchLog {
                 control: control.clone(),
                 launching: AtomicUsize::new(0),
@@ -962,6 +1096,7 @@ impl GpuGroup {
             making: Mutex::new(()),
             seqs: (0..members.len()).map(|_| Hot(AtomicU64::new(1))).collect(),
             meetings_over: Hot(AtomicU64::new(0)),
+            last_complete: Hot(AtomicU64::new(0)),
             reach: Mutex::new(()),
             reach_wake: Condvar::new(),
             reach_sleepers: AtomicUsize::new(0),
@@ -969,6 +1104,7 @@ impl GpuGroup {
             launcher: Launcher::default(),
             launch_dev: OnceLock::new(),
             observed: (0..members.len()).map(|_| Hot::default()).collect(),
+            links: (0..members.len()).map(|_| Hot::default()).collect(),
             members,
         }
     }
@@ -991,6 +1127,7 @@ impl GpuGroup {
         // Dropped after the lock: dropping what they hold may retire memory, which looks at
         // completions whose queries take the meetings' lock.
         let mut left: Vec<Meeting> = lock(&self.meetings).drain().map(|(_, m)| m).collect();
+        left.extend(self.launch_slots.iter().filter_map(LaunchSlot::drain));
         // Meetings handed to the launcher and not taken yet (a recovery follows an abort, so
         // the launcher would not launch them either).
         let queued: Vec<Meeting> = lock(&self.launcher.queue).ready.drain(..).map(|(_, m)| m).collect();
@@ -1255,7 +1392,16 @@ impl GpuGroup {
                 self.launch_dev.get_or_init(|| dev.clone());
             }
         }
-        let ring = self.ring(dev)?;
+        // A shared launch's member that fails before it arrives leaves its meeting half full
+        // for good (no one waits on it to time out, later meetings go on): abort, so that the
+        // communicator needs `recover`, which empties the meeting's slot (`LaunchSlot`).
+        let fail_unarrived = |e: Error| {
+            if purpose == Purpose::Launch {
+                self.control.abort(e.clone());
+            }
+            e
+        };
+        let ring = self.ring(dev).map_err(fail_unarrived)?;
         if let Some(e) = &entry
             && purpose != Purpose::Launch
         {
@@ -1265,7 +1411,7 @@ impl GpuGroup {
         // loop of collectives it is the previous one's completion, recorded already). The
         // last member's counts too: the work goes on another stream.
         let mut events: Vec<Completion> = match stream {
-            Some(s) if self.members.len() > 1 => vec![s.arrival()?],
+            Some(s) if self.members.len() > 1 => vec![s.arrival().map_err(fail_unarrived)?],
             _ => Vec::new(),
         };
         let launch_stream = match stream {
@@ -1279,7 +1425,7 @@ impl GpuGroup {
         // them ([`PendingLaunch`]) before it returns.
         let (uses, early) = match (purpose, stream, wait) {
             (Purpose::Launch, Some(s), Some(_)) => {
-                let on = self.launch_stream_and_id(dev)?.1;
+                let on = self.launch_stream_and_id(dev).map_err(fail_unarrived)?.1;
                 if let Err(e) = uses.check() {
                     // The others would wait for this member: end their wait.
                     self.control.abort(e.clone());
@@ -1290,14 +1436,59 @@ impl GpuGroup {
                 // (in a loop of collectives, the previous call's) needs no wait, and the
                 // launcher then takes in no completion of the member's.
                 events.retain(|c| c.stream() != on);
-                self.register_observers(dev, p, &uses)?;
+                self.register_observers(dev, p, &uses).map_err(fail_unarrived)?;
+                phases::mark(Phase::Uses);
                 (None, Some((s, on, uses)))
             }
             _ => (Some(uses), None),
         };
         let arrival = Arrival { part: p, entry, served, control, sync, ctas, uses, launch_stream, events };
         let mut handed_over = None;
-        let (outcome, complete) = {
+        let (outcome, complete) = if purpose == Purpose::Launch {
+            // A shared launch's meeting: its slot, with no lock that the members share (see
+            // `LaunchSlot`).
+            let slot = &self.launch_slots[(seq % LAUNCH_SLOTS as u64) as usize];
+            debug_assert!(self.members.len() <= MAX_LOCAL_RANKS, "shared launches need `fits`");
+            let arrived = slot.arrive(arrival);
+            phases::mark(Phase::Arrive);
+            match arrived {
+                SlotArrival::Early(outcome) => {
+                    if wait.is_none() {
+                        return Ok(None);
+                    }
+                    (Some(outcome), None)
+                }
+                SlotArrival::Last(m) if to_launcher => {
+                    let outcome = m.outcome.clone();
+                    // In order: see `LaunchSlot`.
+                    handed_over = Some(self.hand_over(seq, m));
+                    self.last_complete.fetch_max(seq, Ordering::Release);
+                    slot.reset();
+                    (Some(outcome), None)
+                }
+                SlotArrival::Last(m) => {
+                    self.last_complete.fetch_max(seq, Ordering::Release);
+                    slot.reset();
+                    (None, Some(m))
+                }
+                SlotArrival::Stale => {
+                    let e = Error::Aborted(format!(
+                        "rank {rank}'s collective call #{seq} found an unfinished earlier call in its meeting place (a rank \
+                         failed before it arrived); recover the communicator"
+                    ));
+                    self.control.abort(e.clone());
+                    return Err(e);
+                }
+                SlotArrival::Lost(outcome) => {
+                    // A bit without its cell: only a `resync` racing a meeting leaves that.
+                    let e =
+                        Error::Aborted(format!("GPU group meeting #{seq} lost an arrival (a recovery during a call?)"));
+                    self.control.abort(e.clone());
+                    outcome.set(Err(e.clone()));
+                    return Err(e);
+                }
+            }
+        } else {
             let mut meetings = lock(&self.meetings);
             let m = meetings.entry((purpose, seq)).or_insert_with(|| Meeting {
                 arrivals: Vec::with_capacity(self.members.len()),
@@ -1322,24 +1513,24 @@ impl GpuGroup {
         };
         if let Some(start) = handed_over {
             self.wake_launcher(start);
+            phases::mark(Phase::HandOver);
         }
-        let outcome = outcome.unwrap_or_else(|| complete.as_ref().expect("the last member's").outcome.clone());
+        let mut outcome =
+            Some(outcome.unwrap_or_else(|| complete.as_ref().expect("the last member's").outcome.clone()));
         if let Some((s, launch_stream, mine)) = early {
-            let pending = PendingLaunch {
-                group: Arc::downgrade(self),
-                log: self.log.clone(),
-                rank,
-                seq,
-                outcome: outcome.clone(),
-                since,
-            };
+            let link = self.links[p]
+                .get_or_init(|| Arc::new(MemberLink { group: Arc::downgrade(self), log: self.log.clone(), rank }));
+            // (The outcome moved, not cloned: its count is one that every member changes.)
+            let outcome = outcome.take().expect("taken once");
+            let pending = PendingLaunch { link: link.clone(), seq, outcome, since };
             // At the launch's place in the launch stream's order: a resource keeps the later.
             let c = Completion::ordered(Arc::new(pending), launch_stream, seq);
             // Before returning: the caller may drop what the launch uses at once.
             mine.note(&c);
+            phases::mark(Phase::Note);
             s.follow(c);
             if complete.is_some() {
-                phases::mark(Phase::Note);
+                phases::mark(Phase::AwaitLast);
             }
         }
         if let Some(m) = complete {
@@ -1358,6 +1549,7 @@ impl GpuGroup {
             phases::mark(Phase::AwaitLast);
             return Ok(None);
         }
+        let outcome = outcome.expect("only a shared launch's member takes it");
         let done = self.await_outcome(rank, purpose, seq, &outcome, since, true).expect("a blocking wait ends")?;
         stream.expect("a waiting member has a stream").follow(done);
         phases::mark(Phase::AwaitLast);
@@ -1381,8 +1573,8 @@ impl GpuGroup {
         Ok(())
     }
 
-    /// Queues complete meeting `seq` for the launcher (under the meetings' lock); returns
-    /// what [`GpuGroup::wake_launcher`] must do after the lock.
+    /// Queues complete meeting `seq` for the launcher (before its last member arrives at the
+    /// next meeting); returns what [`GpuGroup::wake_launcher`] must do.
     fn hand_over(&self, seq: u64, m: Meeting) -> LauncherStart {
         let mut q = lock(&self.launcher.queue);
         q.ready.push_back((seq, m));
@@ -1476,7 +1668,9 @@ impl GpuGroup {
         }
         let limit = self.batch_limit();
         loop {
-            let (batch, popped) = {
+            // Meetings given up: dropped after the queue's lock, as in `resync` (dropping what
+            // their arrivals hold may retire memory, which queries completions).
+            let (batch, popped, refused) = {
                 let mut q = lock(&self.launcher.queue);
                 let Some(first) = q.ready.pop_front() else { return true };
                 let ctas = first.1.arrivals.first().map_or(0, |a| a.ctas);
@@ -1490,16 +1684,19 @@ impl GpuGroup {
                 // Taken while still under the queue's lock: `resync` (recovery) drains the
                 // queue under it, so a meeting is either given up there or taken here
                 // before the recovery can end, never taken after it.
-                batch.retain(|(seq, m)| match m.outcome.claim(&self.log, true) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        // A member gave the call up, or the communicator was aborted.
-                        tracing::debug!(target: "ferrolink::coll", seq, error = %e, "a shared launch was given up");
-                        false
+                let (batch, given_up): (Vec<_>, Vec<_>) = batch.into_iter().partition(|(seq, m)| {
+                    match m.outcome.claim(&self.log, true) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            // A member gave the call up, or the communicator was aborted.
+                            tracing::debug!(target: "ferrolink::coll", seq, error = %e, "a shared launch was given up");
+                            false
+                        }
                     }
                 });
-                (batch, popped)
+                (batch, popped, given_up)
             };
+            drop(refused);
             self.launcher.pending.fetch_sub(popped, Ordering::SeqCst);
             if batch.is_empty() {
                 continue;
@@ -1846,14 +2043,22 @@ impl GpuGroup {
         }
     }
 
-    /// The members that have not arrived at meeting `(purpose, seq)` (world ranks).
+    /// The members that have not arrived at meeting `(purpose, seq)` (world ranks). For a
+    /// live communicator (its callers look after an abort first): after one, a member that
+    /// failed may leave a meeting half full while later meetings complete.
     fn missing(&self, purpose: Purpose, seq: u64) -> Vec<usize> {
-        if lock(&self.launcher.queue).ready.iter().any(|(s, _)| *s == seq) && purpose == Purpose::Launch {
-            return Vec::new(); // every member came: the launcher has not taken it yet
-        }
-        let meetings = lock(&self.meetings);
-        let arrived: Vec<usize> =
-            meetings.get(&(purpose, seq)).map(|m| m.arrivals.iter().map(|a| a.part).collect()).unwrap_or_default();
+        let arrived: Vec<usize> = if purpose == Purpose::Launch {
+            // (The oldest open meeting's slot holds no other meeting: `LaunchSlot`.) The bits
+            // first: reading a reset's zeroes acquires the `last_complete` raised before it.
+            let arrived = self.launch_slots[(seq % LAUNCH_SLOTS as u64) as usize].arrived();
+            if seq <= self.last_complete.load(Ordering::Acquire) {
+                return Vec::new(); // every member came (its slot may be reset already)
+            }
+            arrived
+        } else {
+            let meetings = lock(&self.meetings);
+            meetings.get(&(purpose, seq)).map(|m| m.arrivals.iter().map(|a| a.part).collect()).unwrap_or_default()
+        };
         (0..self.members.len()).filter(|p| !arrived.contains(p)).map(|p| self.members[p]).collect()
     }
 
@@ -1883,9 +2088,7 @@ mod tests {
 
     fn pending(group: &Arc<GpuGroup>, outcome: &Arc<Outcome>, since: Instant) -> PendingLaunch {
         PendingLaunch {
-            group: Arc::downgrade(group),
-            log: group.log.clone(),
-            rank: 1,
+            link: Arc::new(MemberLink { group: Arc::downgrade(group), log: group.log.clone(), rank: 1 }),
             seq: 5,
             outcome: outcome.clone(),
             since,
@@ -2018,8 +2221,12 @@ mod tests {
             launch_stream: None,
             events: Vec::new(),
         };
-        lock(&g.meetings)
-            .insert((Purpose::Launch, 5), Meeting { arrivals: vec![arrived(0), arrived(1)], outcome: o.clone() });
+        let slot = &g.launch_slots[5];
+        *slot.outcome.write().expect("not poisoned") = o.clone();
+        for part in [0, 1] {
+            *lock(&slot.cells[part]) = Some(arrived(part));
+        }
+        slot.arrived.store(0b011, Ordering::Release);
         let p = pending(&g, &o, Instant::now());
         assert!(matches!(p.query(), EventState::Pending), "within the timeout");
         let late = pending(&g, &o, Instant::now() - Duration::from_millis(60));
@@ -2031,6 +2238,109 @@ mod tests {
         assert!(err.contains("rank 1 waits on the host for ranks [2]") && err.contains("FERROLINK_TIMEOUT"), "{err}");
         assert!(matches!(p.query(), EventState::Done), "given up, and nothing was launched");
         assert!(o.claim(&g.log, true).is_err(), "the last member, arriving now, does not launch");
+        // A meeting that every member came to misses no one, its slot reset or not; the next
+        // one, which no member came to yet, misses every member.
+        assert_eq!(g.missing(Purpose::Launch, 5), vec![2]);
+        g.last_complete.store(5, Ordering::Release);
+        assert!(g.missing(Purpose::Launch, 5).is_empty());
+        assert_eq!(g.missing(Purpose::Launch, 6), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_launch_slot_gives_its_meeting_to_the_member_completing_the_set_and_refuses_a_stale_bit() {
+        let arrival = |part| Arrival {
+            part,
+            entry: None,
+            served: true,
+            control: 0,
+            sync: None,
+            ctas: 1,
+            uses: None,
+            launch_stream: None,
+            events: Vec::new(),
+        };
+        let slot = LaunchSlot::new(3);
+        let first = match slot.arrive(arrival(2)) {
+            SlotArrival::Early(o) => o,
+            _ => panic!("two members are still to come"),
+        };
+        assert!(matches!(slot.arrive(arrival(0)), SlotArrival::Early(ref o) if Arc::ptr_eq(o, &first)));
+        assert_eq!(slot.arrived(), vec![0, 2]);
+        // A member arriving again before the meeting is over (its earlier meeting left half
+        // full): refused, the first arrival kept for `drain`.
+        assert!(matches!(slot.arrive(arrival(0)), SlotArrival::Stale));
+        assert_eq!(slot.arrived(), vec![0, 2]);
+        let m = match slot.arrive(arrival(1)) {
+            SlotArrival::Last(m) => m,
+            _ => panic!("the third member completes the set"),
+        };
+        let mut parts: Vec<usize> = m.arrivals.iter().map(|a| a.part).collect();
+        parts.sort_unstable();
+        assert_eq!(parts, vec![0, 1, 2], "every arrival, once");
+        assert!(Arc::ptr_eq(&m.outcome, &first), "the outcome that the members hold");
+        assert_eq!(slot.arrived(), vec![0, 1, 2], "every member came, until the reset");
+        slot.reset();
+        assert!(slot.arrived().is_empty());
+        // The slot's next meeting has an outcome of its own.
+        assert!(matches!(slot.arrive(arrival(1)), SlotArrival::Early(ref o) if !Arc::ptr_eq(o, &first)));
+        assert!(slot.drain().is_some_and(|m| m.arrivals.len() == 1), "a half-full meeting drains");
+        // A bit without its cell (a recovery racing the meeting): the meeting is lost.
+        slot.arrived.store(0b011, Ordering::Release);
+        assert!(matches!(slot.arrive(arrival(2)), SlotArrival::Lost(_)));
+    }
+
+    #[test]
+    fn launch_slots_under_racing_members_give_every_meeting_all_its_arrivals_once() {
+        // Members on threads of their own go through 1000 meetings over 8 slots, each at most
+        // 4 meetings ahead of the last complete one (the run-ahead bound, scaled down); the
+        // member completing a set checks it and resets the slot, as `meet` does.
+        const MEMBERS: usize = 4;
+        const SLOTS: u64 = 8;
+        const AHEAD: u64 = SLOTS / 2;
+        const MEETINGS: u64 = 1000;
+        let slots: Vec<LaunchSlot> = (0..SLOTS).map(|_| LaunchSlot::new(MEMBERS)).collect();
+        let complete = AtomicU64::new(0);
+        let taken = AtomicU64::new(0);
+        let arrival = |part, seq: u64| Arrival {
+            part,
+            entry: None,
+            served: true,
+            control: seq,
+            sync: None,
+            ctas: 1,
+            uses: None,
+            launch_stream: None,
+            events: Vec::new(),
+        };
+        std::thread::scope(|s| {
+            for part in 0..MEMBERS {
+                let (slots, complete, taken) = (&slots, &complete, &taken);
+                s.spawn(move || {
+                    for seq in 1..=MEETINGS {
+                        while seq > complete.load(Ordering::Acquire) + AHEAD {
+                            std::thread::yield_now();
+                        }
+                        let slot = &slots[(seq % SLOTS) as usize];
+                        match slot.arrive(arrival(part, seq)) {
+                            SlotArrival::Early(_) => {}
+                            SlotArrival::Last(m) => {
+                                let mut parts: Vec<usize> = m.arrivals.iter().map(|a| a.part).collect();
+                                parts.sort_unstable();
+                                assert_eq!(parts, (0..MEMBERS).collect::<Vec<_>>(), "meeting {seq}");
+                                assert!(m.arrivals.iter().all(|a| a.control == seq), "meeting {seq}: a stray arrival");
+                                taken.fetch_add(1, Ordering::Relaxed);
+                                complete.fetch_max(seq, Ordering::Release);
+                                slot.reset();
+                            }
+                            SlotArrival::Stale => panic!("member {part} found its bit set at meeting {seq}"),
+                            SlotArrival::Lost(_) => panic!("meeting {seq} lost an arrival"),
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(taken.load(Ordering::Relaxed), MEETINGS, "every meeting taken once");
+        assert!(slots.iter().all(|s| s.arrived().is_empty()), "every slot reset");
     }
 
     #[test]

@@ -557,7 +557,7 @@ impl Communicator {
             }
         };
         let recv_staging = state.recv.as_ref();
-        let group = state.group.clone();
+        let group = &state.group;
         let shared_launch = persistent_ctas.is_none() && group.members.len() > 1 && group.fits() && shared_launches();
         let (recv_win, recv_offset): (&Window, usize) = match (out_via_recv, out_window) {
             // LL: the buffer; the kernel writes the output through `recv`.
@@ -624,12 +624,15 @@ impl Communicator {
                 g.track(&mut uses);
             }
             // A launch of this rank's own (no GPU group, or a call being captured); the
-            // kernel reads the input it stages through an address in `args`.
-            let mut own_extra = crate::runtime::launch::LaunchTracking::new(dev);
-            if let Some((_, Some(p))) = &stage_from {
-                p.track(&mut own_extra);
-            }
+            // kernel reads the input it stages through an address in `args`. (Its tracking
+            // made only then: a shared launch's members share the device, whose handle every
+            // tracking clones, and 8 ranks on one GPU make a call every few microseconds.)
+            let stage_from = &stage_from;
             let launch_own = move || -> Result<()> {
+                let mut own_extra = crate::runtime::launch::LaunchTracking::new(dev);
+                if let Some((_, Some(p))) = stage_from {
+                    p.track(&mut own_extra);
+                }
                 if let Some(gather) = gather {
                     // SAFETY: `coll_gin`'s contract: every rank launches the same args and
                     // grid (the call is collective); the input lies at `send_off` of every

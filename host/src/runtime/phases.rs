@@ -1,10 +1,10 @@
 //! Where the host's time in collective calls goes, by phase (`FERROLINK_HOST_PHASES=1`; see
 //! [`host_phases`], public as `ferrolink::coll::host_phases`). Here, in the runtime, because
-//! the launch path's phases (track, driver, record) are marked in `Stream`. A thread's phases are consecutive: [`begin`] starts the first, each
-//! [`mark`] ends one and starts the next.
+//! the launch path's phases (track, driver, record) are marked in `Stream`. A thread's phases
+//! are consecutive: [`begin`] starts the first, each [`mark`] ends one and starts the next.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// A phase of a collective call on the host.
@@ -17,16 +17,19 @@ pub(crate) enum Phase {
     /// the host spends because something after it (the launcher, or the GPU) is slower, not
     /// work of its own.
     RunAhead,
-    /// Bringing its entry to the meeting (arrival, the meeting's lock).
+    /// A member of a shared launch: its stream's arrival, and ordering the launch after
+    /// other streams' uses of what its part uses (it tracks its own part, outside the meeting).
+    Uses,
+    /// Bringing its entry to the meeting (the meeting's slot, or lock).
     Arrive,
-    /// A member that is not last: for a shared launch, noting the launch to come in what it
-    /// uses (it does not wait); else waiting for the last one's work.
-    AwaitLast,
-    /// The last member of a shared launch when it launches (`FERROLINK_GROUP_LAUNCHER=last`):
-    /// noting the launch to come in what its own part uses and making its stream follow it
-    /// (as every member does in `await-last`). With the launcher thread (the default) the last
-    /// member does this in `await-last` like the others.
+    /// The last member of a shared launch's meeting: queuing it for the launcher thread and
+    /// waking that thread.
+    HandOver,
+    /// A member of a shared launch: noting the launch to come in what its part uses.
     Note,
+    /// A member of a shared launch: making its stream follow the launch to come (it does not
+    /// wait). A member that is not last, for other work: waiting for the last one's work.
+    AwaitLast,
     /// The launcher (the GPU group's launcher thread, or the last member with
     /// `FERROLINK_GROUP_LAUNCHER=last`; the last member for other work): taking the meeting
     /// and gathering the members' entries into the launch.
@@ -48,12 +51,14 @@ pub(crate) enum Phase {
     Finish,
 }
 
-const PHASES: [Phase; 13] = [
+const PHASES: [Phase; 15] = [
     Phase::Prepare,
     Phase::RunAhead,
+    Phase::Uses,
     Phase::Arrive,
-    Phase::AwaitLast,
+    Phase::HandOver,
     Phase::Note,
+    Phase::AwaitLast,
     Phase::Gather,
     Phase::StreamWaits,
     Phase::Track,
@@ -69,7 +74,9 @@ impl Phase {
         match self {
             Phase::Prepare => "prepare",
             Phase::RunAhead => "run-ahead",
+            Phase::Uses => "uses",
             Phase::Arrive => "arrive",
+            Phase::HandOver => "hand-over",
             Phase::AwaitLast => "await-last",
             Phase::Note => "note",
             Phase::Gather => "gather",
@@ -84,13 +91,62 @@ impl Phase {
     }
 }
 
+/// Sums per phase, of one thread or of the threads that ended. Per thread (on cache lines
+/// of its own) so that timing does not add the contention it measures: 8 rank threads
+/// adding to shared sums at every mark would.
+#[repr(align(128))]
 struct Sums {
     nanos: [AtomicU64; PHASES.len()],
     calls: [AtomicU64; PHASES.len()],
 }
 
-static SUMS: Sums =
-    Sums { nanos: [const { AtomicU64::new(0) }; PHASES.len()], calls: [const { AtomicU64::new(0) }; PHASES.len()] };
+impl Sums {
+    const fn new() -> Sums {
+        Sums { nanos: [const { AtomicU64::new(0) }; PHASES.len()], calls: [const { AtomicU64::new(0) }; PHASES.len()] }
+    }
+
+    fn add_to(&self, into: &Sums) {
+        for i in 0..PHASES.len() {
+            into.nanos[i].fetch_add(self.nanos[i].load(Ordering::Relaxed), Ordering::Relaxed);
+            into.calls[i].fetch_add(self.calls[i].load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    fn zero(&self) {
+        for i in 0..PHASES.len() {
+            self.nanos[i].store(0, Ordering::Relaxed);
+            self.calls[i].store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The sums of the threads that timed a phase and still run, and of those that ended.
+struct Registry {
+    live: Vec<Arc<Sums>>,
+    ended: Sums,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry { live: Vec::new(), ended: Sums::new() });
+
+/// A thread's own sums, registered while it runs; added to the ended threads' at its end.
+struct ThreadSums(Arc<Sums>);
+
+impl ThreadSums {
+    fn new() -> ThreadSums {
+        let mine = Arc::new(Sums::new());
+        crate::runtime::lifetime::lock(&REGISTRY).live.push(mine.clone());
+        ThreadSums(mine)
+    }
+}
+
+impl Drop for ThreadSums {
+    fn drop(&mut self) {
+        // Under the registry's lock: a reader sees the sums once, live or ended.
+        let mut r = crate::runtime::lifetime::lock(&REGISTRY);
+        self.0.add_to(&r.ended);
+        r.live.retain(|s| !Arc::ptr_eq(s, &self.0));
+    }
+}
 
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
@@ -100,6 +156,8 @@ fn enabled() -> bool {
 thread_local! {
     /// When this thread's current phase began (timing on).
     static SINCE: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+    /// This thread's sums (made at its first mark).
+    static MINE: ThreadSums = ThreadSums::new();
 }
 
 /// Starts timing this thread's next phase (the start of a call, or of its tail).
@@ -119,8 +177,10 @@ pub(crate) fn mark(phase: Phase) {
         if let Some(t) = s.get() {
             let now = Instant::now();
             let i = phase as usize;
-            SUMS.nanos[i].fetch_add((now - t).as_nanos() as u64, Ordering::Relaxed);
-            SUMS.calls[i].fetch_add(1, Ordering::Relaxed);
+            MINE.with(|m| {
+                m.0.nanos[i].fetch_add((now - t).as_nanos() as u64, Ordering::Relaxed);
+                m.0.calls[i].fetch_add(1, Ordering::Relaxed);
+            });
             s.set(Some(now));
         }
     });
@@ -131,12 +191,16 @@ pub(crate) fn mark(phase: Phase) {
 pub struct HostPhase {
     /// The phase: `prepare` (checks, state and staging before the meeting or launch),
     /// `run-ahead` (a member of a shared launch waiting because it is that many calls ahead
-    /// of its GPU's launches: the launches, not this thread, bound the rate), `arrive` (bringing the entry to the GPU group's meeting), `await-last` (a member
-    /// waiting for the last one's launch, or noting the launch to come), `note` (the last
-    /// member's own noting), `gather` (the last member's: taking the meeting, gathering the
-    /// entries), `stream-waits` (its stream's waits), `track`, `driver` and `record` (a
-    /// launch: ordering after other streams, the driver call, the completion event), `follow`
-    /// and `publish` (the last member's), `finish` (after the work is queued).
+    /// of its GPU's launches: the launches, not this thread, bound the rate), `uses` (a
+    /// member of a shared launch ordering it after other streams' uses of its part's
+    /// resources), `arrive` (bringing the entry to the GPU group's meeting), `hand-over` (the
+    /// meeting's last member queuing it for the launcher thread), `note` (a member
+    /// of a shared launch noting the launch to come in its part's resources), `await-last` (a
+    /// member making its stream follow the shared launch to come, or waiting for the last
+    /// one's work), `gather` (the launcher's: taking the meeting, gathering the entries),
+    /// `stream-waits` (its stream's waits), `track`, `driver` and `record` (a launch:
+    /// ordering after other streams, the driver call, the completion event), `follow` and
+    /// `publish` (the launcher's), `finish` (after the work is queued).
     pub name: &'static str,
     /// Times it was timed (summed over every rank thread).
     pub calls: u64,
@@ -168,27 +232,57 @@ impl HostPhase {
 /// assert!(phases.iter().all(|p| p.calls == 0 && p.mean_us() == 0.0));
 /// ```
 pub fn host_phases() -> Vec<HostPhase> {
+    let total = Sums::new();
+    {
+        let r = crate::runtime::lifetime::lock(&REGISTRY);
+        r.ended.add_to(&total);
+        for s in &r.live {
+            s.add_to(&total);
+        }
+    }
     PHASES
         .iter()
         .map(|&p| HostPhase {
             name: p.name(),
-            calls: SUMS.calls[p as usize].load(Ordering::Relaxed),
-            total_us: SUMS.nanos[p as usize].load(Ordering::Relaxed) as f64 / 1e3,
+            calls: total.calls[p as usize].load(Ordering::Relaxed),
+            total_us: total.nanos[p as usize].load(Ordering::Relaxed) as f64 / 1e3,
         })
         .collect()
 }
 
 /// Sets every phase's sums back to zero.
 pub fn reset_host_phases() {
-    for i in 0..PHASES.len() {
-        SUMS.nanos[i].store(0, Ordering::Relaxed);
-        SUMS.calls[i].store(0, Ordering::Relaxed);
+    let r = crate::runtime::lifetime::lock(&REGISTRY);
+    r.ended.zero();
+    for s in &r.live {
+        s.zero();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_s_sums_count_while_it_runs_and_after_it_ended_until_a_reset() {
+        let i = Phase::Gather as usize;
+        let gather = || host_phases()[i].calls;
+        let before = gather();
+        let (add, added) = (std::sync::mpsc::channel::<()>(), std::sync::mpsc::channel::<()>());
+        let (go, done) = (add.1, added.0);
+        let t = std::thread::spawn(move || {
+            MINE.with(|m| m.0.calls[i].fetch_add(3, Ordering::Relaxed));
+            done.send(()).expect("the test waits");
+            go.recv().expect("the test tells it to end");
+        });
+        added.1.recv().expect("the thread added");
+        assert_eq!(gather(), before + 3, "a running thread's sums");
+        add.0.send(()).expect("the thread waits");
+        t.join().expect("no panic");
+        assert_eq!(gather(), before + 3, "an ended thread's sums");
+        reset_host_phases();
+        assert_eq!(gather(), 0);
+    }
 
     #[test]
     fn phases_are_named_in_order_and_means_divide() {
@@ -198,9 +292,11 @@ mod tests {
             [
                 "prepare",
                 "run-ahead",
+                "uses",
                 "arrive",
-                "await-last",
+                "hand-over",
                 "note",
+                "await-last",
                 "gather",
                 "stream-waits",
                 "track",
