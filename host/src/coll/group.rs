@@ -1818,6 +1818,7 @@ impl GpuGroup {
             launch.grid_sync = if unmet { 0 } else { sync };
             first.launch = launch;
             first.batch = gathered.into_iter().map(|(_, g)| g).collect();
+            phases::mark(Phase::Merge);
         }
         let result = dev.builtin_module().and_then(|module| {
             self.run_on(first, dev, None, seq, Work::Launch { module, threads: super::threads(dev) })

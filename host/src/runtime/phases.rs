@@ -34,6 +34,9 @@ pub(crate) enum Phase {
     /// `FERROLINK_GROUP_LAUNCHER=last`; the last member for other work): taking the meeting
     /// and gathering the members' entries into the launch.
     Gather,
+    /// The launcher thread, for a launch of several calls: putting their entries into one
+    /// launch (in the parameter, or staged in device memory when it does not hold them).
+    Merge,
     /// The launcher: making the work stream wait for the members' arrivals.
     StreamWaits,
     /// Ordering the launch after other streams' uses of what it uses (event waits).
@@ -51,7 +54,7 @@ pub(crate) enum Phase {
     Finish,
 }
 
-const PHASES: [Phase; 15] = [
+const PHASES: [Phase; 16] = [
     Phase::Prepare,
     Phase::RunAhead,
     Phase::Uses,
@@ -60,6 +63,7 @@ const PHASES: [Phase; 15] = [
     Phase::Note,
     Phase::AwaitLast,
     Phase::Gather,
+    Phase::Merge,
     Phase::StreamWaits,
     Phase::Track,
     Phase::Driver,
@@ -80,6 +84,7 @@ impl Phase {
             Phase::AwaitLast => "await-last",
             Phase::Note => "note",
             Phase::Gather => "gather",
+            Phase::Merge => "merge",
             Phase::StreamWaits => "stream-waits",
             Phase::Track => "track",
             Phase::Driver => "driver",
@@ -194,10 +199,11 @@ pub struct HostPhase {
     /// of its GPU's launches: the launches, not this thread, bound the rate), `uses` (a
     /// member of a shared launch ordering it after other streams' uses of its part's
     /// resources), `arrive` (bringing the entry to the GPU group's meeting), `hand-over` (the
-    /// meeting's last member queuing it for the launcher thread), `note` (a member
-    /// of a shared launch noting the launch to come in its part's resources), `await-last` (a
+    /// meeting's last member queuing it for the launcher thread), `note` (a member of a
+    /// shared launch noting the launch to come in its part's resources), `await-last` (a
     /// member making its stream follow the shared launch to come, or waiting for the last
-    /// one's work), `gather` (the launcher's: taking the meeting, gathering the entries),
+    /// one's work), `gather` (the launcher's: taking the meetings, gathering each one's
+    /// entries), `merge` (the launcher thread's: one launch of several calls),
     /// `stream-waits` (its stream's waits), `track`, `driver` and `record` (a launch:
     /// ordering after other streams, the driver call, the completion event), `follow` and
     /// `publish` (the launcher's), `finish` (after the work is queued).
@@ -298,6 +304,7 @@ mod tests {
                 "note",
                 "await-last",
                 "gather",
+                "merge",
                 "stream-waits",
                 "track",
                 "driver",
