@@ -1458,18 +1458,19 @@ impl GpuGroup {
                     }
                     (Some(outcome), None)
                 }
-                SlotArrival::Last(m) if to_launcher => {
-                    let outcome = m.outcome.clone();
-                    // In order: see `LaunchSlot`.
-                    handed_over = Some(self.hand_over(seq, m));
-                    self.last_complete.fetch_max(seq, Ordering::Release);
-                    slot.reset();
-                    (Some(outcome), None)
-                }
                 SlotArrival::Last(m) => {
+                    let taken = if to_launcher {
+                        let outcome = m.outcome.clone();
+                        // In order: see `LaunchSlot`.
+                        handed_over = Some(self.hand_over(seq, m));
+                        (Some(outcome), None)
+                    } else {
+                        (None, Some(m))
+                    };
+                    // Before this member arrives at any later meeting (`LaunchSlot::reset`).
                     self.last_complete.fetch_max(seq, Ordering::Release);
                     slot.reset();
-                    (None, Some(m))
+                    taken
                 }
                 SlotArrival::Stale => {
                     let e = Error::Aborted(format!(
@@ -2087,6 +2088,21 @@ mod tests {
         Arc::new(CommControl::new(7, crate::CommConfig::from_env(crate::Backend::Cpu)))
     }
 
+    /// Part `part`'s arrival with nothing in it but `control` (to tell meetings apart).
+    fn bare_arrival(part: usize, control: u64) -> Arrival {
+        Arrival {
+            part,
+            entry: None,
+            served: true,
+            control,
+            sync: None,
+            ctas: 1,
+            uses: None,
+            launch_stream: None,
+            events: Vec::new(),
+        }
+    }
+
     fn pending(group: &Arc<GpuGroup>, outcome: &Arc<Outcome>, since: Instant) -> PendingLaunch {
         PendingLaunch {
             link: Arc::new(MemberLink { group: Arc::downgrade(group), log: group.log.clone(), rank: 1 }),
@@ -2249,17 +2265,7 @@ mod tests {
 
     #[test]
     fn a_launch_slot_gives_its_meeting_to_the_member_completing_the_set_and_refuses_a_stale_bit() {
-        let arrival = |part| Arrival {
-            part,
-            entry: None,
-            served: true,
-            control: 0,
-            sync: None,
-            ctas: 1,
-            uses: None,
-            launch_stream: None,
-            events: Vec::new(),
-        };
+        let arrival = |part| bare_arrival(part, 0);
         let slot = LaunchSlot::new(3);
         let first = match slot.arrive(arrival(2)) {
             SlotArrival::Early(o) => o,
@@ -2302,17 +2308,6 @@ mod tests {
         let slots: Vec<LaunchSlot> = (0..SLOTS).map(|_| LaunchSlot::new(MEMBERS)).collect();
         let complete = AtomicU64::new(0);
         let taken = AtomicU64::new(0);
-        let arrival = |part, seq: u64| Arrival {
-            part,
-            entry: None,
-            served: true,
-            control: seq,
-            sync: None,
-            ctas: 1,
-            uses: None,
-            launch_stream: None,
-            events: Vec::new(),
-        };
         std::thread::scope(|s| {
             for part in 0..MEMBERS {
                 let (slots, complete, taken) = (&slots, &complete, &taken);
@@ -2322,7 +2317,7 @@ mod tests {
                             std::thread::yield_now();
                         }
                         let slot = &slots[(seq % SLOTS) as usize];
-                        match slot.arrive(arrival(part, seq)) {
+                        match slot.arrive(bare_arrival(part, seq)) {
                             SlotArrival::Early(_) => {}
                             SlotArrival::Last(m) => {
                                 let mut parts: Vec<usize> = m.arrivals.iter().map(|a| a.part).collect();

@@ -274,16 +274,16 @@ mod tests {
         let i = Phase::Gather as usize;
         let gather = || host_phases()[i].calls;
         let before = gather();
-        let (add, added) = (std::sync::mpsc::channel::<()>(), std::sync::mpsc::channel::<()>());
-        let (go, done) = (add.1, added.0);
+        let (added, on_added) = std::sync::mpsc::channel::<()>();
+        let (end, on_end) = std::sync::mpsc::channel::<()>();
         let t = std::thread::spawn(move || {
             MINE.with(|m| m.0.calls[i].fetch_add(3, Ordering::Relaxed));
-            done.send(()).expect("the test waits");
-            go.recv().expect("the test tells it to end");
+            added.send(()).expect("the test waits");
+            on_end.recv().expect("the test tells it to end");
         });
-        added.1.recv().expect("the thread added");
+        on_added.recv().expect("the thread added");
         assert_eq!(gather(), before + 3, "a running thread's sums");
-        add.0.send(()).expect("the thread waits");
+        end.send(()).expect("the thread waits");
         t.join().expect("no panic");
         assert_eq!(gather(), before + 3, "an ended thread's sums");
         reset_host_phases();
