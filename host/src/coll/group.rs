@@ -97,9 +97,10 @@ use crate::runtime::module::Module;
 use crate::runtime::phases::{self, Phase};
 use crate::runtime::stream::Stream;
 use crate::{Error, Result};
+use ferrolink_device::DevComm;
 use ferrolink_device::coll::group::{
-    COMPLETED_OFFSET, GridSync, GroupLaunch, LocalRanks, MAX_LAUNCH_ENTRIES, MAX_LAUNCH_OPERATIONS, MAX_LOCAL_RANKS,
-    RANK_OP_STRIDE, RankOp, SEQ_OFFSET,
+    COMPLETED_OFFSET, CollOp, GridSync, GroupLaunch, LocalRanks, MAX_LAUNCH_ENTRIES, MAX_LAUNCH_OPERATIONS,
+    MAX_LOCAL_RANKS, RANK_OP_STRIDE, RankOp, SEQ_OFFSET,
 };
 use ferrolink_device::kernels::coll::{coll_gpu_group_launch, coll_ll_group_launch};
 use std::collections::HashMap;
@@ -282,6 +283,9 @@ pub(crate) struct Part<'a> {
     /// Its entry of the operation (none for the start of persistent mode, or a rank that
     /// runs the call otherwise).
     pub(crate) entry: Option<RankOp>,
+    /// Its device communicator as a shared launch's entry refers to it ([`CommImage`]: the
+    /// same as the entry's), if it keeps one.
+    pub(crate) comm_image: Option<Arc<CommImage>>,
     /// Whether the kernel serves it (false: the rank runs this call otherwise, captured).
     pub(crate) served: bool,
     /// Its device communicator's control block (where its CTAs look for an abort).
@@ -560,11 +564,33 @@ impl EventBackend for PendingLaunch {
     }
 }
 
+/// A member's device communicator as its shared launches' entries refer to it: the same value
+/// from call to call until the communicator's resources are renewed, so the launcher reads it
+/// from the member's allocation, where it stays in the launcher's cache (aligned: the count
+/// changes at every call, the value never). A copy in every arrival moved its 288 bytes from
+/// the member's core to the launcher's at every call.
+#[repr(align(128))]
+pub(crate) struct CommImage(pub(crate) DevComm);
+
+/// A member's entry of a shared launch as it comes to the meeting: the operation, and the
+/// device communicator by reference (a [`RankOp`] once gathered).
+struct LaunchEntry {
+    op: CollOp,
+    comm: Arc<CommImage>,
+}
+
+impl LaunchEntry {
+    fn rank_op(&self) -> RankOp {
+        RankOp { op: self.op, comm: self.comm.0 }
+    }
+}
+
 /// One member's share of a meeting, made before it arrives (a shared launch's goes into the
 /// member's cell of the meeting's slot, other meetings' are pushed under the meetings' lock).
 struct Arrival {
     part: usize,
-    entry: Option<RankOp>,
+    /// A shared launch's entry (other meetings' entries go through the ring).
+    entry: Option<LaunchEntry>,
     served: bool,
     control: u64,
     sync: Option<(Window, u64)>,
@@ -1003,7 +1029,9 @@ fn batchable(m: &Meeting, ctas: u32) -> bool {
     m.arrivals.iter().all(|a| {
         a.served
             && a.ctas == ctas
-            && a.entry.as_ref().is_some_and(|e| e.comm.lsa_size == e.comm.nranks && e.comm.nranks as usize == members)
+            && a.entry
+                .as_ref()
+                .is_some_and(|e| e.comm.0.lsa_size == e.comm.0.nranks && e.comm.0.nranks as usize == members)
     })
 }
 
@@ -1381,7 +1409,7 @@ impl GpuGroup {
         part: Part<'_>,
     ) -> Result<Option<Gathered>> {
         let since = Instant::now();
-        let Part { rank, entry, served, control, sync, ctas, uses, stream, wait } = part;
+        let Part { rank, entry, comm_image, served, control, sync, ctas, uses, stream, wait } = part;
         let p = self.part_of(rank);
         // Whether a complete meeting goes to the launcher thread (a shared launch).
         let to_launcher = purpose == Purpose::Launch && launcher_mode() == LauncherMode::Thread;
@@ -1442,6 +1470,11 @@ impl GpuGroup {
             }
             _ => (Some(uses), None),
         };
+        let entry = entry.filter(|_| purpose == Purpose::Launch).map(|e| {
+            let comm = comm_image.unwrap_or_else(|| Arc::new(CommImage(e.comm)));
+            debug_assert!(comm.0 == e.comm, "a member's comm image is its entry's device communicator");
+            LaunchEntry { op: e.op, comm }
+        });
         let arrival = Arrival { part: p, entry, served, control, sync, ctas, uses, launch_stream, events };
         let mut handed_over = None;
         let (outcome, complete) = if purpose == Purpose::Launch {
@@ -1923,7 +1956,7 @@ impl GpuGroup {
             if let Some(e) = &a.entry
                 && purpose == Purpose::Launch
             {
-                launch.set(a.part, e);
+                launch.set(a.part, &e.rank_op());
             }
             if !a.served {
                 ranks.skip |= 1 << a.part;

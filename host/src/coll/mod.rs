@@ -166,6 +166,9 @@ impl Collective {
 /// makes them in the same call: the calls are collective).
 pub(crate) struct CollState {
     handle: Option<DevCommHandle>,
+    /// The handle's device communicator as shared launches' entries refer to it (made with
+    /// the handle: its value never changes).
+    comm_image: Option<Arc<group::CommImage>>,
     /// Staging for inputs (`send`) and outputs (`recv`), grown (collectively) on demand.
     send: Option<Window>,
     recv: Option<Window>,
@@ -203,6 +206,7 @@ impl CollState {
         }
         Ok(CollState {
             handle: None,
+            comm_image: None,
             send: None,
             recv: None,
             gather: None,
@@ -232,7 +236,9 @@ impl CollState {
             req.gin_signal_count = MAX_CTAS;
             req.gin_barrier_count = MAX_CTAS;
         }
-        self.handle = Some(comm.create_dev_comm(&req)?);
+        let handle = comm.create_dev_comm(&req)?;
+        self.comm_image = Some(Arc::new(group::CommImage(handle.dev_comm())));
+        self.handle = Some(handle);
         Ok(())
     }
 }
@@ -718,6 +724,7 @@ impl Communicator {
                 let part = group::Part {
                     rank: self.rank(),
                     entry: (!capturing).then_some(RankOp { op, comm }),
+                    comm_image: state.comm_image.clone(),
                     served: !capturing,
                     control: comm.control,
                     sync: None,

@@ -215,6 +215,7 @@ impl Communicator {
         let part = Part {
             rank: self.rank(),
             entry: None,
+            comm_image: None,
             served: true,
             control: handle.dev_comm().control,
             sync: Some((sync.clone(), sync_addr)),
@@ -367,6 +368,7 @@ fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, use
     let part = Part {
         rank: state.rank,
         entry: Some(entry),
+        comm_image: None,
         served: true,
         control: entry.comm.control,
         sync: None,
