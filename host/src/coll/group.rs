@@ -173,6 +173,19 @@ pub(crate) struct StagedEntries {
     block: usize,
 }
 
+/// Where the launcher's gathering puts a batch's entries: entry `j * count + p` is part `p`
+/// of the batch's call `j` (its `base` is `j * count`). Written straight where the launch
+/// reads them: a launch's parameter is 7.7 KB, and a copy of one per call (one per gathered
+/// call, then merged) was launcher time at every call.
+enum EntrySink<'a> {
+    /// The gathered call's own parameter (entry `p`).
+    Own,
+    /// The first call's parameter, which carries the batch.
+    Param { launch: &'a mut GroupLaunch, base: usize },
+    /// A block of [`LaunchEntries`] (a batch of more entries than a parameter holds).
+    Block { entries: &'a LaunchEntries, block: usize, base: usize },
+}
+
 impl LaunchEntries {
     fn new(dev: &crate::Device, parts: usize) -> Result<LaunchEntries> {
         let block_bytes = MAX_LAUNCH_OPERATIONS * parts.max(1) * RANK_OP_STRIDE;
@@ -181,16 +194,9 @@ impl LaunchEntries {
         Ok(LaunchEntries { mem, device, block_bytes, blocks: Mutex::new((0, vec![None; ENTRY_BLOCKS])) })
     }
 
-    /// Writes the first `count` entries of each of `launches` (one call each, in order) into
-    /// the next block, once the launch that last read it has finished; the block's device
-    /// address and the copy to queue before the launch.
-    fn stage(&self, launches: &[&GroupLaunch], count: usize) -> (u64, StagedEntries) {
-        assert!(
-            launches.len() <= MAX_LAUNCH_OPERATIONS
-                && count <= MAX_LAUNCH_ENTRIES
-                && count * RANK_OP_STRIDE * launches.len() <= self.block_bytes,
-            "a block of launch entries holds the calls"
-        );
+    /// The next block, once the launch that last read it has finished: the launcher's to
+    /// fill ([`LaunchEntries::put`]) for one launch.
+    fn acquire(&self) -> usize {
         let (block, last) = {
             let mut b = lock(&self.blocks);
             let block = b.0;
@@ -200,19 +206,34 @@ impl LaunchEntries {
         if let Some(c) = last {
             c.wait();
         }
+        block
+    }
+
+    /// Writes `op` as entry `index` of block `block` (acquired by the caller, the launcher).
+    fn put(&self, block: usize, index: usize, op: &RankOp) {
+        let at = block * self.block_bytes + index * RANK_OP_STRIDE;
+        let bytes = bytemuck::bytes_of(op);
+        assert!(
+            block < ENTRY_BLOCKS
+                && (index + 1) * RANK_OP_STRIDE <= self.block_bytes
+                && at + bytes.len() <= self.mem.len(),
+            "an entry inside its block"
+        );
+        // SAFETY: the range lies inside the host block (checked); no copy reads it now (the
+        // launch that last copied it has finished: `acquire` waited for it) and only the
+        // launcher that acquired the block writes it (blocks are handed out under the lock,
+        // one launch each).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.host_ptr().add(at), bytes.len()) };
+    }
+
+    /// Block `block` with its first `entries` entries written: its device address and the
+    /// copy to queue before the launch.
+    fn staged(&self, block: usize, entries: usize) -> (u64, StagedEntries) {
         let base = block * self.block_bytes;
-        let mut at = base;
-        for l in launches {
-            let bytes = bytemuck::cast_slice::<[u64; RANK_OP_STRIDE / 8], u8>(&l.ops[..count]);
-            assert!(at + bytes.len() <= self.mem.len(), "inside the block");
-            // SAFETY: the range lies inside the host block (checked); no copy reads it now
-            // (the launch that last copied it has finished, waited for above) and only the
-            // launcher writes it (blocks are handed out under the lock, one launch each).
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.host_ptr().add(at), bytes.len()) };
-            at += bytes.len();
-        }
+        let bytes = entries * RANK_OP_STRIDE;
+        assert!(bytes <= self.block_bytes, "a block of launch entries holds the calls");
         let dst = self.device.addr() + base as u64;
-        (dst, StagedEntries { copy: (dst, self.mem.device_addr() + base as u64, at - base), block })
+        (dst, StagedEntries { copy: (dst, self.mem.device_addr() + base as u64, bytes), block })
     }
 
     /// Notes that launch `c` read block `block` (it is rewritten only after `c`).
@@ -615,8 +636,9 @@ struct Meeting {
 pub(crate) struct Gathered {
     /// The persistent kernel's parameter (ring, parts, grid).
     pub(crate) ranks: LocalRanks,
-    /// A shared launch's parameter (parts, grid, entries).
-    launch: Box<GroupLaunch>,
+    /// A shared launch's parameter (parts, grid, entries); `None` for a later call of a batch
+    /// (its entries went into the first's, [`EntrySink`]) and for other work.
+    launch: Option<Box<GroupLaunch>>,
     /// What the stream doing the work waits for first: the members' arrivals and, for a
     /// shared launch, other streams' pending uses of the members' resources.
     pub(crate) events: Vec<Completion>,
@@ -1231,23 +1253,26 @@ impl GpuGroup {
                 Work::Launch { module, threads } => {
                     // The LL kernel, when every entry is an LL call: the general one's LL
                     // path alone, with the same contract for such entries.
-                    let ll_only = super::ll_kernels() && g.ll_only.unwrap_or_else(|| g.launch.ll_only());
+                    let launch = g.launch.take().ok_or_else(|| {
+                        Error::InvalidArgument("a shared launch without its parameter (a batch's later call)".into())
+                    })?;
+                    let ll_only = super::ll_kernels() && g.ll_only == Some(true);
                     let (kernel, threads) = if ll_only {
                         (&coll_ll_group_launch, super::ll_threads(dev, module, &self.ll_threads))
                     } else {
                         (&coll_gpu_group_launch, threads)
                     };
-                    let cfg = kernel_config(g.launch.count * g.launch.ctas_per_rank, threads);
+                    let cfg = kernel_config(launch.count * launch.ctas_per_rank, threads);
                     // Its place in the launch stream's order, as the members' completions (of
                     // several calls, the last one's).
                     let mut uses = uses;
                     uses.order = seq;
-                    if g.launch.operations > 1
+                    if launch.operations > 1
                         && let Some(r) = self.ring.get()
                     {
                         uses.holds.push(lock(&r.grid_sync).uses().clone());
                     }
-                    let param = GroupParam(*g.launch);
+                    let param = GroupParam(*launch);
                     let staged = g.staged.take();
                     // SAFETY: `coll_gpu_group_launch`'s contract: every served member's entry
                     // is in the parameter (a live communicator and an operation whose windows
@@ -1464,6 +1489,11 @@ impl GpuGroup {
                 // (in a loop of collectives, the previous call's) needs no wait, and the
                 // launcher then takes in no completion of the member's.
                 events.retain(|c| c.stream() != on);
+                if events.is_empty() {
+                    // Freed here, not by the launcher thread: a free into this thread's
+                    // allocator arena from another thread takes that arena's lock.
+                    events = Vec::new();
+                }
                 self.register_observers(dev, p, &uses).map_err(fail_unarrived)?;
                 phases::mark(Phase::Uses);
                 (None, Some((s, on, uses)))
@@ -1574,7 +1604,7 @@ impl GpuGroup {
             // Until `Gathered` owns the work: a panic while gathering must not leave it taken
             // for ever (members would wait on it with no timeout).
             let taken = Taken { group: self, outcome: m.outcome.clone(), seq, held: true };
-            let g = self.gather(dev, purpose, seq, ring, m);
+            let g = self.gather(dev, purpose, seq, ring, m, EntrySink::Own);
             taken.release();
             phases::mark(Phase::Gather);
             return Ok(Some(g));
@@ -1790,19 +1820,32 @@ impl GpuGroup {
     /// all of them in one launch whose CTAs meet between the calls.
     fn launch_meetings(self: &Arc<Self>, batch: Vec<(u64, Meeting)>) {
         let dev = self.launch_dev.get().expect("set by the members before a hand-over");
-        let mut gathered: Vec<(u64, Gathered)> = Vec::with_capacity(batch.len());
+        let Ok(ring) = self.ring(dev) else {
+            // (Made before any call.) Each `Taken` fails its call.
+            for (seq, m) in batch {
+                drop(Taken { group: self, outcome: m.outcome.clone(), seq, held: true });
+            }
+            return;
+        };
+        let count = self.members.len();
+        let operations = batch.len();
+        // More entries than the parameter holds: they go through a block of device memory.
+        let block = (operations > 1 && operations * count > MAX_LAUNCH_ENTRIES).then(|| ring.entries.acquire());
+        let mut gathered: Vec<(u64, Gathered)> = Vec::with_capacity(operations);
         // (Each meeting was claimed when it was taken from the queue.)
-        let mut batch = batch.into_iter();
-        while let Some((seq, m)) = batch.next() {
+        for (seq, m) in batch {
             let taken = Taken { group: self, outcome: m.outcome.clone(), seq, held: true };
-            let Ok(ring) = self.ring(dev) else {
-                // (Made before any call.) `taken` fails this one; the rest fail alike.
-                for (seq, m) in batch {
-                    drop(Taken { group: self, outcome: m.outcome.clone(), seq, held: true });
+            // The batch's meetings are all served (`batchable`), so none is dropped below and
+            // call `j` of the launch is the `j`th gathered.
+            let base = gathered.len() * count;
+            let sink = match (block, gathered.first_mut()) {
+                (Some(block), _) => EntrySink::Block { entries: &ring.entries, block, base },
+                (None, Some((_, first))) => {
+                    EntrySink::Param { launch: first.launch.as_mut().expect("the first call's parameter"), base }
                 }
-                return;
+                (None, None) => EntrySink::Own,
             };
-            let g = self.gather(dev, Purpose::Launch, seq, ring, m);
+            let g = self.gather(dev, Purpose::Launch, seq, ring, m, sink);
             taken.release();
             if g.nothing_served() {
                 g.discard();
@@ -1811,48 +1854,46 @@ impl GpuGroup {
             }
         }
         phases::mark(Phase::Gather);
-        let Some((mut seq, mut first)) = (!gathered.is_empty()).then(|| gathered.remove(0)) else { return };
-        if !gathered.is_empty() {
-            let count = first.launch.count as usize;
-            let ring = self.ring.get().expect("a group that launches has its ring");
+        let mut gathered = gathered.into_iter();
+        // (A block acquired and left unused is free again: `acquire` took its last use.)
+        let Some((mut seq, mut first)) = gathered.next() else { return };
+        let rest: Vec<(u64, Gathered)> = gathered.collect();
+        if !rest.is_empty() {
+            let operations = 1 + rest.len();
+            debug_assert!(block.is_some() || operations * count <= MAX_LAUNCH_ENTRIES);
             let sync = lock(&ring.grid_sync).addr();
-            let mut launch = first.launch.clone();
-            let operations = 1 + gathered.len();
-            {
-                let launches: Vec<&GroupLaunch> =
-                    std::iter::once(&*first.launch).chain(gathered.iter().map(|(_, g)| &*g.launch)).collect();
-                first.ll_only = Some(launches.iter().all(|l| l.ll_only()));
-                if operations * count > MAX_LAUNCH_ENTRIES {
-                    // More than the parameter holds: the entries go through device memory.
-                    let (addr, staged) = ring.entries.stage(&launches, count);
-                    launch.entries = addr;
-                    first.staged = Some(staged);
-                    first.uses.holds.push(ring.entries.mem.uses.clone());
-                    first.uses.holds.push(ring.entries.device.uses().clone());
-                    self.launcher.device_entries.fetch_add(1, Ordering::Relaxed);
-                }
+            first.ll_only = Some(first.ll_only == Some(true) && rest.iter().all(|(_, g)| g.ll_only == Some(true)));
+            if let Some(block) = block {
+                let (addr, staged) = ring.entries.staged(block, operations * count);
+                first.launch.as_mut().expect("the first call's parameter").entries = addr;
+                first.staged = Some(staged);
+                first.uses.holds.push(ring.entries.mem.uses.clone());
+                first.uses.holds.push(ring.entries.device.uses().clone());
+                self.launcher.device_entries.fetch_add(1, Ordering::Relaxed);
             }
-            for (j, (s, g)) in gathered.iter_mut().enumerate() {
-                if launch.entries == 0 {
-                    launch.ops[(j + 1) * count..(j + 2) * count].copy_from_slice(&g.launch.ops[..count]);
-                }
+            let mut batch = Vec::with_capacity(rest.len());
+            for (s, mut g) in rest {
                 first.events.append(&mut g.events);
                 first.uses.absorb(std::mem::replace(&mut g.uses, LaunchTracking::new(dev)));
-                seq = *s;
+                seq = s;
+                batch.push(g);
             }
-            launch.operations = operations as u32;
             self.launcher.batched.fetch_add(1, Ordering::Relaxed);
             // LL calls of one CTA per rank in the LL kernel go on from call to call without
             // the grid meeting (`serve_launch`'s ordering note says why that suffices).
+            let launch = first.launch.as_mut().expect("the first call's parameter");
             let unmet =
                 first.ll_only == Some(true) && super::ll_kernels() && launch.ctas_per_rank == 1 && !ll_grid_meetings();
             if unmet {
                 self.launcher.unmet.fetch_add(1, Ordering::Relaxed);
             }
+            launch.operations = operations as u32;
             launch.grid_sync = if unmet { 0 } else { sync };
-            first.launch = launch;
-            first.batch = gathered.into_iter().map(|(_, g)| g).collect();
+            first.batch = batch;
             phases::mark(Phase::Merge);
+        } else {
+            // (A block is taken for batches of several calls, all served: never for one.)
+            assert!(block.is_none(), "a batch's entries in a block belong to a launch of several calls");
         }
         let result = dev.builtin_module().and_then(|module| {
             self.run_on(first, dev, None, seq, Work::Launch { module, threads: super::threads(dev) })
@@ -1936,14 +1977,30 @@ impl GpuGroup {
 
     /// The last member's gathering of meeting `(purpose, seq)`'s arrivals into the work's
     /// parameters (outside the meetings' lock).
-    fn gather(self: &Arc<Self>, dev: &crate::Device, purpose: Purpose, seq: u64, ring: &Ring, m: Meeting) -> Gathered {
+    fn gather(
+        self: &Arc<Self>,
+        dev: &crate::Device,
+        purpose: Purpose,
+        seq: u64,
+        ring: &Ring,
+        m: Meeting,
+        mut sink: EntrySink<'_>,
+    ) -> Gathered {
         let mut ranks = LocalRanks {
             ring: ring.device.addr(),
             slots: RING_SLOTS as u32,
             count: self.members.len() as u32,
             ..LocalRanks::default()
         };
-        let mut launch = Box::<GroupLaunch>::default();
+        // The parameter: a call's own, or the first of a batch's (which carries the batch).
+        let first = match sink {
+            EntrySink::Own => true,
+            EntrySink::Param { .. } => false,
+            EntrySink::Block { base, .. } => base == 0,
+        };
+        let mut launch = (purpose == Purpose::Launch && first).then(Box::<GroupLaunch>::default);
+        // Whether every served entry is an LL call inside one LSA domain (`GroupLaunch::ll_only`).
+        let mut ll_only = true;
         let mut events = Vec::with_capacity(m.arrivals.len());
         let (mut uses, mut sync, mut launch_stream): (Option<LaunchTracking>, Option<(Window, u64)>, _) =
             (None, None, None);
@@ -1956,7 +2013,13 @@ impl GpuGroup {
             if let Some(e) = &a.entry
                 && purpose == Purpose::Launch
             {
-                launch.set(a.part, &e.rank_op());
+                let op = e.rank_op();
+                ll_only &= op.op.args.proto == ferrolink_device::coll::proto::LL && op.comm.lsa_size == op.comm.nranks;
+                match &mut sink {
+                    EntrySink::Own => launch.as_mut().expect("made for its own entries").set(a.part, &op),
+                    EntrySink::Param { launch, base } => launch.set(*base + a.part, &op),
+                    EntrySink::Block { entries, block, base } => entries.put(*block, *base + a.part, &op),
+                }
             }
             if !a.served {
                 ranks.skip |= 1 << a.part;
@@ -1977,7 +2040,9 @@ impl GpuGroup {
             events.extend(a.events);
         }
         ranks.ctas_per_rank = ctas;
-        (launch.count, launch.ctas_per_rank, launch.skip) = (ranks.count, ranks.ctas_per_rank, ranks.skip);
+        if let Some(launch) = launch.as_mut() {
+            (launch.count, launch.ctas_per_rank, launch.skip) = (ranks.count, ranks.ctas_per_rank, ranks.skip);
+        }
         Gathered {
             ranks,
             launch,
@@ -1992,7 +2057,7 @@ impl GpuGroup {
             purpose,
             counted: false,
             batch: Vec::new(),
-            ll_only: None,
+            ll_only: (purpose == Purpose::Launch).then_some(ll_only),
             staged: None,
         }
     }
