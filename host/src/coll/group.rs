@@ -850,11 +850,13 @@ const _: () = assert!(LAUNCH_SLOTS as u64 > RUN_AHEAD && MAX_LOCAL_RANKS <= 32);
 /// meetings, 8 ranks spent 3.5–4.4 µs per call arriving on an H100, PERF.md 2026-12-07 call 9);
 /// the member whose bit completes the set takes the meeting.
 ///
-/// Ordering: a member clones the meeting's outcome and writes its cell (each cell's mutex is
-/// taken by that member and then by the last one only), then raises its bit with
-/// acquire-release; the last member's raise reads every bit, so it acquires every cell and
-/// every clone happened before it replaces the outcome and clears the bits for the next
-/// meeting. No member comes to that next meeting (number `seq + LAUNCH_SLOTS`) before the
+/// Ordering: a member takes its handle on the meeting's outcome from its cell and writes its
+/// arrival there (each cell's mutex is taken by that member and then by the last one only),
+/// then raises its bit with acquire-release; the last member's raise reads every bit, so it
+/// acquires every cell; it takes the arrivals and puts a handle on the next meeting's outcome
+/// in each cell (so no member shares a lock or a count to get its outcome: under a
+/// read-write lock and a shared count, 8 members' arrivals took 0.74 µs per call on an H100),
+/// then clears the bits for the next meeting. No member comes to that next meeting (number `seq + LAUNCH_SLOTS`) before the
 /// reset: a member makes call `s` only once `meetings_over`, the highest number of a meeting
 /// over, reaches `s - RUN_AHEAD` ([`GpuGroup::within_reach`]), which is above `seq`; and no
 /// meeting after `seq` completes (so none is launched and raises `meetings_over`) before
@@ -873,18 +875,26 @@ const _: () = assert!(LAUNCH_SLOTS as u64 > RUN_AHEAD && MAX_LOCAL_RANKS <= 32);
 struct LaunchSlot {
     /// Bit `p`: member `p`'s arrival is in `cells[p]`.
     arrived: AtomicU32,
-    /// The current meeting's outcome (read by every member; replaced by the last).
-    outcome: std::sync::RwLock<Arc<Outcome>>,
-    /// Per member, its arrival (written by the member, taken by the last).
-    cells: Vec<Mutex<Option<Arrival>>>,
+    /// Per member, its arrival (written by the member, taken by the last) and its handle on
+    /// the meeting's outcome (taken by the member, put there by the last member of the slot's
+    /// previous meeting).
+    cells: Vec<Hot<Mutex<SlotCell>>>,
+}
+
+/// A member's cell of a [`LaunchSlot`].
+struct SlotCell {
+    arrival: Option<Arrival>,
+    outcome: Option<Arc<Outcome>>,
 }
 
 impl LaunchSlot {
     fn new(members: usize) -> LaunchSlot {
+        let outcome: Arc<Outcome> = Arc::default();
         LaunchSlot {
             arrived: AtomicU32::new(0),
-            outcome: std::sync::RwLock::new(Arc::default()),
-            cells: (0..members).map(|_| Mutex::new(None)).collect(),
+            cells: (0..members)
+                .map(|_| Hot(Mutex::new(SlotCell { arrival: None, outcome: Some(outcome.clone()) })))
+                .collect(),
         }
     }
 
@@ -892,22 +902,31 @@ impl LaunchSlot {
     /// for the ordering); the member whose bit completes the set takes the meeting.
     fn arrive(&self, arrival: Arrival) -> SlotArrival {
         let p = arrival.part;
-        // Before the arrival is raised: the last member replaces it once all are in.
-        let outcome = self.outcome.read().unwrap_or_else(|e| e.into_inner()).clone();
         let all = u32::MAX >> (32 - self.cells.len());
         let mut cell = lock(&self.cells[p]);
         if self.arrived.load(Ordering::Acquire) & 1 << p != 0 {
             // (Checked before the cell is written: the stale arrival stays for `drain`.)
             return SlotArrival::Stale;
         }
-        *cell = Some(arrival);
+        let Some(outcome) = cell.outcome.take() else {
+            // No handle without the bit: only a member that came twice to one meeting.
+            return SlotArrival::Stale;
+        };
+        cell.arrival = Some(arrival);
         drop(cell);
         // AcqRel: the last member's read of every bit acquires every member's cell.
         let before = self.arrived.fetch_or(1 << p, Ordering::AcqRel);
         if before | 1 << p != all {
             return SlotArrival::Early(outcome);
         }
-        let arrivals: Vec<Arrival> = self.cells.iter().filter_map(|c| lock(c).take()).collect();
+        // Every member has taken its handle: the cells get the next meeting's.
+        let next: Arc<Outcome> = Arc::default();
+        let mut arrivals = Vec::with_capacity(self.cells.len());
+        for c in &self.cells {
+            let mut c = lock(c);
+            arrivals.extend(c.arrival.take());
+            c.outcome = Some(next.clone());
+        }
         if arrivals.len() != self.cells.len() {
             return SlotArrival::Lost(outcome);
         }
@@ -920,7 +939,7 @@ impl LaunchSlot {
     /// that member's arrival: [`LaunchSlot`]). Until then the slot's bits say that every
     /// member came; after it, the group's `last_complete` does ([`GpuGroup::missing`]).
     fn reset(&self) {
-        *self.outcome.write().unwrap_or_else(|e| e.into_inner()) = Arc::default();
+        // (The cells hold the next meeting's outcome already: `arrive`.)
         self.arrived.store(0, Ordering::Release);
     }
 
@@ -936,9 +955,16 @@ impl LaunchSlot {
         if self.arrived.swap(0, Ordering::AcqRel) == 0 {
             return None;
         }
-        let arrivals = self.cells.iter().filter_map(|c| lock(c).take()).collect();
-        let outcome = std::mem::take(&mut *self.outcome.write().unwrap_or_else(|e| e.into_inner()));
-        Some(Meeting { arrivals, outcome })
+        // The meeting's outcome: the handle of a member that had not come (the others took
+        // theirs); each cell gets the next meeting's.
+        let next: Arc<Outcome> = Arc::default();
+        let (mut arrivals, mut outcome) = (Vec::new(), None);
+        for c in &self.cells {
+            let mut c = lock(c);
+            arrivals.extend(c.arrival.take());
+            outcome = outcome.or(c.outcome.replace(next.clone()));
+        }
+        Some(Meeting { arrivals, outcome: outcome.unwrap_or_default() })
     }
 }
 
@@ -2337,9 +2363,10 @@ mod tests {
             events: Vec::new(),
         };
         let slot = &g.launch_slots[5];
-        *slot.outcome.write().expect("not poisoned") = o.clone();
-        for part in [0, 1] {
-            *lock(&slot.cells[part]) = Some(arrived(part));
+        for part in [0, 1, 2] {
+            let mut cell = lock(&slot.cells[part]);
+            // Ranks 0 and 1 took their handles on the outcome; rank 2's is still there.
+            (cell.arrival, cell.outcome) = if part < 2 { (Some(arrived(part)), None) } else { (None, Some(o.clone())) };
         }
         slot.arrived.store(0b011, Ordering::Release);
         let p = pending(&g, &o, Instant::now());
@@ -2387,8 +2414,17 @@ mod tests {
         slot.reset();
         assert!(slot.arrived().is_empty());
         // The slot's next meeting has an outcome of its own.
-        assert!(matches!(slot.arrive(arrival(1)), SlotArrival::Early(ref o) if !Arc::ptr_eq(o, &first)));
-        assert!(slot.drain().is_some_and(|m| m.arrivals.len() == 1), "a half-full meeting drains");
+        let next = match slot.arrive(arrival(1)) {
+            SlotArrival::Early(o) => o,
+            _ => panic!("two members are still to come"),
+        };
+        assert!(!Arc::ptr_eq(&next, &first));
+        let drained = slot.drain().expect("a half-full meeting drains");
+        assert_eq!(drained.arrivals.len(), 1);
+        assert!(Arc::ptr_eq(&drained.outcome, &next), "the drained meeting's outcome is the one its member holds");
+        // After the drain, the slot's meeting has a fresh outcome again.
+        assert!(matches!(slot.arrive(arrival(0)), SlotArrival::Early(ref o) if !Arc::ptr_eq(o, &next)));
+        slot.drain();
         // A bit without its cell (a recovery racing the meeting): the meeting is lost.
         slot.arrived.store(0b011, Ordering::Release);
         assert!(matches!(slot.arrive(arrival(2)), SlotArrival::Lost(_)));
@@ -2406,9 +2442,16 @@ mod tests {
         let slots: Vec<LaunchSlot> = (0..SLOTS).map(|_| LaunchSlot::new(MEMBERS)).collect();
         let complete = AtomicU64::new(0);
         let taken = AtomicU64::new(0);
+        // Per meeting, the outcome its first member to look got (every member must get it).
+        let outcomes: Vec<Mutex<Option<Arc<Outcome>>>> = (0..=MEETINGS).map(|_| Mutex::new(None)).collect();
         std::thread::scope(|s| {
             for part in 0..MEMBERS {
-                let (slots, complete, taken) = (&slots, &complete, &taken);
+                let (slots, complete, taken, outcomes) = (&slots, &complete, &taken, &outcomes);
+                let same = move |seq: u64, o: &Arc<Outcome>| {
+                    let mut first = lock(&outcomes[seq as usize]);
+                    let first = first.get_or_insert_with(|| o.clone());
+                    assert!(Arc::ptr_eq(first, o), "meeting {seq}: member {part} got another outcome");
+                };
                 s.spawn(move || {
                     for seq in 1..=MEETINGS {
                         while seq > complete.load(Ordering::Acquire) + AHEAD {
@@ -2416,8 +2459,9 @@ mod tests {
                         }
                         let slot = &slots[(seq % SLOTS) as usize];
                         match slot.arrive(bare_arrival(part, seq)) {
-                            SlotArrival::Early(_) => {}
+                            SlotArrival::Early(o) => same(seq, &o),
                             SlotArrival::Last(m) => {
+                                same(seq, &m.outcome);
                                 let mut parts: Vec<usize> = m.arrivals.iter().map(|a| a.part).collect();
                                 parts.sort_unstable();
                                 assert_eq!(parts, (0..MEMBERS).collect::<Vec<_>>(), "meeting {seq}");
