@@ -757,14 +757,15 @@ impl Drop for Taken<'_> {
 /// A group kernel's parameter as a launch argument ([`LocalRanks`] for the persistent
 /// kernel, [`GroupLaunch`] for a shared launch); what the launch uses is tracked through the
 /// launch's extra tracking (every member's part).
-pub(crate) struct GroupParam<P>(pub(crate) P);
+/// (It refers to the parameter, which is copied once, into the launch's arguments.)
+pub(crate) struct GroupParam<'p, P>(pub(crate) &'p P);
 
-impl<P> crate::runtime::launch::sealed::Sealed for &GroupParam<P> {}
+impl<P> crate::runtime::launch::sealed::Sealed for &GroupParam<'_, P> {}
 
-impl<P: ferrolink_device::kernel::KernelParam> LaunchArg for &GroupParam<P> {
+impl<P: ferrolink_device::kernel::KernelParam> LaunchArg for &GroupParam<'_, P> {
     type Param = P;
     fn param(&self) -> P {
-        self.0
+        *self.0
     }
     fn track(&self, _t: &mut LaunchTracking) {}
 }
@@ -1298,7 +1299,7 @@ impl GpuGroup {
                     {
                         uses.holds.push(lock(&r.grid_sync).uses().clone());
                     }
-                    let param = GroupParam(*launch);
+                    let param = GroupParam(&*launch);
                     let staged = g.staged.take();
                     // SAFETY: `coll_gpu_group_launch`'s contract: every served member's entry
                     // is in the parameter (a live communicator and an operation whose windows

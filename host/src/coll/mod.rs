@@ -668,7 +668,8 @@ impl Communicator {
                     handle.track(&mut uses);
                     recv_win.track(&mut uses);
                     out_ptr.track(&mut uses);
-                    let entry = group::GroupParam(RankOp { op, comm: handle.dev_comm() });
+                    let rank_op = RankOp { op, comm: handle.dev_comm() };
+                    let entry = group::GroupParam(&rank_op);
                     let cfg = group::kernel_config(cfg.grid.0, cfg.block.0);
                     // SAFETY: `coll_ll`'s contract (`coll_lsa`'s for an LL call, below): every
                     // rank launches the same args and grid (the call is collective); the

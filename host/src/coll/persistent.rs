@@ -233,7 +233,7 @@ impl Communicator {
                     ..group::kernel_config(ranks.count * ranks.ctas_per_rank, threads)
                 };
                 group.keep_ring(&mut uses);
-                let param = group::GroupParam(ranks);
+                let param = group::GroupParam(&ranks);
                 // SAFETY: the kernel's contract: the sync block (part 0's) is zeroed and
                 // written only by the group's meetings; every operation's ring entries are
                 // written before its sequence number (`GpuGroup::meet`), each with its rank's
