@@ -647,8 +647,10 @@ pub(crate) struct Gathered {
     /// lazily, owe no event waits), else the last member's. (A shared launch goes on the
     /// group's launch stream.)
     launch_stream: Option<Stream>,
-    /// What the work uses for every member.
-    pub(crate) uses: LaunchTracking,
+    /// What the work uses for every member (`None`: nothing, or taken; a shared launch's
+    /// members track their parts themselves). An option, not an empty tracking: an empty one
+    /// clones the device's handle, whose count the members' threads change at every call.
+    pub(crate) uses: Option<LaunchTracking>,
     /// The sync block the members brought (start of persistent mode), part 0's.
     pub(crate) sync: Option<(Window, u64)>,
     outcome: Option<Arc<Outcome>>,
@@ -690,10 +692,9 @@ impl Gathered {
 
     /// The kernel's parameter and what the members' parts use, for work that nobody waits
     /// for through the meeting (the start of persistent mode).
-    pub(crate) fn into_parts(mut self) -> (LocalRanks, LaunchTracking, Option<(Window, u64)>) {
+    pub(crate) fn into_parts(mut self, dev: &crate::Device) -> (LocalRanks, LaunchTracking, Option<(Window, u64)>) {
         self.outcome = None;
-        let dev = self.uses.device().clone();
-        let uses = std::mem::replace(&mut self.uses, LaunchTracking::new(&dev));
+        let uses = self.uses.take().unwrap_or_else(|| LaunchTracking::new(dev));
         (self.ranks, uses, self.sync.take())
     }
 
@@ -1256,7 +1257,7 @@ impl GpuGroup {
         seq: u64,
         work: Work<'_>,
     ) -> Result<()> {
-        let mut uses = std::mem::replace(&mut g.uses, LaunchTracking::new(dev));
+        let mut uses = g.uses.take().unwrap_or_else(|| LaunchTracking::new(dev));
         let on = match (&work, caller) {
             (Work::Launch { .. }, _) => self.launch_stream(dev)?.share(),
             (Work::Persistent { .. }, Some((c, _))) => g.launch_stream.take().unwrap_or_else(|| c.share()),
@@ -1631,7 +1632,7 @@ impl GpuGroup {
             // Until `Gathered` owns the work: a panic while gathering must not leave it taken
             // for ever (members would wait on it with no timeout).
             let taken = Taken { group: self, outcome: m.outcome.clone(), seq, held: true };
-            let g = self.gather(dev, purpose, seq, ring, m, EntrySink::Own);
+            let g = self.gather(purpose, seq, ring, m, EntrySink::Own);
             taken.release();
             phases::mark(Phase::Gather);
             return Ok(Some(g));
@@ -1872,7 +1873,7 @@ impl GpuGroup {
                 }
                 (None, None) => EntrySink::Own,
             };
-            let g = self.gather(dev, Purpose::Launch, seq, ring, m, sink);
+            let g = self.gather(Purpose::Launch, seq, ring, m, sink);
             taken.release();
             if g.nothing_served() {
                 g.discard();
@@ -1894,14 +1895,20 @@ impl GpuGroup {
                 let (addr, staged) = ring.entries.staged(block, operations * count);
                 first.launch.as_mut().expect("the first call's parameter").entries = addr;
                 first.staged = Some(staged);
-                first.uses.holds.push(ring.entries.mem.uses.clone());
-                first.uses.holds.push(ring.entries.device.uses().clone());
+                let uses = first.uses.get_or_insert_with(|| LaunchTracking::new(dev));
+                uses.holds.push(ring.entries.mem.uses.clone());
+                uses.holds.push(ring.entries.device.uses().clone());
                 self.launcher.device_entries.fetch_add(1, Ordering::Relaxed);
             }
             let mut batch = Vec::with_capacity(rest.len());
             for (s, mut g) in rest {
                 first.events.append(&mut g.events);
-                first.uses.absorb(std::mem::replace(&mut g.uses, LaunchTracking::new(dev)));
+                if let Some(theirs) = g.uses.take() {
+                    match first.uses.as_mut() {
+                        Some(u) => u.absorb(theirs),
+                        None => first.uses = Some(theirs),
+                    }
+                }
                 seq = s;
                 batch.push(g);
             }
@@ -2006,7 +2013,6 @@ impl GpuGroup {
     /// parameters (outside the meetings' lock).
     fn gather(
         self: &Arc<Self>,
-        dev: &crate::Device,
         purpose: Purpose,
         seq: u64,
         ring: &Ring,
@@ -2075,7 +2081,7 @@ impl GpuGroup {
             launch,
             events,
             launch_stream,
-            uses: uses.unwrap_or_else(|| LaunchTracking::new(dev)),
+            uses,
             sync,
             outcome: Some(m.outcome),
             control: self.control.clone(),

@@ -226,7 +226,7 @@ impl Communicator {
         };
         let kernel_stream = match group.meet(dev, Purpose::Persistent, seq, part)? {
             Some(g) => {
-                let (ranks, mut uses, kernel_sync) = g.into_parts();
+                let (ranks, mut uses, kernel_sync) = g.into_parts(dev);
                 // The kernel runs until stopped: no emulator time limit.
                 let cfg = LaunchConfig {
                     emulator_timeout: Some(Duration::from_secs(10 * 365 * 24 * 3600)),
