@@ -196,8 +196,9 @@ unsafe impl KernelParam for crate::comm::LsaBarrierHandle {
 pub trait KernelArgs: Copy + 'static {
     /// Whether any argument holds a device address ([`KernelParam::HOLDS_ADDRESS`]).
     const HOLDS_ADDRESS: bool;
-    /// Calls `f` with one pointer per argument, as `cuLaunchKernel` wants them.
-    fn with_param_ptrs<R>(&mut self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R;
+    /// Calls `f` with one pointer per argument, as `cuLaunchKernel` wants them (which reads
+    /// through them only: the pointers are mutable in its signature alone).
+    fn with_param_ptrs<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R;
 }
 
 macro_rules! kernel_args {
@@ -205,9 +206,9 @@ macro_rules! kernel_args {
         impl<$($name: KernelParam),*> KernelArgs for ($($name,)*) {
             const HOLDS_ADDRESS: bool = false $(|| $name::HOLDS_ADDRESS)*;
             #[allow(unused_mut)]
-            fn with_param_ptrs<R>(&mut self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
+            fn with_param_ptrs<R>(&self, f: impl FnOnce(&mut [*mut c_void]) -> R) -> R {
                 let mut ptrs: [*mut c_void; 0 $(+ { let _ = $idx; 1 })*] =
-                    [$(&mut self.$idx as *mut $name as *mut c_void),*];
+                    [$(&self.$idx as *const $name as *mut c_void),*];
                 f(&mut ptrs)
             }
         }

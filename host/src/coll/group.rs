@@ -97,9 +97,10 @@ use crate::runtime::module::Module;
 use crate::runtime::phases::{self, Phase};
 use crate::runtime::stream::Stream;
 use crate::{Error, Result};
+use ferrolink_device::DevComm;
 use ferrolink_device::coll::group::{
-    COMPLETED_OFFSET, GridSync, GroupLaunch, LocalRanks, MAX_LAUNCH_ENTRIES, MAX_LAUNCH_OPERATIONS, MAX_LOCAL_RANKS,
-    RANK_OP_STRIDE, RankOp, SEQ_OFFSET,
+    COMPLETED_OFFSET, CollOp, GridSync, GroupLaunch, LocalRanks, MAX_LAUNCH_ENTRIES, MAX_LAUNCH_OPERATIONS,
+    MAX_LOCAL_RANKS, RANK_OP_STRIDE, RankOp, SEQ_OFFSET,
 };
 use ferrolink_device::kernels::coll::{coll_gpu_group_launch, coll_ll_group_launch};
 use std::collections::HashMap;
@@ -172,6 +173,19 @@ pub(crate) struct StagedEntries {
     block: usize,
 }
 
+/// Where the launcher's gathering puts a batch's entries: entry `j * count + p` is part `p`
+/// of the batch's call `j` (its `base` is `j * count`). Written straight where the launch
+/// reads them: a launch's parameter is 7.7 KB, and a copy of one per call (one per gathered
+/// call, then merged) was launcher time at every call.
+enum EntrySink<'a> {
+    /// The gathered call's own parameter (entry `p`).
+    Own,
+    /// The first call's parameter, which carries the batch.
+    Param { launch: &'a mut GroupLaunch, base: usize },
+    /// A block of [`LaunchEntries`] (a batch of more entries than a parameter holds).
+    Block { entries: &'a LaunchEntries, block: usize, base: usize },
+}
+
 impl LaunchEntries {
     fn new(dev: &crate::Device, parts: usize) -> Result<LaunchEntries> {
         let block_bytes = MAX_LAUNCH_OPERATIONS * parts.max(1) * RANK_OP_STRIDE;
@@ -180,16 +194,9 @@ impl LaunchEntries {
         Ok(LaunchEntries { mem, device, block_bytes, blocks: Mutex::new((0, vec![None; ENTRY_BLOCKS])) })
     }
 
-    /// Writes the first `count` entries of each of `launches` (one call each, in order) into
-    /// the next block, once the launch that last read it has finished; the block's device
-    /// address and the copy to queue before the launch.
-    fn stage(&self, launches: &[&GroupLaunch], count: usize) -> (u64, StagedEntries) {
-        assert!(
-            launches.len() <= MAX_LAUNCH_OPERATIONS
-                && count <= MAX_LAUNCH_ENTRIES
-                && count * RANK_OP_STRIDE * launches.len() <= self.block_bytes,
-            "a block of launch entries holds the calls"
-        );
+    /// The next block, once the launch that last read it has finished: the launcher's to
+    /// fill ([`LaunchEntries::put`]) for one launch.
+    fn acquire(&self) -> usize {
         let (block, last) = {
             let mut b = lock(&self.blocks);
             let block = b.0;
@@ -199,19 +206,34 @@ impl LaunchEntries {
         if let Some(c) = last {
             c.wait();
         }
+        block
+    }
+
+    /// Writes `op` as entry `index` of block `block` (acquired by the caller, the launcher).
+    fn put(&self, block: usize, index: usize, op: &RankOp) {
+        let at = block * self.block_bytes + index * RANK_OP_STRIDE;
+        let bytes = bytemuck::bytes_of(op);
+        assert!(
+            block < ENTRY_BLOCKS
+                && (index + 1) * RANK_OP_STRIDE <= self.block_bytes
+                && at + bytes.len() <= self.mem.len(),
+            "an entry inside its block"
+        );
+        // SAFETY: the range lies inside the host block (checked); no copy reads it now (the
+        // launch that last copied it has finished: `acquire` waited for it) and only the
+        // launcher that acquired the block writes it (blocks are handed out under the lock,
+        // one launch each).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.host_ptr().add(at), bytes.len()) };
+    }
+
+    /// Block `block` with its first `entries` entries written: its device address and the
+    /// copy to queue before the launch.
+    fn staged(&self, block: usize, entries: usize) -> (u64, StagedEntries) {
         let base = block * self.block_bytes;
-        let mut at = base;
-        for l in launches {
-            let bytes = bytemuck::cast_slice::<[u64; RANK_OP_STRIDE / 8], u8>(&l.ops[..count]);
-            assert!(at + bytes.len() <= self.mem.len(), "inside the block");
-            // SAFETY: the range lies inside the host block (checked); no copy reads it now
-            // (the launch that last copied it has finished, waited for above) and only the
-            // launcher writes it (blocks are handed out under the lock, one launch each).
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.host_ptr().add(at), bytes.len()) };
-            at += bytes.len();
-        }
+        let bytes = entries * RANK_OP_STRIDE;
+        assert!(bytes <= self.block_bytes, "a block of launch entries holds the calls");
         let dst = self.device.addr() + base as u64;
-        (dst, StagedEntries { copy: (dst, self.mem.device_addr() + base as u64, at - base), block })
+        (dst, StagedEntries { copy: (dst, self.mem.device_addr() + base as u64, bytes), block })
     }
 
     /// Notes that launch `c` read block `block` (it is rewritten only after `c`).
@@ -282,6 +304,9 @@ pub(crate) struct Part<'a> {
     /// Its entry of the operation (none for the start of persistent mode, or a rank that
     /// runs the call otherwise).
     pub(crate) entry: Option<RankOp>,
+    /// Its device communicator as a shared launch's entry refers to it ([`CommImage`]: the
+    /// same as the entry's), if it keeps one.
+    pub(crate) comm_image: Option<Arc<CommImage>>,
     /// Whether the kernel serves it (false: the rank runs this call otherwise, captured).
     pub(crate) served: bool,
     /// Its device communicator's control block (where its CTAs look for an abort).
@@ -560,11 +585,33 @@ impl EventBackend for PendingLaunch {
     }
 }
 
+/// A member's device communicator as its shared launches' entries refer to it: the same value
+/// from call to call until the communicator's resources are renewed, so the launcher reads it
+/// from the member's allocation, where it stays in the launcher's cache (aligned: the count
+/// changes at every call, the value never). A copy in every arrival moved its 288 bytes from
+/// the member's core to the launcher's at every call.
+#[repr(align(128))]
+pub(crate) struct CommImage(pub(crate) DevComm);
+
+/// A member's entry of a shared launch as it comes to the meeting: the operation, and the
+/// device communicator by reference (a [`RankOp`] once gathered).
+struct LaunchEntry {
+    op: CollOp,
+    comm: Arc<CommImage>,
+}
+
+impl LaunchEntry {
+    fn rank_op(&self) -> RankOp {
+        RankOp { op: self.op, comm: self.comm.0 }
+    }
+}
+
 /// One member's share of a meeting, made before it arrives (a shared launch's goes into the
 /// member's cell of the meeting's slot, other meetings' are pushed under the meetings' lock).
 struct Arrival {
     part: usize,
-    entry: Option<RankOp>,
+    /// A shared launch's entry (other meetings' entries go through the ring).
+    entry: Option<LaunchEntry>,
     served: bool,
     control: u64,
     sync: Option<(Window, u64)>,
@@ -589,8 +636,9 @@ struct Meeting {
 pub(crate) struct Gathered {
     /// The persistent kernel's parameter (ring, parts, grid).
     pub(crate) ranks: LocalRanks,
-    /// A shared launch's parameter (parts, grid, entries).
-    launch: Box<GroupLaunch>,
+    /// A shared launch's parameter (parts, grid, entries); `None` for a later call of a batch
+    /// (its entries went into the first's, [`EntrySink`]) and for other work.
+    launch: Option<Box<GroupLaunch>>,
     /// What the stream doing the work waits for first: the members' arrivals and, for a
     /// shared launch, other streams' pending uses of the members' resources.
     pub(crate) events: Vec<Completion>,
@@ -599,8 +647,10 @@ pub(crate) struct Gathered {
     /// lazily, owe no event waits), else the last member's. (A shared launch goes on the
     /// group's launch stream.)
     launch_stream: Option<Stream>,
-    /// What the work uses for every member.
-    pub(crate) uses: LaunchTracking,
+    /// What the work uses for every member (`None`: nothing, or taken; a shared launch's
+    /// members track their parts themselves). An option, not an empty tracking: an empty one
+    /// clones the device's handle, whose count the members' threads change at every call.
+    pub(crate) uses: Option<LaunchTracking>,
     /// The sync block the members brought (start of persistent mode), part 0's.
     pub(crate) sync: Option<(Window, u64)>,
     outcome: Option<Arc<Outcome>>,
@@ -642,10 +692,9 @@ impl Gathered {
 
     /// The kernel's parameter and what the members' parts use, for work that nobody waits
     /// for through the meeting (the start of persistent mode).
-    pub(crate) fn into_parts(mut self) -> (LocalRanks, LaunchTracking, Option<(Window, u64)>) {
+    pub(crate) fn into_parts(mut self, dev: &crate::Device) -> (LocalRanks, LaunchTracking, Option<(Window, u64)>) {
         self.outcome = None;
-        let dev = self.uses.device().clone();
-        let uses = std::mem::replace(&mut self.uses, LaunchTracking::new(&dev));
+        let uses = self.uses.take().unwrap_or_else(|| LaunchTracking::new(dev));
         (self.ranks, uses, self.sync.take())
     }
 
@@ -709,14 +758,15 @@ impl Drop for Taken<'_> {
 /// A group kernel's parameter as a launch argument ([`LocalRanks`] for the persistent
 /// kernel, [`GroupLaunch`] for a shared launch); what the launch uses is tracked through the
 /// launch's extra tracking (every member's part).
-pub(crate) struct GroupParam<P>(pub(crate) P);
+/// (It refers to the parameter, which is copied once, into the launch's arguments.)
+pub(crate) struct GroupParam<'p, P>(pub(crate) &'p P);
 
-impl<P> crate::runtime::launch::sealed::Sealed for &GroupParam<P> {}
+impl<P> crate::runtime::launch::sealed::Sealed for &GroupParam<'_, P> {}
 
-impl<P: ferrolink_device::kernel::KernelParam> LaunchArg for &GroupParam<P> {
+impl<P: ferrolink_device::kernel::KernelParam> LaunchArg for &GroupParam<'_, P> {
     type Param = P;
     fn param(&self) -> P {
-        self.0
+        *self.0
     }
     fn track(&self, _t: &mut LaunchTracking) {}
 }
@@ -802,11 +852,13 @@ const _: () = assert!(LAUNCH_SLOTS as u64 > RUN_AHEAD && MAX_LOCAL_RANKS <= 32);
 /// meetings, 8 ranks spent 3.5–4.4 µs per call arriving on an H100, PERF.md 2026-12-07 call 9);
 /// the member whose bit completes the set takes the meeting.
 ///
-/// Ordering: a member clones the meeting's outcome and writes its cell (each cell's mutex is
-/// taken by that member and then by the last one only), then raises its bit with
-/// acquire-release; the last member's raise reads every bit, so it acquires every cell and
-/// every clone happened before it replaces the outcome and clears the bits for the next
-/// meeting. No member comes to that next meeting (number `seq + LAUNCH_SLOTS`) before the
+/// Ordering: a member takes its handle on the meeting's outcome from its cell and writes its
+/// arrival there (each cell's mutex is taken by that member and then by the last one only),
+/// then raises its bit with acquire-release; the last member's raise reads every bit, so it
+/// acquires every cell; it takes the arrivals and puts a handle on the next meeting's outcome
+/// in each cell (so no member shares a lock or a count to get its outcome: under a
+/// read-write lock and a shared count, 8 members' arrivals took 0.74 µs per call on an H100),
+/// then clears the bits for the next meeting. No member comes to that next meeting (number `seq + LAUNCH_SLOTS`) before the
 /// reset: a member makes call `s` only once `meetings_over`, the highest number of a meeting
 /// over, reaches `s - RUN_AHEAD` ([`GpuGroup::within_reach`]), which is above `seq`; and no
 /// meeting after `seq` completes (so none is launched and raises `meetings_over`) before
@@ -825,18 +877,26 @@ const _: () = assert!(LAUNCH_SLOTS as u64 > RUN_AHEAD && MAX_LOCAL_RANKS <= 32);
 struct LaunchSlot {
     /// Bit `p`: member `p`'s arrival is in `cells[p]`.
     arrived: AtomicU32,
-    /// The current meeting's outcome (read by every member; replaced by the last).
-    outcome: std::sync::RwLock<Arc<Outcome>>,
-    /// Per member, its arrival (written by the member, taken by the last).
-    cells: Vec<Mutex<Option<Arrival>>>,
+    /// Per member, its arrival (written by the member, taken by the last) and its handle on
+    /// the meeting's outcome (taken by the member, put there by the last member of the slot's
+    /// previous meeting).
+    cells: Vec<Hot<Mutex<SlotCell>>>,
+}
+
+/// A member's cell of a [`LaunchSlot`].
+struct SlotCell {
+    arrival: Option<Arrival>,
+    outcome: Option<Arc<Outcome>>,
 }
 
 impl LaunchSlot {
     fn new(members: usize) -> LaunchSlot {
+        let outcome: Arc<Outcome> = Arc::default();
         LaunchSlot {
             arrived: AtomicU32::new(0),
-            outcome: std::sync::RwLock::new(Arc::default()),
-            cells: (0..members).map(|_| Mutex::new(None)).collect(),
+            cells: (0..members)
+                .map(|_| Hot(Mutex::new(SlotCell { arrival: None, outcome: Some(outcome.clone()) })))
+                .collect(),
         }
     }
 
@@ -844,22 +904,31 @@ impl LaunchSlot {
     /// for the ordering); the member whose bit completes the set takes the meeting.
     fn arrive(&self, arrival: Arrival) -> SlotArrival {
         let p = arrival.part;
-        // Before the arrival is raised: the last member replaces it once all are in.
-        let outcome = self.outcome.read().unwrap_or_else(|e| e.into_inner()).clone();
         let all = u32::MAX >> (32 - self.cells.len());
         let mut cell = lock(&self.cells[p]);
         if self.arrived.load(Ordering::Acquire) & 1 << p != 0 {
             // (Checked before the cell is written: the stale arrival stays for `drain`.)
             return SlotArrival::Stale;
         }
-        *cell = Some(arrival);
+        let Some(outcome) = cell.outcome.take() else {
+            // No handle without the bit: only a member that came twice to one meeting.
+            return SlotArrival::Stale;
+        };
+        cell.arrival = Some(arrival);
         drop(cell);
         // AcqRel: the last member's read of every bit acquires every member's cell.
         let before = self.arrived.fetch_or(1 << p, Ordering::AcqRel);
         if before | 1 << p != all {
             return SlotArrival::Early(outcome);
         }
-        let arrivals: Vec<Arrival> = self.cells.iter().filter_map(|c| lock(c).take()).collect();
+        // Every member has taken its handle: the cells get the next meeting's.
+        let next: Arc<Outcome> = Arc::default();
+        let mut arrivals = Vec::with_capacity(self.cells.len());
+        for c in &self.cells {
+            let mut c = lock(c);
+            arrivals.extend(c.arrival.take());
+            c.outcome = Some(next.clone());
+        }
         if arrivals.len() != self.cells.len() {
             return SlotArrival::Lost(outcome);
         }
@@ -872,7 +941,7 @@ impl LaunchSlot {
     /// that member's arrival: [`LaunchSlot`]). Until then the slot's bits say that every
     /// member came; after it, the group's `last_complete` does ([`GpuGroup::missing`]).
     fn reset(&self) {
-        *self.outcome.write().unwrap_or_else(|e| e.into_inner()) = Arc::default();
+        // (The cells hold the next meeting's outcome already: `arrive`.)
         self.arrived.store(0, Ordering::Release);
     }
 
@@ -888,9 +957,16 @@ impl LaunchSlot {
         if self.arrived.swap(0, Ordering::AcqRel) == 0 {
             return None;
         }
-        let arrivals = self.cells.iter().filter_map(|c| lock(c).take()).collect();
-        let outcome = std::mem::take(&mut *self.outcome.write().unwrap_or_else(|e| e.into_inner()));
-        Some(Meeting { arrivals, outcome })
+        // The meeting's outcome: the handle of a member that had not come (the others took
+        // theirs); each cell gets the next meeting's.
+        let next: Arc<Outcome> = Arc::default();
+        let (mut arrivals, mut outcome) = (Vec::new(), None);
+        for c in &self.cells {
+            let mut c = lock(c);
+            arrivals.extend(c.arrival.take());
+            outcome = outcome.or(c.outcome.replace(next.clone()));
+        }
+        Some(Meeting { arrivals, outcome: outcome.unwrap_or_default() })
     }
 }
 
@@ -1003,7 +1079,9 @@ fn batchable(m: &Meeting, ctas: u32) -> bool {
     m.arrivals.iter().all(|a| {
         a.served
             && a.ctas == ctas
-            && a.entry.as_ref().is_some_and(|e| e.comm.lsa_size == e.comm.nranks && e.comm.nranks as usize == members)
+            && a.entry
+                .as_ref()
+                .is_some_and(|e| e.comm.0.lsa_size == e.comm.0.nranks && e.comm.0.nranks as usize == members)
     })
 }
 
@@ -1179,7 +1257,7 @@ impl GpuGroup {
         seq: u64,
         work: Work<'_>,
     ) -> Result<()> {
-        let mut uses = std::mem::replace(&mut g.uses, LaunchTracking::new(dev));
+        let mut uses = g.uses.take().unwrap_or_else(|| LaunchTracking::new(dev));
         let on = match (&work, caller) {
             (Work::Launch { .. }, _) => self.launch_stream(dev)?.share(),
             (Work::Persistent { .. }, Some((c, _))) => g.launch_stream.take().unwrap_or_else(|| c.share()),
@@ -1203,23 +1281,26 @@ impl GpuGroup {
                 Work::Launch { module, threads } => {
                     // The LL kernel, when every entry is an LL call: the general one's LL
                     // path alone, with the same contract for such entries.
-                    let ll_only = super::ll_kernels() && g.ll_only.unwrap_or_else(|| g.launch.ll_only());
+                    let launch = g.launch.take().ok_or_else(|| {
+                        Error::InvalidArgument("a shared launch without its parameter (a batch's later call)".into())
+                    })?;
+                    let ll_only = super::ll_kernels() && g.ll_only == Some(true);
                     let (kernel, threads) = if ll_only {
                         (&coll_ll_group_launch, super::ll_threads(dev, module, &self.ll_threads))
                     } else {
                         (&coll_gpu_group_launch, threads)
                     };
-                    let cfg = kernel_config(g.launch.count * g.launch.ctas_per_rank, threads);
+                    let cfg = kernel_config(launch.count * launch.ctas_per_rank, threads);
                     // Its place in the launch stream's order, as the members' completions (of
                     // several calls, the last one's).
                     let mut uses = uses;
                     uses.order = seq;
-                    if g.launch.operations > 1
+                    if launch.operations > 1
                         && let Some(r) = self.ring.get()
                     {
                         uses.holds.push(lock(&r.grid_sync).uses().clone());
                     }
-                    let param = GroupParam(*g.launch);
+                    let param = GroupParam(&*launch);
                     let staged = g.staged.take();
                     // SAFETY: `coll_gpu_group_launch`'s contract: every served member's entry
                     // is in the parameter (a live communicator and an operation whose windows
@@ -1381,7 +1462,7 @@ impl GpuGroup {
         part: Part<'_>,
     ) -> Result<Option<Gathered>> {
         let since = Instant::now();
-        let Part { rank, entry, served, control, sync, ctas, uses, stream, wait } = part;
+        let Part { rank, entry, comm_image, served, control, sync, ctas, uses, stream, wait } = part;
         let p = self.part_of(rank);
         // Whether a complete meeting goes to the launcher thread (a shared launch).
         let to_launcher = purpose == Purpose::Launch && launcher_mode() == LauncherMode::Thread;
@@ -1436,12 +1517,22 @@ impl GpuGroup {
                 // (in a loop of collectives, the previous call's) needs no wait, and the
                 // launcher then takes in no completion of the member's.
                 events.retain(|c| c.stream() != on);
+                if events.is_empty() {
+                    // Freed here, not by the launcher thread: a free into this thread's
+                    // allocator arena from another thread takes that arena's lock.
+                    events = Vec::new();
+                }
                 self.register_observers(dev, p, &uses).map_err(fail_unarrived)?;
                 phases::mark(Phase::Uses);
                 (None, Some((s, on, uses)))
             }
             _ => (Some(uses), None),
         };
+        let entry = entry.filter(|_| purpose == Purpose::Launch).map(|e| {
+            let comm = comm_image.unwrap_or_else(|| Arc::new(CommImage(e.comm)));
+            debug_assert!(comm.0 == e.comm, "a member's comm image is its entry's device communicator");
+            LaunchEntry { op: e.op, comm }
+        });
         let arrival = Arrival { part: p, entry, served, control, sync, ctas, uses, launch_stream, events };
         let mut handed_over = None;
         let (outcome, complete) = if purpose == Purpose::Launch {
@@ -1541,7 +1632,7 @@ impl GpuGroup {
             // Until `Gathered` owns the work: a panic while gathering must not leave it taken
             // for ever (members would wait on it with no timeout).
             let taken = Taken { group: self, outcome: m.outcome.clone(), seq, held: true };
-            let g = self.gather(dev, purpose, seq, ring, m);
+            let g = self.gather(purpose, seq, ring, m, EntrySink::Own);
             taken.release();
             phases::mark(Phase::Gather);
             return Ok(Some(g));
@@ -1757,19 +1848,32 @@ impl GpuGroup {
     /// all of them in one launch whose CTAs meet between the calls.
     fn launch_meetings(self: &Arc<Self>, batch: Vec<(u64, Meeting)>) {
         let dev = self.launch_dev.get().expect("set by the members before a hand-over");
-        let mut gathered: Vec<(u64, Gathered)> = Vec::with_capacity(batch.len());
+        let Ok(ring) = self.ring(dev) else {
+            // (Made before any call.) Each `Taken` fails its call.
+            for (seq, m) in batch {
+                drop(Taken { group: self, outcome: m.outcome.clone(), seq, held: true });
+            }
+            return;
+        };
+        let count = self.members.len();
+        let operations = batch.len();
+        // More entries than the parameter holds: they go through a block of device memory.
+        let block = (operations > 1 && operations * count > MAX_LAUNCH_ENTRIES).then(|| ring.entries.acquire());
+        let mut gathered: Vec<(u64, Gathered)> = Vec::with_capacity(operations);
         // (Each meeting was claimed when it was taken from the queue.)
-        let mut batch = batch.into_iter();
-        while let Some((seq, m)) = batch.next() {
+        for (seq, m) in batch {
             let taken = Taken { group: self, outcome: m.outcome.clone(), seq, held: true };
-            let Ok(ring) = self.ring(dev) else {
-                // (Made before any call.) `taken` fails this one; the rest fail alike.
-                for (seq, m) in batch {
-                    drop(Taken { group: self, outcome: m.outcome.clone(), seq, held: true });
+            // The batch's meetings are all served (`batchable`), so none is dropped below and
+            // call `j` of the launch is the `j`th gathered.
+            let base = gathered.len() * count;
+            let sink = match (block, gathered.first_mut()) {
+                (Some(block), _) => EntrySink::Block { entries: &ring.entries, block, base },
+                (None, Some((_, first))) => {
+                    EntrySink::Param { launch: first.launch.as_mut().expect("the first call's parameter"), base }
                 }
-                return;
+                (None, None) => EntrySink::Own,
             };
-            let g = self.gather(dev, Purpose::Launch, seq, ring, m);
+            let g = self.gather(Purpose::Launch, seq, ring, m, sink);
             taken.release();
             if g.nothing_served() {
                 g.discard();
@@ -1778,48 +1882,52 @@ impl GpuGroup {
             }
         }
         phases::mark(Phase::Gather);
-        let Some((mut seq, mut first)) = (!gathered.is_empty()).then(|| gathered.remove(0)) else { return };
-        if !gathered.is_empty() {
-            let count = first.launch.count as usize;
-            let ring = self.ring.get().expect("a group that launches has its ring");
+        let mut gathered = gathered.into_iter();
+        // (A block acquired and left unused is free again: `acquire` took its last use.)
+        let Some((mut seq, mut first)) = gathered.next() else { return };
+        let rest: Vec<(u64, Gathered)> = gathered.collect();
+        if !rest.is_empty() {
+            let operations = 1 + rest.len();
+            debug_assert!(block.is_some() || operations * count <= MAX_LAUNCH_ENTRIES);
             let sync = lock(&ring.grid_sync).addr();
-            let mut launch = first.launch.clone();
-            let operations = 1 + gathered.len();
-            {
-                let launches: Vec<&GroupLaunch> =
-                    std::iter::once(&*first.launch).chain(gathered.iter().map(|(_, g)| &*g.launch)).collect();
-                first.ll_only = Some(launches.iter().all(|l| l.ll_only()));
-                if operations * count > MAX_LAUNCH_ENTRIES {
-                    // More than the parameter holds: the entries go through device memory.
-                    let (addr, staged) = ring.entries.stage(&launches, count);
-                    launch.entries = addr;
-                    first.staged = Some(staged);
-                    first.uses.holds.push(ring.entries.mem.uses.clone());
-                    first.uses.holds.push(ring.entries.device.uses().clone());
-                    self.launcher.device_entries.fetch_add(1, Ordering::Relaxed);
-                }
+            first.ll_only = Some(first.ll_only == Some(true) && rest.iter().all(|(_, g)| g.ll_only == Some(true)));
+            if let Some(block) = block {
+                let (addr, staged) = ring.entries.staged(block, operations * count);
+                first.launch.as_mut().expect("the first call's parameter").entries = addr;
+                first.staged = Some(staged);
+                let uses = first.uses.get_or_insert_with(|| LaunchTracking::new(dev));
+                uses.holds.push(ring.entries.mem.uses.clone());
+                uses.holds.push(ring.entries.device.uses().clone());
+                self.launcher.device_entries.fetch_add(1, Ordering::Relaxed);
             }
-            for (j, (s, g)) in gathered.iter_mut().enumerate() {
-                if launch.entries == 0 {
-                    launch.ops[(j + 1) * count..(j + 2) * count].copy_from_slice(&g.launch.ops[..count]);
-                }
+            let mut batch = Vec::with_capacity(rest.len());
+            for (s, mut g) in rest {
                 first.events.append(&mut g.events);
-                first.uses.absorb(std::mem::replace(&mut g.uses, LaunchTracking::new(dev)));
-                seq = *s;
+                if let Some(theirs) = g.uses.take() {
+                    match first.uses.as_mut() {
+                        Some(u) => u.absorb(theirs),
+                        None => first.uses = Some(theirs),
+                    }
+                }
+                seq = s;
+                batch.push(g);
             }
-            launch.operations = operations as u32;
             self.launcher.batched.fetch_add(1, Ordering::Relaxed);
             // LL calls of one CTA per rank in the LL kernel go on from call to call without
             // the grid meeting (`serve_launch`'s ordering note says why that suffices).
+            let launch = first.launch.as_mut().expect("the first call's parameter");
             let unmet =
                 first.ll_only == Some(true) && super::ll_kernels() && launch.ctas_per_rank == 1 && !ll_grid_meetings();
             if unmet {
                 self.launcher.unmet.fetch_add(1, Ordering::Relaxed);
             }
+            launch.operations = operations as u32;
             launch.grid_sync = if unmet { 0 } else { sync };
-            first.launch = launch;
-            first.batch = gathered.into_iter().map(|(_, g)| g).collect();
+            first.batch = batch;
             phases::mark(Phase::Merge);
+        } else {
+            // (A block is taken for batches of several calls, all served: never for one.)
+            assert!(block.is_none(), "a batch's entries in a block belong to a launch of several calls");
         }
         let result = dev.builtin_module().and_then(|module| {
             self.run_on(first, dev, None, seq, Work::Launch { module, threads: super::threads(dev) })
@@ -1903,14 +2011,29 @@ impl GpuGroup {
 
     /// The last member's gathering of meeting `(purpose, seq)`'s arrivals into the work's
     /// parameters (outside the meetings' lock).
-    fn gather(self: &Arc<Self>, dev: &crate::Device, purpose: Purpose, seq: u64, ring: &Ring, m: Meeting) -> Gathered {
+    fn gather(
+        self: &Arc<Self>,
+        purpose: Purpose,
+        seq: u64,
+        ring: &Ring,
+        m: Meeting,
+        mut sink: EntrySink<'_>,
+    ) -> Gathered {
         let mut ranks = LocalRanks {
             ring: ring.device.addr(),
             slots: RING_SLOTS as u32,
             count: self.members.len() as u32,
             ..LocalRanks::default()
         };
-        let mut launch = Box::<GroupLaunch>::default();
+        // The parameter: a call's own, or the first of a batch's (which carries the batch).
+        let first = match sink {
+            EntrySink::Own => true,
+            EntrySink::Param { .. } => false,
+            EntrySink::Block { base, .. } => base == 0,
+        };
+        let mut launch = (purpose == Purpose::Launch && first).then(Box::<GroupLaunch>::default);
+        // Whether every served entry is an LL call inside one LSA domain (`GroupLaunch::ll_only`).
+        let mut ll_only = true;
         let mut events = Vec::with_capacity(m.arrivals.len());
         let (mut uses, mut sync, mut launch_stream): (Option<LaunchTracking>, Option<(Window, u64)>, _) =
             (None, None, None);
@@ -1923,7 +2046,13 @@ impl GpuGroup {
             if let Some(e) = &a.entry
                 && purpose == Purpose::Launch
             {
-                launch.set(a.part, e);
+                let op = e.rank_op();
+                ll_only &= op.op.args.proto == ferrolink_device::coll::proto::LL && op.comm.lsa_size == op.comm.nranks;
+                match &mut sink {
+                    EntrySink::Own => launch.as_mut().expect("made for its own entries").set(a.part, &op),
+                    EntrySink::Param { launch, base } => launch.set(*base + a.part, &op),
+                    EntrySink::Block { entries, block, base } => entries.put(*block, *base + a.part, &op),
+                }
             }
             if !a.served {
                 ranks.skip |= 1 << a.part;
@@ -1944,13 +2073,15 @@ impl GpuGroup {
             events.extend(a.events);
         }
         ranks.ctas_per_rank = ctas;
-        (launch.count, launch.ctas_per_rank, launch.skip) = (ranks.count, ranks.ctas_per_rank, ranks.skip);
+        if let Some(launch) = launch.as_mut() {
+            (launch.count, launch.ctas_per_rank, launch.skip) = (ranks.count, ranks.ctas_per_rank, ranks.skip);
+        }
         Gathered {
             ranks,
             launch,
             events,
             launch_stream,
-            uses: uses.unwrap_or_else(|| LaunchTracking::new(dev)),
+            uses,
             sync,
             outcome: Some(m.outcome),
             control: self.control.clone(),
@@ -1959,7 +2090,7 @@ impl GpuGroup {
             purpose,
             counted: false,
             batch: Vec::new(),
-            ll_only: None,
+            ll_only: (purpose == Purpose::Launch).then_some(ll_only),
             staged: None,
         }
     }
@@ -2239,9 +2370,10 @@ mod tests {
             events: Vec::new(),
         };
         let slot = &g.launch_slots[5];
-        *slot.outcome.write().expect("not poisoned") = o.clone();
-        for part in [0, 1] {
-            *lock(&slot.cells[part]) = Some(arrived(part));
+        for part in [0, 1, 2] {
+            let mut cell = lock(&slot.cells[part]);
+            // Ranks 0 and 1 took their handles on the outcome; rank 2's is still there.
+            (cell.arrival, cell.outcome) = if part < 2 { (Some(arrived(part)), None) } else { (None, Some(o.clone())) };
         }
         slot.arrived.store(0b011, Ordering::Release);
         let p = pending(&g, &o, Instant::now());
@@ -2289,8 +2421,17 @@ mod tests {
         slot.reset();
         assert!(slot.arrived().is_empty());
         // The slot's next meeting has an outcome of its own.
-        assert!(matches!(slot.arrive(arrival(1)), SlotArrival::Early(ref o) if !Arc::ptr_eq(o, &first)));
-        assert!(slot.drain().is_some_and(|m| m.arrivals.len() == 1), "a half-full meeting drains");
+        let next = match slot.arrive(arrival(1)) {
+            SlotArrival::Early(o) => o,
+            _ => panic!("two members are still to come"),
+        };
+        assert!(!Arc::ptr_eq(&next, &first));
+        let drained = slot.drain().expect("a half-full meeting drains");
+        assert_eq!(drained.arrivals.len(), 1);
+        assert!(Arc::ptr_eq(&drained.outcome, &next), "the drained meeting's outcome is the one its member holds");
+        // After the drain, the slot's meeting has a fresh outcome again.
+        assert!(matches!(slot.arrive(arrival(0)), SlotArrival::Early(ref o) if !Arc::ptr_eq(o, &next)));
+        slot.drain();
         // A bit without its cell (a recovery racing the meeting): the meeting is lost.
         slot.arrived.store(0b011, Ordering::Release);
         assert!(matches!(slot.arrive(arrival(2)), SlotArrival::Lost(_)));
@@ -2308,9 +2449,16 @@ mod tests {
         let slots: Vec<LaunchSlot> = (0..SLOTS).map(|_| LaunchSlot::new(MEMBERS)).collect();
         let complete = AtomicU64::new(0);
         let taken = AtomicU64::new(0);
+        // Per meeting, the outcome its first member to look got (every member must get it).
+        let outcomes: Vec<Mutex<Option<Arc<Outcome>>>> = (0..=MEETINGS).map(|_| Mutex::new(None)).collect();
         std::thread::scope(|s| {
             for part in 0..MEMBERS {
-                let (slots, complete, taken) = (&slots, &complete, &taken);
+                let (slots, complete, taken, outcomes) = (&slots, &complete, &taken, &outcomes);
+                let same = move |seq: u64, o: &Arc<Outcome>| {
+                    let mut first = lock(&outcomes[seq as usize]);
+                    let first = first.get_or_insert_with(|| o.clone());
+                    assert!(Arc::ptr_eq(first, o), "meeting {seq}: member {part} got another outcome");
+                };
                 s.spawn(move || {
                     for seq in 1..=MEETINGS {
                         while seq > complete.load(Ordering::Acquire) + AHEAD {
@@ -2318,8 +2466,9 @@ mod tests {
                         }
                         let slot = &slots[(seq % SLOTS) as usize];
                         match slot.arrive(bare_arrival(part, seq)) {
-                            SlotArrival::Early(_) => {}
+                            SlotArrival::Early(o) => same(seq, &o),
                             SlotArrival::Last(m) => {
+                                same(seq, &m.outcome);
                                 let mut parts: Vec<usize> = m.arrivals.iter().map(|a| a.part).collect();
                                 parts.sort_unstable();
                                 assert_eq!(parts, (0..MEMBERS).collect::<Vec<_>>(), "meeting {seq}");

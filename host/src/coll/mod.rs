@@ -58,6 +58,17 @@ pub use p2p::{MAX_GROUP_OPS, P2pConfig, P2pGroup};
 pub use persistent::{DEFAULT_PERSISTENT_CTAS, PersistentConfig};
 use std::sync::Arc;
 
+/// The value of environment variable `$name` (a literal), read once per process: a read of
+/// the environment takes the process's environment lock and copies the value, and 8 ranks'
+/// threads reading four settings at every call shared that lock (as NCCL, the settings are
+/// the process's, read at their first use).
+macro_rules! setting {
+    ($name:literal) => {{
+        static VALUE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        VALUE.get_or_init(|| std::env::var($name).ok()).as_deref()
+    }};
+}
+
 pub(crate) mod group;
 pub mod p2p;
 pub mod persistent;
@@ -166,6 +177,9 @@ impl Collective {
 /// makes them in the same call: the calls are collective).
 pub(crate) struct CollState {
     handle: Option<DevCommHandle>,
+    /// The handle's device communicator as shared launches' entries refer to it (made with
+    /// the handle: its value never changes).
+    comm_image: Option<Arc<group::CommImage>>,
     /// Staging for inputs (`send`) and outputs (`recv`), grown (collectively) on demand.
     send: Option<Window>,
     recv: Option<Window>,
@@ -203,6 +217,7 @@ impl CollState {
         }
         Ok(CollState {
             handle: None,
+            comm_image: None,
             send: None,
             recv: None,
             gather: None,
@@ -232,7 +247,9 @@ impl CollState {
             req.gin_signal_count = MAX_CTAS;
             req.gin_barrier_count = MAX_CTAS;
         }
-        self.handle = Some(comm.create_dev_comm(&req)?);
+        let handle = comm.create_dev_comm(&req)?;
+        self.comm_image = Some(Arc::new(group::CommImage(handle.dev_comm())));
+        self.handle = Some(handle);
         Ok(())
     }
 }
@@ -651,7 +668,8 @@ impl Communicator {
                     handle.track(&mut uses);
                     recv_win.track(&mut uses);
                     out_ptr.track(&mut uses);
-                    let entry = group::GroupParam(RankOp { op, comm: handle.dev_comm() });
+                    let rank_op = RankOp { op, comm: handle.dev_comm() };
+                    let entry = group::GroupParam(&rank_op);
                     let cfg = group::kernel_config(cfg.grid.0, cfg.block.0);
                     // SAFETY: `coll_ll`'s contract (`coll_lsa`'s for an LL call, below): every
                     // rank launches the same args and grid (the call is collective); the
@@ -718,6 +736,7 @@ impl Communicator {
                 let part = group::Part {
                     rank: self.rank(),
                     entry: (!capturing).then_some(RankOp { op, comm }),
+                    comm_image: state.comm_image.clone(),
                     served: !capturing,
                     control: comm.control,
                     sync: None,
@@ -790,7 +809,7 @@ impl Communicator {
     fn pick_algo(&self, coll: &Collective, size: usize, across: bool) -> Result<u32> {
         let forced = match coll.algo {
             Some(a) => Some(a),
-            None => match std::env::var("FERROLINK_ALGO").ok().as_deref() {
+            None => match setting!("FERROLINK_ALGO") {
                 None | Some("") => None,
                 Some(name) => Some(algo::from_name(name).ok_or_else(|| {
                     Error::InvalidArgument(format!("FERROLINK_ALGO={name}: expected one of {}", algo::NAMES.join(", ")))
@@ -866,7 +885,7 @@ impl Communicator {
     ) -> Result<u32> {
         let forced = match coll.proto {
             Some(p) => Some(p),
-            None => match std::env::var("FERROLINK_PROTO").ok().as_deref() {
+            None => match setting!("FERROLINK_PROTO") {
                 None | Some("") => None,
                 Some(name) => Some(proto::from_name(name).ok_or_else(|| {
                     Error::InvalidArgument(format!(
@@ -1003,7 +1022,7 @@ pub fn expected_output<T: CollElem>(
 /// 2026-12-01), so off is for comparisons only. Every rank of the process reads the same
 /// variable, so they agree.
 fn shared_launches() -> bool {
-    std::env::var("FERROLINK_SHARED_LAUNCH").ok().as_deref() != Some("0")
+    setting!("FERROLINK_SHARED_LAUNCH") != Some("0")
 }
 
 /// Whether LL calls run in the LL kernels (`coll_ll`, `coll_ll_group_launch`: that
@@ -1016,7 +1035,7 @@ pub(crate) fn ll_kernels() -> bool {
 
 /// Whether calls are compared across ranks (debug builds, or `FERROLINK_COLL_CHECK=1`).
 fn check_calls() -> bool {
-    match std::env::var("FERROLINK_COLL_CHECK").ok().as_deref() {
+    match setting!("FERROLINK_COLL_CHECK") {
         Some("1") => true,
         Some("0") => false,
         _ => cfg!(debug_assertions),
@@ -1057,12 +1076,12 @@ const GIN_MAX_CTAS: u32 = 8;
 /// `FERROLINK_COLL_GIN_CTAS=N` (1..=MAX_CTAS) fixes it. (On the H200, 2026-12-01, 64 CTAs
 /// per rank of 16 KiB each through the TCP proxy stalled waits for seconds.)
 fn gin_grid(bytes: usize) -> Result<u32> {
-    match std::env::var("FERROLINK_COLL_GIN_CTAS") {
-        Ok(v) => match v.parse::<u32>() {
+    match setting!("FERROLINK_COLL_GIN_CTAS") {
+        Some(v) => match v.parse::<u32>() {
             Ok(c) if (1..=MAX_CTAS).contains(&c) => Ok(c),
             _ => Err(Error::InvalidArgument(format!("FERROLINK_COLL_GIN_CTAS={v}: expected 1 to {MAX_CTAS}"))),
         },
-        Err(_) => Ok((bytes.div_ceil(256 << 10) as u32).clamp(1, GIN_MAX_CTAS)),
+        None => Ok((bytes.div_ceil(256 << 10) as u32).clamp(1, GIN_MAX_CTAS)),
     }
 }
 

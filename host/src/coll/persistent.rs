@@ -215,6 +215,7 @@ impl Communicator {
         let part = Part {
             rank: self.rank(),
             entry: None,
+            comm_image: None,
             served: true,
             control: handle.dev_comm().control,
             sync: Some((sync.clone(), sync_addr)),
@@ -225,14 +226,14 @@ impl Communicator {
         };
         let kernel_stream = match group.meet(dev, Purpose::Persistent, seq, part)? {
             Some(g) => {
-                let (ranks, mut uses, kernel_sync) = g.into_parts();
+                let (ranks, mut uses, kernel_sync) = g.into_parts(dev);
                 // The kernel runs until stopped: no emulator time limit.
                 let cfg = LaunchConfig {
                     emulator_timeout: Some(Duration::from_secs(10 * 365 * 24 * 3600)),
                     ..group::kernel_config(ranks.count * ranks.ctas_per_rank, threads)
                 };
                 group.keep_ring(&mut uses);
-                let param = group::GroupParam(ranks);
+                let param = group::GroupParam(&ranks);
                 // SAFETY: the kernel's contract: the sync block (part 0's) is zeroed and
                 // written only by the group's meetings; every operation's ring entries are
                 // written before its sequence number (`GpuGroup::meet`), each with its rank's
@@ -367,6 +368,7 @@ fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, use
     let part = Part {
         rank: state.rank,
         entry: Some(entry),
+        comm_image: None,
         served: true,
         control: entry.comm.control,
         sync: None,

@@ -127,11 +127,6 @@ impl LaunchTracking {
         }
     }
 
-    /// The device the work runs on.
-    pub(crate) fn device(&self) -> &Device {
-        &self.device
-    }
-
     /// What work queued on stream `stream` must wait for first: other streams' uses that
     /// may still run, of what it writes (reads and writes) and of what it reads (writes).
     pub(crate) fn foreign_pending(&self, stream: StreamId) -> Vec<Completion> {

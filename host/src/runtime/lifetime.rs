@@ -60,6 +60,15 @@ impl Completion {
         Completion { event, stream, order }
     }
 
+    /// Its stream and place in it packed into one word, for an ordered completion whose
+    /// stream number and order fit (24 and 40 bits); 0 otherwise (no place to compare).
+    fn place(&self) -> u64 {
+        if self.order == 0 || self.order >= 1 << 40 || self.stream >= 1 << 24 {
+            return 0;
+        }
+        self.stream << 40 | self.order
+    }
+
     /// The stream it was recorded on.
     pub(crate) fn stream(&self) -> StreamId {
         self.stream
@@ -89,8 +98,11 @@ impl Completion {
 /// event query per entry per launch made a host-bound launch loop (8 ranks sharing a window)
 /// about 3 % slower. The list stays bounded by the number of streams; finished entries are
 /// dropped when it is read.
+/// Of two completions at the same place of an ordered stream (two members of one shared
+/// launch noting it), the one kept first stays: they stand for the same work, and replacing it
+/// would only drop another thread's count.
 fn remember(list: &mut Vec<Completion>, c: &Completion) {
-    if list.iter().any(|x| x.stream == c.stream && x.order > c.order) {
+    if list.iter().any(|x| x.stream == c.stream && (x.order > c.order || (c.order > 0 && x.order == c.order))) {
         return;
     }
     list.retain(|x| x.stream != c.stream);
@@ -108,22 +120,42 @@ struct UsesInner {
 
 /// The streams' uses of one resource.
 #[derive(Default)]
-pub(crate) struct Uses(Mutex<UsesInner>);
+pub(crate) struct Uses {
+    inner: Mutex<UsesInner>,
+    /// The place ([`Completion::place`]) of the ordered completion last noted as a read, and
+    /// as a write: the members of a GPU group's shared launch all note the same launch in the
+    /// windows their process's ranks share, and all but the first find it noted here without
+    /// taking the lock that 8 threads would otherwise take at every call.
+    ///
+    /// Ordering: stored (Release) under the lock after the list holds an entry for that place
+    /// (or a later place of its stream, which covers it); a recorder that loads it (Acquire)
+    /// and skips its own noting therefore happens after that entry was kept, and so does its
+    /// thread's later lock of the list (a free or a host access waiting for the work). Entries
+    /// leave the list only when a later place of their stream replaces them or their work has
+    /// finished; then every completion at that place has finished too (they stand for the
+    /// same launch).
+    newest_read: AtomicU64,
+    newest_write: AtomicU64,
+}
 
 impl Uses {
     /// Records that the work before `c` reads (or, with `write`, writes) the resource.
     pub(crate) fn record(&self, c: &Completion, write: bool) {
-        let mut u = lock(&self.0);
-        if write {
-            remember(&mut u.writes, c);
-        } else {
-            remember(&mut u.reads, c);
+        let place = c.place();
+        let newest = if write { &self.newest_write } else { &self.newest_read };
+        if place != 0 && newest.load(Ordering::Acquire) == place {
+            return;
+        }
+        let mut u = lock(&self.inner);
+        remember(if write { &mut u.writes } else { &mut u.reads }, c);
+        if place != 0 {
+            newest.store(place, Ordering::Release);
         }
     }
 
     /// Completions of uses that may still run (reads and writes); forgets finished ones.
     pub(crate) fn pending(&self) -> Vec<Completion> {
-        let mut u = lock(&self.0);
+        let mut u = lock(&self.inner);
         u.reads.retain(|c| !c.finished());
         u.writes.retain(|c| !c.finished());
         u.reads.iter().chain(&u.writes).cloned().collect()
@@ -131,7 +163,7 @@ impl Uses {
 
     /// Completions of writes that may still run; forgets finished ones.
     pub(crate) fn pending_writes(&self) -> Vec<Completion> {
-        let mut u = lock(&self.0);
+        let mut u = lock(&self.inner);
         u.writes.retain(|c| !c.finished());
         u.writes.clone()
     }
@@ -142,7 +174,7 @@ impl Uses {
     /// stream (a GPU group's shared launch records into every member's resources) an event
     /// query per resource per launch is host time that grows with the resources.
     pub(crate) fn pending_from_others(&self, stream: StreamId, writes_only: bool) -> Vec<Completion> {
-        let mut u = lock(&self.0);
+        let mut u = lock(&self.inner);
         let UsesInner { reads, writes, .. } = &mut *u;
         let mut out = Vec::new();
         let lists: [&mut Vec<Completion>; 2] = [writes, reads];
@@ -156,13 +188,13 @@ impl Uses {
     /// Records a keeper: something that may queue work using the resource until `c`
     /// finishes (a captured graph, until it is dropped).
     pub(crate) fn record_keeper(&self, c: &Completion) {
-        remember(&mut lock(&self.0).keepers, c);
+        remember(&mut lock(&self.inner).keepers, c);
     }
 
     /// What freeing the resource waits for: [`Uses::pending`] and live keepers.
     pub(crate) fn pending_for_free(&self) -> Vec<Completion> {
         let mut w = self.pending();
-        let mut u = lock(&self.0);
+        let mut u = lock(&self.inner);
         u.keepers.retain(|c| !c.finished());
         w.extend(u.keepers.iter().cloned());
         w
@@ -382,5 +414,46 @@ mod tests {
         uses.record(&Completion::new(b.clone(), 4), true);
         b.raise();
         assert!(uses.pending_writes().is_empty(), "the latest of stream 4 has passed");
+    }
+
+    #[test]
+    fn members_noting_one_launch_keep_the_first_and_a_later_launch_replaces_it() {
+        let uses = Uses::default();
+        let (first, second, next) = (flag(), flag(), flag());
+        // Two members of launch 9 of stream 5 note it: the first stays (the second finds its
+        // place noted), so the list holds the first member's completion alone.
+        uses.record(&Completion::ordered(first.clone(), 5, 9), false);
+        uses.record(&Completion::ordered(second.clone(), 5, 9), false);
+        assert_eq!(Arc::strong_count(&second), 1, "the second member's completion was not kept");
+        assert_eq!(uses.pending().len(), 1);
+        // The place is per list: a write of launch 9 is noted apart.
+        uses.record(&Completion::ordered(second.clone(), 5, 9), true);
+        assert_eq!(uses.pending_writes().len(), 1);
+        // Launch 10 replaces launch 9's entry, fast path or not.
+        uses.record(&Completion::ordered(next.clone(), 5, 10), false);
+        // A lagging member's note of launch 9 after launch 10 is not kept.
+        let late = flag();
+        uses.record(&Completion::ordered(late.clone(), 5, 9), false);
+        assert_eq!(Arc::strong_count(&late), 1, "launch 10 covers launch 9");
+        first.raise();
+        assert_eq!(uses.pending().len(), 2, "launch 10's read and launch 9's write still count");
+        second.raise();
+        next.raise();
+        assert!(uses.pending().is_empty());
+    }
+
+    #[test]
+    fn places_that_do_not_pack_take_the_lock_every_time() {
+        let uses = Uses::default();
+        let (a, b) = (flag(), flag());
+        // A stream number past 24 bits: no place, so every note goes to the list (the later
+        // order still wins).
+        let stream = 1 << 30;
+        uses.record(&Completion::ordered(a.clone(), stream, 3), false);
+        uses.record(&Completion::ordered(b.clone(), stream, 4), false);
+        a.raise();
+        assert_eq!(uses.pending().len(), 1, "launch 4 still counts");
+        b.raise();
+        assert!(uses.pending().is_empty());
     }
 }

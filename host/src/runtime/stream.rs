@@ -490,12 +490,13 @@ impl Stream {
         let mut t = extra;
         args.track(&mut t);
         t.holds.push(module.uses.clone());
-        let mut params = args.params();
-        let host_args = EmulatorArgs(params);
+        let params = args.params();
         let entry = kernel.host_entry();
         // A captured launch is emulated at every replay: each gets a copy of the arguments.
-        // Made only by a backend that emulates (a GPU's launch allocates nothing for it).
-        let emulate = move || -> EmulatedLaunchFactory {
+        // Made only by a backend that emulates (a GPU's launch allocates and copies nothing
+        // for it: a GPU group's parameter is 7.7 KB).
+        let emulate = || -> EmulatedLaunchFactory {
+            let host_args = EmulatorArgs(params);
             Arc::new(move || -> EmulatedLaunch {
                 let args = host_args;
                 Box::new(move |spec| {
