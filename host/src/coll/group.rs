@@ -1858,7 +1858,11 @@ impl GpuGroup {
         let count = self.members.len();
         let operations = batch.len();
         // More entries than the parameter holds: they go through a block of device memory.
-        let block = (operations > 1 && operations * count > MAX_LAUNCH_ENTRIES).then(|| ring.entries.acquire());
+        let block = (operations > 1 && operations * count > MAX_LAUNCH_ENTRIES).then(|| {
+            let block = ring.entries.acquire();
+            phases::mark(Phase::EntriesWait);
+            block
+        });
         let mut gathered: Vec<(u64, Gathered)> = Vec::with_capacity(operations);
         // (Each meeting was claimed when it was taken from the queue.)
         for (seq, m) in batch {

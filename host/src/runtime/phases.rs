@@ -30,6 +30,10 @@ pub(crate) enum Phase {
     /// A member of a shared launch: making its stream follow the launch to come (it does not
     /// wait). A member that is not last, for other work: waiting for the last one's work.
     AwaitLast,
+    /// The launcher, for a launch of more calls than its parameter holds: waiting until the
+    /// launch that last read the block of device memory its entries will go into has
+    /// finished on the GPU (`ENTRY_BLOCKS` launches back): time the GPU bounds, not the host.
+    EntriesWait,
     /// The launcher (the GPU group's launcher thread, or the last member with
     /// `FERROLINK_GROUP_LAUNCHER=last`; the last member for other work): taking the meeting
     /// and gathering the members' entries into the launch.
@@ -54,7 +58,7 @@ pub(crate) enum Phase {
     Finish,
 }
 
-const PHASES: [Phase; 16] = [
+const PHASES: [Phase; 17] = [
     Phase::Prepare,
     Phase::RunAhead,
     Phase::Uses,
@@ -62,6 +66,7 @@ const PHASES: [Phase; 16] = [
     Phase::HandOver,
     Phase::Note,
     Phase::AwaitLast,
+    Phase::EntriesWait,
     Phase::Gather,
     Phase::Merge,
     Phase::StreamWaits,
@@ -83,6 +88,7 @@ impl Phase {
             Phase::HandOver => "hand-over",
             Phase::AwaitLast => "await-last",
             Phase::Note => "note",
+            Phase::EntriesWait => "entries-wait",
             Phase::Gather => "gather",
             Phase::Merge => "merge",
             Phase::StreamWaits => "stream-waits",
@@ -202,8 +208,10 @@ pub struct HostPhase {
     /// meeting's last member queuing it for the launcher thread), `note` (a member of a
     /// shared launch noting the launch to come in its part's resources), `await-last` (a
     /// member making its stream follow the shared launch to come, or waiting for the last
-    /// one's work), `gather` (the launcher's: taking the meetings, gathering each one's
-    /// entries), `merge` (the launcher thread's: one launch of several calls),
+    /// one's work), `entries-wait` (the launcher's, for a launch of more calls than its
+    /// parameter holds: waiting for the GPU to finish the launch that last read the device
+    /// memory its entries go into; time the GPU bounds), `gather` (the launcher's: taking the
+    /// meetings, gathering each one's entries), `merge` (the launcher thread's: one launch of several calls),
     /// `stream-waits` (its stream's waits), `track`, `driver` and `record` (a launch:
     /// ordering after other streams, the driver call, the completion event), `follow` and
     /// `publish` (the launcher's), `finish` (after the work is queued).
@@ -303,6 +311,7 @@ mod tests {
                 "hand-over",
                 "note",
                 "await-last",
+                "entries-wait",
                 "gather",
                 "merge",
                 "stream-waits",
