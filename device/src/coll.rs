@@ -1864,6 +1864,25 @@ pub mod group {
         let meet = !(LL_ONLY && per == 1 && grid_sync == 0);
         // Where a CTA waiting between operations looks for an abort (its rank's).
         let mut control = 0u64;
+        // Chunk `c` of this CTA's entry of operation `j` in device memory.
+        let device_chunk = |j: usize, c: usize| {
+            let at = ((j * count + part) * RANK_OP_STRIDE + 16 * c) as u64;
+            // SAFETY: the chunk lies inside the entry, 16-byte aligned (the stride is a
+            // multiple of 16, `entries` aligned: contract), in device memory that the copy
+            // before the launch wrote (stream order: visible to the kernel's loads) and that
+            // nothing writes while the kernel runs.
+            unsafe { ((entries + at) as *const [u64; 2]).read() }
+        };
+        // LL calls take a few microseconds, a read of device memory a good part of one: with
+        // device entries, the LL kernel's threads load their chunk of the next operation's
+        // entry before they run the current one, so that the load's latency is not between
+        // the two calls (the CTA waited for it at the barrier after the entry's copy into
+        // shared memory: ncu's most sampled stall of the 8-rank kernel, PERF.md call 15).
+        // Only there: the general kernel has no registers to spare (255, with spills).
+        let prefetch = LL_ONLY && entries != 0;
+        let mine = coop.thread_rank();
+        let chunks = RANK_OP_STRIDE / 16;
+        let mut next = if prefetch && served && mine < chunks { device_chunk(0, mine) } else { [0; 2] };
         for j in 0..operations {
             if j > 0 && meet {
                 // SAFETY: `grid_sync` is this launch's (contract); every CTA of the grid
@@ -1874,11 +1893,18 @@ pub mod group {
                 let at = ((j * count + part) * RANK_OP_STRIDE) as u64;
                 // SAFETY: each 16-byte chunk lies inside the entry, 16-byte aligned (the
                 // entries' offset and stride are multiples of 16, checked above; `entries` is
-                // aligned, contract), in the parameter or in device memory that the copy
-                // before the launch wrote (stream order: visible to the kernel's loads).
+                // aligned, contract), in the parameter or in device memory as `device_chunk`
+                // says.
                 let entry = unsafe {
-                    if entries != 0 {
-                        read_entry(|c| ((entries + at + 16 * c as u64) as *const [u64; 2]).read())
+                    if prefetch {
+                        // This thread's chunk `mine` of operation `j`, loaded one call ahead.
+                        let held = next;
+                        if j + 1 < operations && mine < chunks {
+                            next = device_chunk(j + 1, mine);
+                        }
+                        read_entry(|c| if c == mine { held } else { device_chunk(j, c) })
+                    } else if entries != 0 {
+                        read_entry(|c| device_chunk(j, c))
                     } else {
                         read_entry(|c| arch::load_param_v2(ops + at + 16 * c as u64))
                     }
