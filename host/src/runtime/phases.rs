@@ -211,8 +211,8 @@ pub struct HostPhase {
     /// one's work), `entries-wait` (the launcher's, for a launch of more calls than its
     /// parameter holds: waiting for the GPU to finish the launch that last read the device
     /// memory its entries go into; time the GPU bounds), `gather` (the launcher's: taking the
-    /// meetings, gathering each one's entries), `merge` (the launcher thread's: one launch of several calls),
-    /// `stream-waits` (its stream's waits), `track`, `driver` and `record` (a launch:
+    /// meetings, gathering each one's entries), `merge` (the launcher thread's: one launch of
+    /// several calls), `stream-waits` (its stream's waits), `track`, `driver` and `record` (a launch:
     /// ordering after other streams, the driver call, the completion event), `follow` and
     /// `publish` (the launcher's), `finish` (after the work is queued).
     pub name: &'static str,
