@@ -147,19 +147,30 @@ const ENTRY_BLOCKS: usize = 4;
 
 /// Where the launcher puts the entries of a shared launch of more calls than the launch's
 /// parameter holds ([`GroupLaunch::entries`]; at 8 ranks the parameter's 16 entries are 2
-/// calls): it writes them into a block of host-mapped memory, and the launch stream copies the
-/// block into device memory right before the launch (one driver copy for the calls of the
-/// launch, where a parameter large enough for them made every launch slower, PERF.md issue 12
-/// twentieth part). The kernel reads them from device memory (a read of host memory from an
-/// SM took about 18 µs on the H200).
+/// calls): it writes them into a block of host-mapped memory, and a stream of the entries' own
+/// copies the block into device memory; the launch stream waits for that copy (an event), then
+/// launches (one driver copy for the calls of the launch, where a parameter large enough for
+/// them made every launch slower, PERF.md issue 12 twentieth part). The kernel reads them
+/// from device memory (a read of host memory from an SM took about 18 µs on the H200). On the
+/// launch stream itself the copy ran only after the previous launch's kernel, between two
+/// kernels: 12.5 µs per launch of 61,440 bytes on an H100, where the copy on a stream of its
+/// own, issued while earlier launches run, took nothing from the launch stream
+/// (`benches/cuda/entries_copy_launch.cu`, PERF.md call 17).
 ///
 /// Ordering: a block is rewritten only after the launch that copied it has finished (its
 /// completion, kept per block, is waited for first), so neither the copy's read of the host
 /// block nor the kernel's reads of the device block see a later launch's entries; the host's
-/// writes come before the submission of the copy that reads them.
+/// writes come before the submission of the copy that reads them; the copy's write of the
+/// device block comes after the launch that last read it (the host waited for it before the
+/// submission) and before the launch that reads it (the launch stream waits for the copy's
+/// event); the launch's completion, which the block's uses hold, comes after the copy.
 struct LaunchEntries {
     mem: HostMapped,
     device: DeviceBuffer<u8>,
+    /// Where the blocks' copies go (made with the group's ring, on the group's device): a
+    /// stream that waits for nothing and that no kernel uses, so that a copy runs as soon as
+    /// the host submits it.
+    copies: Stream,
     /// Bytes per block: [`MAX_LAUNCH_OPERATIONS`] calls of `parts` entries.
     block_bytes: usize,
     /// The next block to use, and per block the completion of the launch that last read it.
@@ -191,7 +202,30 @@ impl LaunchEntries {
         let block_bytes = MAX_LAUNCH_OPERATIONS * parts.max(1) * RANK_OP_STRIDE;
         let mem = HostMapped::alloc(dev, ENTRY_BLOCKS * block_bytes)?;
         let device = dev.alloc::<u8>(ENTRY_BLOCKS * block_bytes)?;
-        Ok(LaunchEntries { mem, device, block_bytes, blocks: Mutex::new((0, vec![None; ENTRY_BLOCKS])) })
+        let copies = Stream::new(dev)?;
+        Ok(LaunchEntries { mem, device, copies, block_bytes, blocks: Mutex::new((0, vec![None; ENTRY_BLOCKS])) })
+    }
+
+    /// Queues `staged`'s copy on the entries' stream and makes `launch` (the launch stream)
+    /// wait for it; `false` where the launch stream captures a graph (a capture waits for no
+    /// work outside it): the caller then queues the copy on the launch stream itself.
+    ///
+    /// # Safety
+    /// `staged` is a block that the launcher acquired and wrote for the launch that `launch`
+    /// queues next (so the launch that last read it has finished, and its host block is
+    /// rewritten only after that next launch has: `LaunchEntries`' ordering).
+    unsafe fn copy_before(&self, staged: &StagedEntries, launch: &Stream) -> Result<bool> {
+        if launch.is_capturing() {
+            return Ok(false);
+        }
+        let (dst, src, bytes) = staged.copy;
+        // SAFETY: the block's ranges lie in this group's host and device blocks (`staged`),
+        // which the launch's uses hold until after the launch, which comes after the copy
+        // (it waits for the copy's completion below); no other work touches the block
+        // meanwhile (the caller's contract).
+        let copied = unsafe { self.copies.copy_untracked(dst, src, bytes) }?;
+        launch.wait_for(&copied)?;
+        Ok(true)
     }
 
     /// The next block, once the launch that last read it has finished: the launcher's to
@@ -1272,9 +1306,19 @@ impl GpuGroup {
         if !launch {
             self.hold_ring(&mut uses);
         }
+        let staged = g.staged.take();
         let result = (|| -> Result<Completion> {
             for e in &g.events {
                 stream.wait_for(e)?;
+            }
+            // The entries' copy on their own stream where it can go (`LaunchEntries`).
+            let mut copy = staged.as_ref().map(|s| s.copy);
+            if let (Some(s), Some(r)) = (&staged, self.ring.get()) {
+                // SAFETY: the launcher acquired and wrote the block for this launch, the next
+                // on the launch stream (`launch_meetings`).
+                if unsafe { r.entries.copy_before(s, stream) }? {
+                    copy = None;
+                }
             }
             phases::mark(Phase::StreamWaits);
             match work {
@@ -1301,7 +1345,6 @@ impl GpuGroup {
                         uses.holds.push(lock(&r.grid_sync).uses().clone());
                     }
                     let param = GroupParam(&*launch);
-                    let staged = g.staged.take();
                     // SAFETY: `coll_gpu_group_launch`'s contract: every served member's entry
                     // is in the parameter (a live communicator and an operation whose windows
                     // and output hold this launch's completion: each member noted it, pending,
@@ -1313,16 +1356,7 @@ impl GpuGroup {
                     // memory per `kernel_config`. Entries in device memory: the copy before
                     // the launch writes them (the block, held by `uses`, is the launch's
                     // alone until it has finished: `LaunchEntries`).
-                    let c = unsafe {
-                        stream.launch_tracked_after_copy(
-                            module,
-                            kernel,
-                            cfg,
-                            (&param,),
-                            uses,
-                            staged.as_ref().map(|s| s.copy),
-                        )
-                    }?;
+                    let c = unsafe { stream.launch_tracked_after_copy(module, kernel, cfg, (&param,), uses, copy) }?;
                     if let (Some(s), Some(r)) = (&staged, self.ring.get()) {
                         r.entries.used(s.block, &c);
                     }

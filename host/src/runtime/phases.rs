@@ -41,7 +41,9 @@ pub(crate) enum Phase {
     /// The launcher thread, for a launch of several calls: putting their entries into one
     /// launch (in the parameter, or staged in device memory when it does not hold them).
     Merge,
-    /// The launcher: making the work stream wait for the members' arrivals.
+    /// The launcher: making the work stream wait for the members' arrivals (and, for a
+    /// launch with its entries in device memory, queuing their copy on the entries' stream
+    /// and making the launch stream wait for it).
     StreamWaits,
     /// Ordering the launch after other streams' uses of what it uses (event waits).
     Track,
@@ -212,9 +214,10 @@ pub struct HostPhase {
     /// parameter holds: waiting for the GPU to finish the launch that last read the device
     /// memory its entries go into; time the GPU bounds), `gather` (the launcher's: taking the
     /// meetings, gathering each one's entries), `merge` (the launcher thread's: one launch of
-    /// several calls), `stream-waits` (its stream's waits), `track`, `driver` and `record` (a launch:
-    /// ordering after other streams, the driver call, the completion event), `follow` and
-    /// `publish` (the launcher's), `finish` (after the work is queued).
+    /// several calls), `stream-waits` (its stream's waits, and the copy of device entries),
+    /// `track`, `driver` and `record` (a launch: ordering after other streams, the driver
+    /// call, the completion event), `follow` and `publish` (the launcher's), `finish` (after
+    /// the work is queued).
     pub name: &'static str,
     /// Times it was timed (summed over every rank thread).
     pub calls: u64,

@@ -623,6 +623,19 @@ impl Stream {
         self.enqueue_tracked(t, |b| unsafe { b.post(copy, writes, wait) })
     }
 
+    /// Queues the driver's copy of `bytes` from `src` to `dst` and returns its completion,
+    /// noted in nothing (a GPU group's copy of its launch entries, whose memory the launch
+    /// that waits for the copy holds).
+    ///
+    /// # Safety
+    /// Both ranges are device memory of this device (or host-mapped memory), not
+    /// overlapping, valid until the copy has run, and no other work races with the copy.
+    pub(crate) unsafe fn copy_untracked(&self, dst: u64, src: u64, bytes: usize) -> Result<Completion> {
+        // SAFETY: the caller's contract.
+        unsafe { self.core.backend().copy_dtod(dst, src, bytes)? };
+        self.record_completion()
+    }
+
     /// A completion recorded here now: the point other streams wait for with
     /// [`Stream::wait_for`] (not while capturing: a capture's events are not this stream's).
     pub(crate) fn record_completion(&self) -> Result<Completion> {
