@@ -197,6 +197,15 @@ enum EntrySink<'a> {
     Block { entries: &'a LaunchEntries, block: usize, base: usize },
 }
 
+/// Whether the entries of shared launches are copied on a stream of their own
+/// ([`LaunchEntries`]); `FERROLINK_GROUP_ENTRY_STREAM=0` copies them on the launch stream,
+/// before the launch, as before 2026-12-07 (for comparisons, or a process whose streams
+/// outnumber the hardware queues: the entries' stream is one more).
+fn entries_stream() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERROLINK_GROUP_ENTRY_STREAM").ok().as_deref().map(str::trim) != Some("0"))
+}
+
 impl LaunchEntries {
     fn new(dev: &crate::Device, parts: usize) -> Result<LaunchEntries> {
         let block_bytes = MAX_LAUNCH_OPERATIONS * parts.max(1) * RANK_OP_STRIDE;
@@ -215,7 +224,7 @@ impl LaunchEntries {
     /// queues next (so the launch that last read it has finished, and its host block is
     /// rewritten only after that next launch has: `LaunchEntries`' ordering).
     unsafe fn copy_before(&self, staged: &StagedEntries, launch: &Stream) -> Result<bool> {
-        if launch.is_capturing() {
+        if launch.is_capturing() || !entries_stream() {
             return Ok(false);
         }
         let (dst, src, bytes) = staged.copy;
