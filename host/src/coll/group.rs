@@ -229,10 +229,14 @@ impl LaunchEntries {
         }
         let (dst, src, bytes) = staged.copy;
         // SAFETY: the block's ranges lie in this group's host and device blocks (`staged`),
-        // which the launch's uses hold until after the launch, which comes after the copy
-        // (it waits for the copy's completion below); no other work touches the block
-        // meanwhile (the caller's contract).
+        // noted below as used by the copy (so neither is freed before it has run); no other
+        // work touches the block meanwhile (the caller's contract).
         let copied = unsafe { self.copies.copy_untracked(dst, src, bytes) }?;
+        self.mem.uses.record(&copied, false);
+        self.device.uses().record(&copied, true);
+        // Its last use until the launch's replaces it: if the launch then fails, the block
+        // is still rewritten only after the copy has read it.
+        self.used(staged.block, &copied);
         launch.wait_for(&copied)?;
         Ok(true)
     }

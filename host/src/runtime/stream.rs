@@ -624,8 +624,8 @@ impl Stream {
     }
 
     /// Queues the driver's copy of `bytes` from `src` to `dst` and returns its completion,
-    /// noted in nothing (a GPU group's copy of its launch entries, whose memory the launch
-    /// that waits for the copy holds).
+    /// noted in nothing: the caller notes it where the ranges' memory keeps its uses (a GPU
+    /// group's copy of its launch entries).
     ///
     /// # Safety
     /// Both ranges are device memory of this device (or host-mapped memory), not
