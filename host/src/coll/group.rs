@@ -217,7 +217,8 @@ impl LaunchEntries {
 
     /// Queues `staged`'s copy on the entries' stream and makes `launch` (the launch stream)
     /// wait for it; `false` where the launch stream captures a graph (a capture waits for no
-    /// work outside it): the caller then queues the copy on the launch stream itself.
+    /// work outside it) or `FERROLINK_GROUP_ENTRY_STREAM=0`: the caller then queues the copy
+    /// on the launch stream itself.
     ///
     /// # Safety
     /// `staged` is a block that the launcher acquired and wrote for the launch that `launch`
@@ -228,10 +229,14 @@ impl LaunchEntries {
             return Ok(false);
         }
         let (dst, src, bytes) = staged.copy;
+        // Not a tracked copy: the device buffer's uses are those of all four blocks, so a
+        // tracked write would wait for the launches still reading the other blocks, and the
+        // copy would run after them again. This block's own last reader has finished (the
+        // caller's contract); the copy is noted below.
         // SAFETY: the block's ranges lie in this group's host and device blocks (`staged`),
         // noted below as used by the copy (so neither is freed before it has run); no other
         // work touches the block meanwhile (the caller's contract).
-        let copied = unsafe { self.copies.copy_untracked(dst, src, bytes) }?;
+        let copied = unsafe { self.copies.copy_then_record(dst, src, bytes) }?;
         self.mem.uses.record(&copied, false);
         self.device.uses().record(&copied, true);
         // Its last use until the launch's replaces it: if the launch then fails, the block
@@ -1367,8 +1372,9 @@ impl GpuGroup {
                     // time (shared launches run in order on the launch stream, after the
                     // members' arrivals, which follow their earlier work); shared
                     // memory per `kernel_config`. Entries in device memory: the copy before
-                    // the launch writes them (the block, held by `uses`, is the launch's
-                    // alone until it has finished: `LaunchEntries`).
+                    // the launch writes them (on this stream, or on the entries' stream that
+                    // this one waits for; the block, held by `uses`, is the launch's alone
+                    // until it has finished: `LaunchEntries`).
                     let c = unsafe { stream.launch_tracked_after_copy(module, kernel, cfg, (&param,), uses, copy) }?;
                     if let (Some(s), Some(r)) = (&staged, self.ring.get()) {
                         r.entries.used(s.block, &c);

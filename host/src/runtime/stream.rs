@@ -624,13 +624,15 @@ impl Stream {
     }
 
     /// Queues the driver's copy of `bytes` from `src` to `dst` and returns its completion,
-    /// noted in nothing: the caller notes it where the ranges' memory keeps its uses (a GPU
-    /// group's copy of its launch entries).
+    /// noted in nothing and waiting for nothing: the caller notes it where the ranges'
+    /// memory keeps its uses (a GPU group's copy of its launch entries). Unlike
+    /// [`Stream::copy_raw`], it neither marks the device's work untracked nor waits for other
+    /// streams' uses of the memory.
     ///
     /// # Safety
     /// Both ranges are device memory of this device (or host-mapped memory), not
     /// overlapping, valid until the copy has run, and no other work races with the copy.
-    pub(crate) unsafe fn copy_untracked(&self, dst: u64, src: u64, bytes: usize) -> Result<Completion> {
+    pub(crate) unsafe fn copy_then_record(&self, dst: u64, src: u64, bytes: usize) -> Result<Completion> {
         // SAFETY: the caller's contract.
         unsafe { self.core.backend().copy_dtod(dst, src, bytes)? };
         self.record_completion()
