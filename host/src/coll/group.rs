@@ -1298,6 +1298,50 @@ impl GpuGroup {
         self.run_on(g, caller.device(), Some((caller, follow)), seq, work)
     }
 
+    /// Hands operation `seq` (`entry`, using `uses`) to the persistent kernel for the group's
+    /// only member (a rank alone on its GPU), whose `stream` trails the kernel
+    /// ([`Wait::Deferred`]): what [`GpuGroup::meet`] and [`GpuGroup::run`] do for a group of
+    /// one, without a meeting (nobody to meet or to publish to). The ring slot is written
+    /// before the copy that reads it is submitted, as in a meeting; the stream follows the
+    /// hand-over, and the slot keeps its completion. A failure to queue it aborts the
+    /// communicator, as the last member's does: the kernel would wait for operation `seq`
+    /// for ever.
+    pub(crate) fn hand_over_alone(
+        &self,
+        stream: &Stream,
+        seq: u64,
+        entry: &RankOp,
+        mut uses: LaunchTracking,
+        sync: Result<(Window, u64)>,
+    ) -> Result<()> {
+        debug_assert_eq!(self.members.len(), 1, "a group of one");
+        let result = (|| {
+            let sync = sync?;
+            let ring = self.ring(stream.device())?;
+            ring.write(seq, 0, entry);
+            phases::mark(Phase::Arrive);
+            self.hold_ring(&mut uses);
+            (&sync.0).track(&mut uses);
+            let (seq_word, completed_word) = (sync.1 + SEQ_OFFSET as u64, sync.1 + COMPLETED_OFFSET as u64);
+            // SAFETY: as `run_on`'s hand-over: aligned words of the persistent kernel's live
+            // sync block (held by `uses`), which only this member's stream writes; the slot of
+            // both rings (held by `uses`, kept by the kernel), written above and rewritten only
+            // after this operation completes (`slot_used`); `PIPELINE` < `RING_SLOTS`.
+            unsafe { stream.post_deferred(uses, ring.slot_copy(seq), seq_word, completed_word, seq, PIPELINE) }
+        })();
+        phases::mark(Phase::Driver);
+        match &result {
+            Ok(c) => {
+                stream.follow(c.clone());
+                self.slot_used(seq, c);
+            }
+            Err(e) => self.control.abort(e.clone()),
+        }
+        self.meeting_over(seq);
+        phases::mark(Phase::Publish);
+        result.map(drop)
+    }
+
     /// [`GpuGroup::run`] by the member `caller` (which follows the work if its flag says
     /// so), or by the group's launcher (`None`: a shared launch, which every member follows
     /// already).

@@ -365,6 +365,22 @@ fn shutdown(handle: &DevCommHandle) -> RankOp {
 fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, uses: LaunchTracking) -> Result<()> {
     let group = &state.group;
     let seq = group.next_seq(state.rank);
+    let running_sync = || {
+        lock(&group.persistent_sync)
+            .clone()
+            .ok_or_else(|| Error::InvalidArgument("persistent mode: the GPU's persistent kernel is not running".into()))
+    };
+    // A rank alone on its GPU (one process per GPU) has nobody to meet: it hands its
+    // operation over itself (the meeting's bookkeeping was a third of such a call's host
+    // time on an H100: PERF.md call 21). Its stream trails the kernel, as below.
+    if comm.is_some() && group.members.len() == 1 {
+        group.hand_over_alone(&state.comm_stream, seq, &entry, uses, running_sync())?;
+        if entry.op.args.kind == device_group::SHUTDOWN {
+            *lock(&group.persistent_sync) = None;
+        }
+        tracing::trace!(target: "ferrolink::coll", rank = state.rank, seq, kind = entry.op.args.kind, "posted to the persistent kernel");
+        return Ok(());
+    }
     let part = Part {
         rank: state.rank,
         entry: Some(entry),
@@ -378,9 +394,7 @@ fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, use
         wait: comm,
     };
     if let Some(g) = group.meet(state.comm_stream.device(), Purpose::Handover, seq, part)? {
-        let sync = lock(&group.persistent_sync).clone().ok_or_else(|| {
-            Error::InvalidArgument("persistent mode: the GPU's persistent kernel is not running".into())
-        })?;
+        let sync = running_sync()?;
         // A rank alone on its GPU lets its stream trail the kernel (no other stream waits
         // for this post); ranks sharing a GPU wait in the post, which their streams wait for.
         let wait = match comm {

@@ -683,7 +683,10 @@ impl Stream {
     /// Hands operation `seq` to a persistent kernel without waiting for it: queues `copy`
     /// (the operation's description, as in [`Stream::post`]), the write of `seq` into
     /// `seq_word` and, when an earlier deferred operation is `window` or more
-    /// behind, a wait until `completed_word` reaches `seq - window` (one batch). The stream
+    /// behind, a wait until `completed_word` reaches `seq - window / 2` (one batch), so that
+    /// the event that marks the waited-for operations' end is recorded once per `window / 2`
+    /// or so hand-overs, not at each (an event record is a driver call on every call's path:
+    /// PERF.md call 21). The stream
     /// waits for the rest before any other work it queues (and a host or stream wait for the
     /// returned completion queues it): consecutive operations run back to back on the kernel
     /// while the stream's waits trail behind. `t` (what the operation uses) is ordered after
@@ -722,8 +725,8 @@ impl Stream {
         self.core.wait_foreign(&*backend, &t)?;
         let mut d = lock(&self.core.deferred);
         d.word = completed_word;
-        let target = seq.saturating_sub(window);
-        let wait = d.pending.first().is_some_and(|&(s, _)| s <= target);
+        let target = seq.saturating_sub(window / 2);
+        let wait = d.pending.first().is_some_and(|&(s, _)| s.saturating_add(window) <= seq);
         // SAFETY: the caller's contract.
         unsafe { backend.post(Some(copy), &[(seq_word, seq, 8)], wait.then_some((completed_word, target)))? };
         if wait {
