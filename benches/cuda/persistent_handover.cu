@@ -58,9 +58,13 @@ __global__ void serve(Sync* sync, const uint4* ring, int read, unsigned long lon
     }
     __syncthreads();
     if (read && threadIdx.x < CHUNKS) {
-      const volatile uint4* src = (const volatile uint4*)(ring + (size_t)next * CHUNKS + threadIdx.x);
+      // One 16-byte volatile load per thread (as ferrolink's `arch::load_v4_volatile`).
+      const uint4* src = ring + (size_t)next * CHUNKS + threadIdx.x;
       uint4 v;
-      v.x = src->x; v.y = src->y; v.z = src->z; v.w = src->w;
+      asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "l"(src)
+                   : "memory");
       entry[threadIdx.x] = v;
     }
     __syncthreads();

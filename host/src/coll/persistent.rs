@@ -8,7 +8,8 @@
 //! ring in host-mapped memory, and one stream hands it over: a copy of the ring slot into
 //! the kernel's ring in device memory, then one `cuStreamBatchMemOp` with a write of its
 //! sequence number into the kernel's sync block and a wait for its completion word (greater
-//! or equal). With one rank per GPU that stream is the rank's own; ranks
+//! or equal). With one rank per GPU that stream is the rank's own, and the rank posts at
+//! once, with no meeting (`GpuGroup::hand_over_alone`); ranks
 //! sharing a GPU meet on the host and the last of them posts, ordered after the others'
 //! streams by events, which then wait for it by an event (see `coll::group` for why). No
 //! kernel launch: the stream's later work (and the host, through the stream) sees the result
