@@ -36,7 +36,6 @@ use cudarc::driver::sys;
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A retained primary context and what ferrolink keeps with it. Every backend object of the
 /// device holds it, so the context outlives them all.
@@ -625,13 +624,8 @@ impl StreamBackend for CudaStream {
         let _g = self.ctx.bind()?;
         let pooled = if timing { None } else { crate::runtime::lifetime::lock(&self.ctx.free_events).pop() };
         let event = match pooled {
-            Some(event) => CudaEvent { ctx: self.ctx.clone(), event, timing, done: AtomicBool::new(false) },
-            None => CudaEvent {
-                ctx: self.ctx.clone(),
-                event: driver::event_create(timing)?,
-                timing,
-                done: AtomicBool::new(false),
-            },
+            Some(event) => CudaEvent { ctx: self.ctx.clone(), event, timing },
+            None => CudaEvent { ctx: self.ctx.clone(), event: driver::event_create(timing)?, timing },
         };
         // SAFETY: both handles are live.
         unsafe { driver::event_record(event.event, self.stream)? };
@@ -815,11 +809,6 @@ struct CudaEvent {
     event: sys::CUevent,
     /// Made with timing (never pooled).
     timing: bool,
-    /// Whether the driver said this recording's work is done: then it stays done, and later
-    /// queries and waits make no driver call (a persistent collective's call waits for the
-    /// work that last read its ring slot, which often shares one event with the calls around
-    /// it: a driver call each was a good part of the call's host time, PERF.md call 21).
-    done: AtomicBool,
 }
 
 // SAFETY: event handles may be used from any thread with the context current.
@@ -829,32 +818,19 @@ unsafe impl Sync for CudaEvent {}
 
 impl EventBackend for CudaEvent {
     fn query(&self) -> EventState {
-        // Acquire, paired with the release of the thread that heard it from the driver: its
-        // observation of the work's end then comes before this thread's reads of the results.
-        if self.done.load(Ordering::Acquire) {
-            return EventState::Done;
-        }
         let Ok(_g) = self.ctx.bind() else { return EventState::Failed };
         // SAFETY: the event is live.
         match unsafe { driver::event_query(self.event) } {
-            Ok(true) => {
-                self.done.store(true, Ordering::Release);
-                EventState::Done
-            }
+            Ok(true) => EventState::Done,
             Ok(false) => EventState::Pending,
             Err(_) => EventState::Failed,
         }
     }
 
     fn synchronize(&self) -> Result<()> {
-        if self.done.load(Ordering::Acquire) {
-            return Ok(());
-        }
         let _g = self.ctx.bind()?;
         // SAFETY: the event is live.
-        unsafe { driver::event_synchronize(self.event) }?;
-        self.done.store(true, Ordering::Release);
-        Ok(())
+        unsafe { driver::event_synchronize(self.event) }
     }
 
     fn elapsed_ms_since(&self, start: &dyn EventBackend) -> Result<f32> {
