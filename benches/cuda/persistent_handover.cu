@@ -1,7 +1,7 @@
 // Build and run on the GPU machine: nvcc -O3 -arch=sm_90 -o /tmp/h persistent_handover.cu -lcuda && /tmp/h
 // What handing an operation to a persistent kernel costs per operation (ferrolink issue 12's
 // persistent mode: a rank alone on its GPU writes its 432-byte entry into a ring slot in
-// host-mapped memory, and its stream hands the operation over). A kernel of CTAS CTAs serves
+// host-mapped memory, and its stream hands the operation over). A kernel of 1 or 16 CTAs serves
 // N operations: thread 0 of each CTA waits until the sequence word shows the operation (and
 // the previous one is complete), the CTA reads the entry (27 threads, 16 bytes each, at once)
 // into shared memory, and the last CTA done publishes the operation's number in `completed`.

@@ -372,7 +372,7 @@ fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, use
             .ok_or_else(|| Error::InvalidArgument("persistent mode: the GPU's persistent kernel is not running".into()))
     };
     // A rank alone on its GPU (one process per GPU) has nobody to meet: it hands its
-    // operation over itself (through the meeting, such a call took 12-13 µs of host time
+    // operation over itself (through the meeting, such a call took 9-13 µs of host time
     // where the hand-over's driver calls take about 4: PERF.md calls 19 and 21). Its stream
     // trails the kernel, as below.
     if comm.is_some() && group.members.len() == 1 {
