@@ -1159,9 +1159,6 @@ pub(crate) enum Work<'a> {
 pub(crate) enum Wait {
     /// In the same batch (the other members' streams then wait for that batch).
     Now,
-    /// Before the stream's next other work, or `PIPELINE` operations later
-    /// ([`Stream::post_deferred`]): a rank alone on its GPU.
-    Deferred,
     /// Not at all (the shutdown queued by a drop).
     Never,
 }
@@ -1171,8 +1168,15 @@ pub(crate) enum Wait {
 /// bound a member faster than the one that launches would leave open meetings without end.
 pub(crate) const RUN_AHEAD: u64 = 64;
 
+/// The words of the persistent kernel's sync block `(window, address)` that a hand-over
+/// writes and waits on, `(seq, completed)`; the block is noted in `uses`.
+fn sync_words(sync: &(Window, u64), uses: &mut LaunchTracking) -> (u64, u64) {
+    (&sync.0).track(uses);
+    (sync.1 + SEQ_OFFSET as u64, sync.1 + COMPLETED_OFFSET as u64)
+}
+
 /// How many operations a rank alone on its GPU hands over before its stream waits for the
-/// oldest ([`Wait::Deferred`]); under the ring's slots.
+/// oldest ([`GpuGroup::hand_over_alone`]); under the ring's slots.
 pub(crate) const PIPELINE: u64 = 8;
 
 /// The launch shape of the group's kernel: `ctas` CTAs of `threads`, each with the shared
@@ -1300,7 +1304,7 @@ impl GpuGroup {
 
     /// Hands operation `seq` (`entry`, using `uses`) to the persistent kernel for the group's
     /// only member (a rank alone on its GPU), whose `stream` trails the kernel
-    /// ([`Wait::Deferred`]): what [`GpuGroup::meet`] and [`GpuGroup::run`] do for a group of
+    /// ([`Stream::post_deferred`]): what [`GpuGroup::meet`] and [`GpuGroup::run`] do for a group of
     /// one, without a meeting (nobody to meet or to publish to). The ring slot is written
     /// before the copy that reads it is submitted, as in a meeting; the stream follows the
     /// hand-over, and the slot keeps its completion. A failure to queue it aborts the
@@ -1321,8 +1325,7 @@ impl GpuGroup {
             ring.write(seq, 0, entry);
             phases::mark(Phase::Arrive);
             self.hold_ring(&mut uses);
-            (&sync.0).track(&mut uses);
-            let (seq_word, completed_word) = (sync.1 + SEQ_OFFSET as u64, sync.1 + COMPLETED_OFFSET as u64);
+            let (seq_word, completed_word) = sync_words(&sync, &mut uses);
             // SAFETY: as `run_on`'s hand-over: aligned words of the persistent kernel's live
             // sync block (held by `uses`), which only this member's stream writes; the slot of
             // both rings (held by `uses`, kept by the kernel), written above and rewritten only
@@ -1427,13 +1430,11 @@ impl GpuGroup {
                 }
                 Work::Persistent { sync, wait } => {
                     let mut uses = uses;
-                    (&sync.0).track(&mut uses);
+                    let (seq_word, completed_word) = sync_words(&sync, &mut uses);
                     let copy =
                         self.ring.get().map(|r| r.slot_copy(seq)).ok_or_else(|| {
                             Error::InvalidArgument("persistent mode: the GPU group has no ring".into())
                         })?;
-                    let sync = sync.1;
-                    let (seq_word, completed_word) = (sync + SEQ_OFFSET as u64, sync + COMPLETED_OFFSET as u64);
                     let writes = [(seq_word, seq, 8u32)];
                     // SAFETY: aligned words of the persistent kernel's live sync block (a
                     // window slot that the kernel keeps and `uses` holds), written by streams
@@ -1448,7 +1449,6 @@ impl GpuGroup {
                         match wait {
                             Wait::Now => stream.post(uses, Some(copy), &writes, Some((completed_word, seq))),
                             Wait::Never => stream.post(uses, Some(copy), &writes, None),
-                            Wait::Deferred => stream.post_deferred(uses, copy, seq_word, completed_word, seq, PIPELINE),
                         }
                     }
                 }

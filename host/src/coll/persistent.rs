@@ -360,8 +360,8 @@ fn shutdown(handle: &DevCommHandle) -> RankOp {
     RankOp { op: CollOp { args, ..CollOp::default() }, comm: handle.dev_comm() }
 }
 
-/// Hands `entry` to the persistent kernel as this rank's part of its next operation (the
-/// group's meeting; the last member posts). With `comm`, the rank's stream waits for the
+/// Hands `entry` to the persistent kernel as this rank's part of its next operation (a rank
+/// alone on its GPU posts at once; else the group's meeting, whose last member posts). With `comm`, the rank's stream waits for the
 /// operation (and the call for the other members); without (a drop), nothing waits.
 fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, uses: LaunchTracking) -> Result<()> {
     let group = &state.group;
@@ -375,14 +375,30 @@ fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, use
     // operation over itself (through the meeting, such a call took 9-13 µs of host time
     // where the hand-over's driver calls take about 4: PERF.md calls 19 and 21). Its stream
     // trails the kernel, as below.
-    if comm.is_some() && group.members.len() == 1 {
+    let posted = if comm.is_some() && group.members.len() == 1 {
         group.hand_over_alone(&state.comm_stream, seq, &entry, uses, running_sync())?;
-        if entry.op.args.kind == device_group::SHUTDOWN {
-            *lock(&group.persistent_sync) = None;
-        }
-        tracing::trace!(target: "ferrolink::coll", rank = state.rank, seq, kind = entry.op.args.kind, "posted to the persistent kernel");
-        return Ok(());
+        true
+    } else {
+        meet_and_post(comm, state, seq, entry, uses, running_sync)?
+    };
+    if posted && entry.op.args.kind == device_group::SHUTDOWN {
+        *lock(&group.persistent_sync) = None;
     }
+    tracing::trace!(target: "ferrolink::coll", rank = state.rank, seq, kind = entry.op.args.kind, "posted to the persistent kernel");
+    Ok(())
+}
+
+/// [`post`] through the group's meeting: ranks sharing a GPU, or a drop's shutdown (which
+/// nothing waits for); whether this member posted (the last to arrive).
+fn meet_and_post(
+    comm: Option<&Communicator>,
+    state: &PersistentState,
+    seq: u64,
+    entry: RankOp,
+    uses: LaunchTracking,
+    running_sync: impl Fn() -> Result<(Window, u64)>,
+) -> Result<bool> {
+    let group = &state.group;
     let part = Part {
         rank: state.rank,
         entry: Some(entry),
@@ -395,22 +411,12 @@ fn post(comm: Option<&Communicator>, state: &PersistentState, entry: RankOp, use
         stream: Some(&state.comm_stream),
         wait: comm,
     };
-    if let Some(g) = group.meet(state.comm_stream.device(), Purpose::Handover, seq, part)? {
-        let sync = running_sync()?;
-        // A rank alone on its GPU lets its stream trail the kernel (no other stream waits
-        // for this post); ranks sharing a GPU wait in the post, which their streams wait for.
-        let wait = match comm {
-            None => Wait::Never,
-            Some(_) if group.members.len() == 1 => Wait::Deferred,
-            Some(_) => Wait::Now,
-        };
-        group.run(g, &state.comm_stream, true, seq, Work::Persistent { sync, wait })?;
-        if entry.op.args.kind == device_group::SHUTDOWN {
-            *lock(&group.persistent_sync) = None;
-        }
-    }
-    tracing::trace!(target: "ferrolink::coll", rank = state.rank, seq, kind = entry.op.args.kind, "posted to the persistent kernel");
-    Ok(())
+    let Some(g) = group.meet(state.comm_stream.device(), Purpose::Handover, seq, part)? else { return Ok(false) };
+    let sync = running_sync()?;
+    // Ranks sharing a GPU wait in the post, which their streams wait for.
+    let wait = if comm.is_some() { Wait::Now } else { Wait::Never };
+    group.run(g, &state.comm_stream, true, seq, Work::Persistent { sync, wait })?;
+    Ok(true)
 }
 
 impl Drop for PersistentState {
