@@ -1064,6 +1064,95 @@ mod tests {
         a.synchronize().unwrap();
     }
 
+    /// `post_deferred`'s cadence (PERF.md call 21: an event record is a driver call on every
+    /// persistent call's path): with a window of 8 the stream queues a wait only when the
+    /// oldest operation not waited for is 8 posts behind, at posts 9, 14 and 19, each for the
+    /// operations up to 4 back (one event for those 5), and never has more than 8 pending. An
+    /// operation's event stands for the wait on its completion word: pending until the
+    /// (simulated) kernel raises the word that far.
+    #[test]
+    fn deferred_waits_are_queued_once_per_half_window() {
+        use super::DeferredEvent;
+        use crate::runtime::host_mapped::HostMapped;
+        use crate::runtime::launch::LaunchTracking;
+        use crate::runtime::lifetime::lock;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        const WINDOW: u64 = 8;
+        let dev = Device::open_with(Backend::Cpu, 0).unwrap();
+        let stream = dev.create_stream().unwrap();
+        // The persistent kernel's sync block: the sequence number the host writes, and the
+        // completion word the simulated kernel raises.
+        let seq_word = HostMapped::alloc(&dev, 8).unwrap();
+        let completed = HostMapped::alloc(&dev, 8).unwrap();
+        // SAFETY: 8-byte aligned host-mapped words, alive until the stream is synchronized
+        // at the end; the stream reads and writes them only atomically.
+        let (seq_now, completed_now) = unsafe {
+            (
+                (seq_word.host_ptr() as *const AtomicU64).as_ref().unwrap(),
+                (completed.host_ptr() as *const AtomicU64).as_ref().unwrap(),
+            )
+        };
+        let src = dev.alloc_from(&[3u8; 64]).unwrap();
+        let ring = dev.alloc::<u8>(64).unwrap();
+        let resolved = |c: &crate::runtime::lifetime::Completion| {
+            c.event().as_any().downcast_ref::<DeferredEvent>().expect("a deferred event").real.get().cloned()
+        };
+        let pending = || lock(&stream.core.deferred).pending.iter().map(|&(s, _)| s).collect::<Vec<u64>>();
+        let mut ops = Vec::new();
+        let mut waits_at = Vec::new();
+        for seq in 1..=20u64 {
+            let before = pending();
+            // SAFETY: `ring` and `src` hold 64 bytes each and do not overlap; the words are
+            // host-mapped and live until the stream is synchronized below (the contract's
+            // "kernel" is this test, which raises `completed` in order).
+            let c = unsafe {
+                stream
+                    .post_deferred(
+                        LaunchTracking::new(&dev),
+                        (ring.addr(), src.addr(), 64),
+                        seq_word.device_addr(),
+                        completed.device_addr(),
+                        seq,
+                        WINDOW,
+                    )
+                    .unwrap()
+            };
+            let after = pending();
+            assert!(after.len() as u64 <= WINDOW, "at post {seq}: {after:?} pending");
+            assert_eq!(after.last(), Some(&seq));
+            if after.len() <= before.len() {
+                // A wait was queued: every operation up to `seq - WINDOW / 2` now has its event.
+                waits_at.push(seq);
+                let target = seq - WINDOW / 2;
+                assert_eq!(after.first(), Some(&(target + 1)), "at post {seq}");
+            }
+            ops.push(c);
+        }
+        assert_eq!(waits_at, vec![9, 14, 19], "one wait per WINDOW / 2 + 1 posts");
+        // Operations 1..=5 share the event of the wait queued at post 9, 6..=10 that of post 14.
+        let e1 = resolved(&ops[0]).expect("resolved by the wait at post 9");
+        for (i, op) in ops.iter().enumerate().take(5) {
+            assert!(std::sync::Arc::ptr_eq(&resolved(op).unwrap(), &e1), "operation {}", i + 1);
+        }
+        let e6 = resolved(&ops[5]).expect("resolved by the wait at post 14");
+        assert!(!std::sync::Arc::ptr_eq(&e1, &e6));
+        assert!(resolved(&ops[15]).is_none(), "operation 16 is waited for by nothing yet");
+        // The stream's wait at post 9 holds until the kernel has completed operation 5.
+        assert!(!ops[0].finished(), "the completion word is 0");
+        completed_now.store(4, Ordering::Release);
+        assert!(!ops[0].finished(), "operation 5 has not completed");
+        completed_now.store(5, Ordering::Release);
+        ops[4].event().synchronize().unwrap();
+        assert!(ops[0].finished() && ops[4].finished());
+        // A host wait for an operation nobody waits for yet queues the wait for all of them.
+        completed_now.store(20, Ordering::Release);
+        ops[19].event().synchronize().unwrap();
+        assert!(pending().is_empty(), "the host's wait settled every deferred operation");
+        stream.synchronize().unwrap();
+        assert_eq!(seq_now.load(Ordering::Acquire), 20);
+        assert_eq!(ring.to_vec().unwrap(), vec![3u8; 64]);
+    }
+
     /// `write_async` and `read_sync` run after the stream's earlier work; `read_sync` is done
     /// when it returns, `write_async` once the stream is synchronized (the GIN proxy's copies
     /// rely on both), on every backend.
