@@ -4,6 +4,17 @@ use cudarc::driver::DriverError;
 use ferrolink_device::emulator::EmuError;
 
 /// Everything that can go wrong in ferrolink's host API.
+///
+/// ```
+/// use ferrolink::Error;
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let mut buf = dev.alloc::<u32>(4)?;
+/// let err = buf.copy_from_host(&[1, 2]).unwrap_err();
+/// assert!(matches!(err, Error::InvalidArgument(_)));
+/// assert!(err.to_string().contains("buffer has 4"));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum Error {
     /// CUDA was asked for (or needed) but no usable driver or GPU is present.
@@ -62,6 +73,16 @@ pub enum Error {
 }
 
 /// `Result` with [`Error`].
+///
+/// ```
+/// fn sum_on_device(dev: &ferrolink::Device, data: &[u32]) -> ferrolink::Result<u32> {
+///     Ok(dev.alloc_from(data)?.to_vec()?.iter().sum())
+/// }
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// assert_eq!(sum_on_device(&dev, &[1, 2, 3])?, 6);
+/// # Ok(()) }
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub(crate) fn cuda_err(call: &'static str) -> impl FnOnce(DriverError) -> Error {

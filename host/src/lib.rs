@@ -67,10 +67,25 @@ pub use runtime::{
 };
 
 /// The PTX of the built-in `ferrolink-device` kernels, built by `ferrolink-builder` for sm_90.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// assert!(ferrolink_device::kernel::ptx_entry_names(ferrolink::DEVICE_PTX).any(|e| e == "ferrolink_copy"));
+/// // What `Device::builtin_module` loads:
+/// let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// assert!(dev.load_module(ferrolink::DEVICE_PTX)?.has_kernel("ferrolink_copy"));
+/// # Ok(()) }
+/// ```
 pub const DEVICE_PTX: &str = include_str!(env!("FERROLINK_DEVICE_PTX"));
 
 /// [`DEVICE_PTX`] assembled for sm_90 by `ptxas`, when the crate was built with
 /// `FERROLINK_BUILD_PTX=1` and ptxas was found; empty otherwise. When present the built-in
 /// module loads from it on Hopper GPUs instead of being compiled by the driver on first use
 /// (about 85 s on an H200 whose compute cache is empty; later runs hit the driver's cache).
+///
+/// ```
+/// use ferrolink::DEVICE_CUBIN;
+/// // Empty, or an ELF image for the GPU.
+/// assert!(DEVICE_CUBIN.is_empty() || DEVICE_CUBIN.starts_with(b"\x7fELF"));
+/// ```
 pub const DEVICE_CUBIN: &[u8] = include_bytes!(env!("FERROLINK_DEVICE_PTX_CUBIN"));

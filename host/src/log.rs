@@ -20,6 +20,12 @@ use std::io::IsTerminal;
 use std::sync::Once;
 
 /// Installs the `FERROLINK_LOG` subscriber unless a global one exists (idempotent).
+///
+/// ```
+/// ferrolink::log::init(); // the first `Device::open_with` calls it too
+/// ferrolink::log::init(); // idempotent
+/// assert!(tracing::dispatcher::has_been_set());
+/// ```
 pub fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {

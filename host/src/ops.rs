@@ -17,6 +17,15 @@ use ferrolink_device::kernels::copy::ferrolink_copy;
 /// enough to cover the data in about one pass of the warp-contiguous copy, capped at 64 per
 /// SM (measured best on the H200, docs/PERF.md). On the emulator: 64 threads per host core,
 /// at most 8 CTAs.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let cfg = ferrolink::ops::copy_launch_config(&dev, 1 << 20);
+/// assert!(cfg.is_1d());
+/// cfg.validate("ferrolink_copy")?;
+/// # Ok(()) }
+/// ```
 pub fn copy_launch_config(dev: &Device, bytes: usize) -> LaunchConfig {
     let profile = dev.launch_profile();
     let threads = profile.copy_threads;
@@ -41,10 +50,29 @@ pub(crate) fn staging_copy_config(dev: &Device, bytes: usize) -> LaunchConfig {
 }
 
 /// A kernel with the copy kernel's signature and contract.
+///
+/// ```
+/// use ferrolink::ops::{CopyKernel, builtin_copy_kernels};
+/// use ferrolink_device::kernels::copy::ferrolink_copy;
+/// let k: &CopyKernel = &ferrolink_copy;
+/// assert_eq!(builtin_copy_kernels()[0].1.name(), k.name());
+/// ```
 pub type CopyKernel = Kernel<(*mut u8, *const u8, usize)>;
 
 /// Queues a copy of all of `src` into `dst` with the vectorized copy kernel (lengths must
 /// match), on `stream`. Host reads of `dst` wait for it.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let stream = dev.create_stream()?;
+/// let src = dev.alloc_from(&[1.0f32, 2.0, 3.0])?;
+/// let mut dst = dev.alloc::<f32>(3)?;
+/// ferrolink::ops::copy(&stream, &mut dst, &src)?;
+/// assert_eq!(dst.to_vec()?, [1.0, 2.0, 3.0]);
+/// assert!(ferrolink::ops::copy(&stream, &mut dev.alloc::<f32>(2)?, &src).is_err()); // lengths differ
+/// # Ok(()) }
+/// ```
 pub fn copy<T: Pod>(stream: &Stream, dst: &mut DeviceBuffer<T>, src: &DeviceBuffer<T>) -> Result<()> {
     if dst.len() != src.len() {
         return Err(Error::InvalidArgument(format!(
@@ -61,6 +89,20 @@ pub fn copy<T: Pod>(stream: &Stream, dst: &mut DeviceBuffer<T>, src: &DeviceBuff
 /// Queues a copy of `bytes` bytes from `src[src_offset..]` to `dst[dst_offset..]` with the
 /// copy kernel and launch shape `cfg` (one-dimensional; see [`copy_launch_config`]). Offsets
 /// need no alignment.
+///
+/// ```
+/// use ferrolink::{LaunchConfig, ops::copy_bytes_with};
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let stream = dev.create_stream()?;
+/// let src = dev.alloc_from(&[7u8; 32])?;
+/// let mut dst = dev.alloc::<u8>(32)?;
+/// copy_bytes_with(&stream, &mut dst, 0, &src, 0, 32, LaunchConfig::linear(1, 32))?;
+/// assert_eq!(dst.to_vec()?, vec![7u8; 32]);
+/// let two_d = LaunchConfig { block: (8, 4, 1), ..LaunchConfig::linear(1, 1) };
+/// assert!(copy_bytes_with(&stream, &mut dst, 0, &src, 0, 32, two_d).is_err()); // 1-D only
+/// # Ok(()) }
+/// ```
 pub fn copy_bytes_with(
     stream: &Stream,
     dst: &mut DeviceBuffer<u8>,
@@ -83,6 +125,18 @@ pub fn copy_bytes_with(
 }
 
 /// [`copy_bytes_with`] with the default launch shape.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let stream = dev.create_stream()?;
+/// let src = dev.alloc_from(&[1u8, 2, 3, 4, 5, 6, 7, 8])?;
+/// let mut dst = dev.alloc::<u8>(8)?;
+/// ferrolink::ops::copy_bytes(&stream, &mut dst, 5, &src, 1, 3)?; // src[1..4] to dst[5..8]
+/// assert_eq!(dst.to_vec()?, [0, 0, 0, 0, 0, 2, 3, 4]);
+/// assert!(ferrolink::ops::copy_bytes(&stream, &mut dst, 6, &src, 0, 3).is_err()); // past the end
+/// # Ok(()) }
+/// ```
 pub fn copy_bytes(
     stream: &Stream,
     dst: &mut DeviceBuffer<u8>,
@@ -97,6 +151,16 @@ pub fn copy_bytes(
 
 /// The built-in copy kernels: [`ferrolink_copy`] and its
 /// [`variants`](ferrolink_device::kernels::copy::variants), which share its contract.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let module = dev.builtin_module()?;
+/// for (label, kernel) in ferrolink::ops::builtin_copy_kernels() {
+///     assert!(module.has_kernel(kernel.name()), "{label}");
+/// }
+/// # Ok(()) }
+/// ```
 pub fn builtin_copy_kernels() -> [(&'static str, &'static CopyKernel); 6] {
     use ferrolink_device::kernels::copy::variants::*;
     [
@@ -111,6 +175,21 @@ pub fn builtin_copy_kernels() -> [(&'static str, &'static CopyKernel); 6] {
 
 /// Runs `kernel` (one of [`builtin_copy_kernels`]) over all of `src` into `dst` with shape
 /// `cfg`: the perf tool's way to time them.
+///
+/// ```
+/// use ferrolink::ops::{builtin_copy_kernels, copy_launch_config, copy_with_kernel};
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let stream = dev.create_stream()?;
+/// let src = dev.alloc_from(&[3u64; 512])?;
+/// let cfg = copy_launch_config(&dev, src.bytes());
+/// for (_, kernel) in builtin_copy_kernels() {
+///     let mut dst = dev.alloc::<u64>(512)?;
+///     copy_with_kernel(&stream, kernel, &mut dst, &src, cfg)?;
+///     assert_eq!(dst.to_vec()?, vec![3u64; 512]);
+/// }
+/// # Ok(()) }
+/// ```
 pub fn copy_with_kernel<T: Pod>(
     stream: &Stream,
     kernel: &'static CopyKernel,

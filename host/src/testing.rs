@@ -36,6 +36,15 @@ pub fn splitmix64(mut z: u64) -> u64 {
 }
 
 /// The backends a test should run on here, with the reason for any that is skipped.
+///
+/// ```
+/// use ferrolink::testing::test_backends;
+/// let (run, skipped) = test_backends();
+/// // A backend is either run or skipped with a reason, never both.
+/// for (backend, why) in &skipped {
+///     assert!(!run.contains(backend) && !why.is_empty());
+/// }
+/// ```
 pub fn test_backends() -> (Vec<Backend>, Vec<(Backend, String)>) {
     let wanted = std::env::var("FERROLINK_TEST_BACKENDS").unwrap_or_else(|_| "all".into()).to_ascii_lowercase();
     assert!(
@@ -57,12 +66,28 @@ pub fn test_backends() -> (Vec<Backend>, Vec<(Backend, String)>) {
 }
 
 /// Whether `FERROLINK_REQUIRE_GPU=1` is set.
+///
+/// ```
+/// let required = ferrolink::testing::gpu_required();
+/// assert_eq!(required, std::env::var("FERROLINK_REQUIRE_GPU").as_deref() == Ok("1"));
+/// ```
 pub fn gpu_required() -> bool {
     std::env::var("FERROLINK_REQUIRE_GPU").is_ok_and(|v| v == "1")
 }
 
 /// Runs `body` on device 0 of each backend from [`test_backends`]. Panics (failing the
 /// test) if the body returns an error, or if CUDA is missing under `FERROLINK_REQUIRE_GPU=1`.
+///
+/// ```
+/// use ferrolink::testing::{for_each_backend, test_backends};
+/// let runs = std::cell::Cell::new(0);
+/// for_each_backend("device_zero", |dev| {
+///     assert_eq!(dev.ordinal(), 0);
+///     runs.set(runs.get() + 1);
+///     Ok(())
+/// });
+/// assert_eq!(runs.get(), test_backends().0.len());
+/// ```
 pub fn for_each_backend(test: &str, body: impl Fn(&Device) -> Result<()>) {
     let (run, skipped) = test_backends();
     for (backend, why) in skipped {
@@ -82,6 +107,17 @@ pub fn for_each_backend(test: &str, body: impl Fn(&Device) -> Result<()>) {
 
 /// `nranks` virtual ranks on `dev`, each with a `window_bytes` window and a device
 /// communicator made to `reqs`: the set-up of most multi-rank tests, examples and benches.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::{Backend, DevCommRequirements, Device, testing::virtual_job};
+/// let dev = Device::open_with(Backend::Cpu, 0)?;
+/// let (comms, windows, handles) = virtual_job(&dev, 2, 4096, &DevCommRequirements::default())?;
+/// assert_eq!(comms.len(), 2);
+/// assert_eq!((windows[1].rank(), windows[1].size()), (1, 4096));
+/// assert_eq!(handles[1].rank(), 1);
+/// # Ok(()) }
+/// ```
 pub fn virtual_job(
     dev: &Device,
     nranks: usize,
@@ -92,6 +128,17 @@ pub fn virtual_job(
 }
 
 /// [`virtual_job`] with explicit watchdog settings.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::{Backend, CommConfig, DevCommRequirements, Device, testing::virtual_job_with};
+/// use std::time::Duration;
+/// let dev = Device::open_with(Backend::Cpu, 0)?;
+/// let config = CommConfig { timeout: Some(Duration::from_secs(5)), ..CommConfig::from_env(Backend::Cpu) };
+/// let (comms, _windows, _handles) = virtual_job_with(&dev, 2, 4096, &DevCommRequirements::default(), config)?;
+/// assert_eq!(comms[0].config().timeout, Some(Duration::from_secs(5)));
+/// # Ok(()) }
+/// ```
 pub fn virtual_job_with(
     dev: &Device,
     nranks: usize,

@@ -75,12 +75,52 @@ pub mod persistent;
 
 /// Up to how many bytes of `count` elements per sender the tuner picks the LL protocol
 /// inside one LSA domain (see [`Collective::proto`]).
+///
+/// ```
+/// use ferrolink::coll::LL_TUNED_BYTES;
+/// use ferrolink::device_api::coll::ll;
+/// // Within what LL can carry; up to 4096 f32 per rank by default.
+/// assert!(LL_TUNED_BYTES <= ll::MAX_BYTES);
+/// assert_eq!(LL_TUNED_BYTES / std::mem::size_of::<f32>(), 4096);
+/// ```
 pub const LL_TUNED_BYTES: usize = 16 << 10;
 
 /// The most CTAs a collective's grid has (each needs an LSA barrier of its own).
+///
+/// ```
+/// # use ferrolink::coll::{DEFAULT_PERSISTENT_CTAS, MAX_CTAS, PersistentConfig};
+/// # use ferrolink::{Communicator, Device};
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// assert!(DEFAULT_PERSISTENT_CTAS <= MAX_CTAS);
+/// let comms = Communicator::init_all(&[dev])?;
+/// let too_many = PersistentConfig { ctas: Some(MAX_CTAS + 1), ..Default::default() };
+/// assert!(comms[0].start_persistent(too_many).is_err());
+/// # Ok(()) }
+/// ```
 pub const MAX_CTAS: u32 = 128;
 
 /// Where a collective reads this rank's input.
+///
+/// ```
+/// # use ferrolink::coll::{CollKind, Collective, Input, Output, ReduceOp};
+/// # use ferrolink::{Communicator, Device, run_ranks};
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+/// let sums = run_ranks(&comms, |c| {
+///     // Zero copy: peers read this rank's input in its window.
+///     let win = c.register_window(c.mem_alloc(4 * 4)?)?;
+///     win.copy_from_host(0, &[c.rank() as i32 + 1; 4])?;
+///     c.barrier()?; // every rank's input written before any kernel reads it
+///     let mut recv = c.device().alloc::<i32>(4)?;
+///     let call = Collective::new(CollKind::AllReduce, 4);
+///     c.collective(&call, Input::Window(&win, 0), Output::Buffer(&mut recv))?;
+///     recv.to_vec()
+/// })?;
+/// assert_eq!(sums[0], [3; 4]);
+/// # Ok(()) }
+/// ```
 pub enum Input<'a, T: bytemuck::Pod> {
     /// A device buffer (staged through the communicator's window when not in one).
     Buffer(&'a DeviceBuffer<T>),
@@ -95,6 +135,24 @@ pub enum Input<'a, T: bytemuck::Pod> {
 }
 
 /// Where a collective writes this rank's output.
+///
+/// ```
+/// # use ferrolink::coll::{CollKind, Collective, Input, Output, ReduceOp};
+/// # use ferrolink::{Communicator, Device, run_ranks};
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+/// let gathered = run_ranks(&comms, |c| {
+///     let win = c.register_window(c.mem_alloc(2 * 4)?)?;
+///     let send = c.device().alloc_from(&[c.rank() as u32 + 7])?;
+///     let call = Collective::new(CollKind::AllGather, 1);
+///     c.collective(&call, Input::Buffer(&send), Output::Window(&win, 0))?;
+///     c.synchronize()?;
+///     win.read::<u32>(0, 2)
+/// })?;
+/// assert_eq!(gathered[1], [7, 8]);
+/// # Ok(()) }
+/// ```
 pub enum Output<'a, T: bytemuck::Pod> {
     /// A device buffer.
     Buffer(&'a mut DeviceBuffer<T>),
@@ -104,6 +162,23 @@ pub enum Output<'a, T: bytemuck::Pod> {
 
 /// One collective call: what it does and with how many elements (NCCL's counts: see
 /// [`CollKind`]).
+///
+/// ```
+/// # use ferrolink::coll::{CollKind, Collective, Input, Output, ReduceOp};
+/// # use ferrolink::{Communicator, Device, run_ranks};
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+/// let call = Collective { op: ReduceOp::Max, ..Collective::new(CollKind::AllReduce, 3) };
+/// let out = run_ranks(&comms, |c| {
+///     let r = c.rank() as i64;
+///     let mut buf = c.device().alloc_from(&[10 * r, -r, 5])?;
+///     c.collective(&call, Input::InPlace, Output::Buffer(&mut buf))?;
+///     buf.to_vec()
+/// })?;
+/// assert_eq!(out[0], [10, 0, 5]);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Collective {
     /// Which collective.
@@ -138,11 +213,23 @@ pub struct Collective {
 
 impl Collective {
     /// `kind` over `count` elements with sum, root 0 and the tuner's algorithm.
+    ///
+    /// ```
+    /// use ferrolink::coll::{CollKind, Collective, ReduceOp};
+    /// let c = Collective::new(CollKind::Broadcast, 8);
+    /// assert_eq!((c.count, c.op, c.root, c.algo, c.proto), (8, ReduceOp::Sum, 0, None, None));
+    /// ```
     pub fn new(kind: CollKind, count: usize) -> Collective {
         Collective { kind, count, op: ReduceOp::Sum, root: 0, algo: None, proto: None, check: None }
     }
 
     /// (elements of the input, elements of the output) per rank, for `nranks` ranks.
+    ///
+    /// ```
+    /// use ferrolink::coll::{CollKind, Collective};
+    /// assert_eq!(Collective::new(CollKind::ReduceScatter, 4).lengths(3), (12, 4));
+    /// assert_eq!(Collective::new(CollKind::AllGather, 4).lengths(3), (4, 12));
+    /// ```
     pub fn lengths(&self, nranks: usize) -> (usize, usize) {
         let c = self.count;
         match self.kind {
@@ -320,6 +407,23 @@ pub(crate) fn after_recover(comm: &Communicator) -> Result<()> {
 
 impl Communicator {
     /// Out-of-place all-reduce of `send` into `recv` (same length) with `op`.
+    ///
+    /// ```
+    /// # use ferrolink::coll::ReduceOp;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let maxima = run_ranks(&comms, |c| {
+    ///     let r = c.rank() as i32;
+    ///     let send = c.device().alloc_from(&[r, 10 - r])?;
+    ///     let mut recv = c.device().alloc::<i32>(2)?;
+    ///     c.all_reduce(&send, &mut recv, ReduceOp::Max)?;
+    ///     recv.to_vec()
+    /// })?;
+    /// assert_eq!(maxima, [[1, 10], [1, 10]]);
+    /// # Ok(()) }
+    /// ```
     pub fn all_reduce<T: CollElem>(
         &self,
         send: &DeviceBuffer<T>,
@@ -331,6 +435,21 @@ impl Communicator {
     }
 
     /// In-place all-reduce of `buf` with `op`.
+    ///
+    /// ```
+    /// # use ferrolink::coll::ReduceOp;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let sums = run_ranks(&comms, |c| {
+    ///     let mut buf = c.device().alloc_from(&[c.rank() as f64 + 1.0; 4])?;
+    ///     c.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+    ///     buf.to_vec()
+    /// })?;
+    /// assert_eq!(sums[1], [3.0; 4]);
+    /// # Ok(()) }
+    /// ```
     pub fn all_reduce_in_place<T: CollElem>(&self, buf: &mut DeviceBuffer<T>, op: ReduceOp) -> Result<()> {
         let c = Collective { op, ..Collective::new(CollKind::AllReduce, buf.len()) };
         self.collective(&c, Input::InPlace, Output::Buffer(buf))
@@ -338,6 +457,23 @@ impl Communicator {
 
     /// Reduce-scatter: `recv` (its length is the count) gets the reduction of part
     /// `rank` of every rank's `send` (`nranks` times as long).
+    ///
+    /// ```
+    /// # use ferrolink::coll::ReduceOp;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let parts = run_ranks(&comms, |c| {
+    ///     let r = 10 * c.rank() as u32;
+    ///     let send = c.device().alloc_from(&[r, r + 1, r + 2, r + 3])?; // two parts of two
+    ///     let mut recv = c.device().alloc::<u32>(2)?;
+    ///     c.reduce_scatter(&send, &mut recv, ReduceOp::Sum)?;
+    ///     recv.to_vec()
+    /// })?;
+    /// assert_eq!(parts, [[10, 12], [14, 16]]); // 0 + 10, 1 + 11 | 2 + 12, 3 + 13
+    /// # Ok(()) }
+    /// ```
     pub fn reduce_scatter<T: CollElem>(
         &self,
         send: &DeviceBuffer<T>,
@@ -350,6 +486,21 @@ impl Communicator {
 
     /// All-gather: `recv` (`nranks` times `send`'s length) gets every rank's `send`, in rank
     /// order.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let all = run_ranks(&comms, |c| {
+    ///     let send = c.device().alloc_from(&[c.rank() as u32; 2])?;
+    ///     let mut recv = c.device().alloc::<u32>(4)?;
+    ///     c.all_gather(&send, &mut recv)?;
+    ///     recv.to_vec()
+    /// })?;
+    /// assert_eq!(all[0], [0, 0, 1, 1]);
+    /// # Ok(()) }
+    /// ```
     pub fn all_gather<T: CollElem>(&self, send: &DeviceBuffer<T>, recv: &mut DeviceBuffer<T>) -> Result<()> {
         let c = Collective::new(CollKind::AllGather, send.len());
         self.collective(&c, Input::Buffer(send), Output::Buffer(recv))
@@ -357,6 +508,21 @@ impl Communicator {
 
     /// Broadcast of the root's `send` into every rank's `recv` (`send` is read on the root
     /// only, but every rank passes one of the same length).
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let got = run_ranks(&comms, |c| {
+    ///     let send = c.device().alloc_from(&[100 * c.rank() as i32 + 5; 3])?;
+    ///     let mut recv = c.device().alloc::<i32>(3)?;
+    ///     c.broadcast(&send, &mut recv, 1)?; // rank 1's
+    ///     recv.to_vec()
+    /// })?;
+    /// assert_eq!(got, [[105; 3], [105; 3]]);
+    /// # Ok(()) }
+    /// ```
     pub fn broadcast<T: CollElem>(
         &self,
         send: &DeviceBuffer<T>,
@@ -369,6 +535,23 @@ impl Communicator {
 
     /// Reduce of every rank's `send` into the root's `recv` with `op` (other ranks' `recv` is
     /// left as it is).
+    ///
+    /// ```
+    /// # use ferrolink::coll::ReduceOp;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let got = run_ranks(&comms, |c| {
+    ///     let send = c.device().alloc_from(&[c.rank() as f32 + 2.0; 3])?;
+    ///     let mut recv = c.device().alloc_from(&[-1.0f32; 3])?;
+    ///     c.reduce(&send, &mut recv, ReduceOp::Prod, 0)?;
+    ///     recv.to_vec()
+    /// })?;
+    /// assert_eq!(got[0], [6.0; 3]); // 2 * 3 on the root
+    /// assert_eq!(got[1], [-1.0; 3]); // left as it was
+    /// # Ok(()) }
+    /// ```
     pub fn reduce<T: CollElem>(
         &self,
         send: &DeviceBuffer<T>,
@@ -382,6 +565,22 @@ impl Communicator {
 
     /// All-to-all: block `p` of `send` (each `send.len() / nranks` elements) goes to rank `p`,
     /// into block `rank` of its `recv`.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let got = run_ranks(&comms, |c| {
+    ///     let r = 10 * c.rank() as u32;
+    ///     let send = c.device().alloc_from(&[r, r, r + 1, r + 1])?; // block p for rank p
+    ///     let mut recv = c.device().alloc::<u32>(4)?;
+    ///     c.all_to_all(&send, &mut recv)?;
+    ///     recv.to_vec()
+    /// })?;
+    /// assert_eq!(got, [[0, 0, 10, 10], [1, 1, 11, 11]]);
+    /// # Ok(()) }
+    /// ```
     pub fn all_to_all<T: CollElem>(&self, send: &DeviceBuffer<T>, recv: &mut DeviceBuffer<T>) -> Result<()> {
         let n = self.nranks();
         if !send.len().is_multiple_of(n) {
@@ -398,6 +597,25 @@ impl Communicator {
     /// methods above). Every rank of the communicator must make the same call (same kind,
     /// count, type, op and root; in debug builds, or with `FERROLINK_COLL_CHECK=1`, a mismatch
     /// is an error naming the ranks). Returns when the work is queued.
+    ///
+    /// ```
+    /// # use ferrolink::coll::{CollKind, Collective, Input, Output, ReduceOp, expected_output};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let call = Collective { op: ReduceOp::Avg, ..Collective::new(CollKind::AllReduce, 4) };
+    /// let input = |r: usize, i: usize| (4 * r + i) as f32;
+    /// let out = run_ranks(&comms, |c| {
+    ///     let send = c.device().alloc_from(&(0..4).map(|i| input(c.rank(), i)).collect::<Vec<_>>())?;
+    ///     let mut recv = c.device().alloc::<f32>(4)?;
+    ///     c.collective(&call, Input::Buffer(&send), Output::Buffer(&mut recv))?;
+    ///     recv.to_vec()
+    /// })?;
+    /// assert_eq!(out[1], [2.0, 3.0, 4.0, 5.0]); // (i + (4 + i)) / 2
+    /// assert_eq!(Some(out[1].clone()), expected_output(&call, 2, 1, input));
+    /// # Ok(()) }
+    /// ```
     pub fn collective<T: CollElem>(&self, coll: &Collective, input: Input<'_, T>, output: Output<'_, T>) -> Result<()> {
         phases::begin();
         let n = self.nranks();
@@ -970,6 +1188,16 @@ impl Communicator {
 
 /// The reduction of `values` (in rank order) with `op`, computed one element at a time on the
 /// host as the kernels compute it (NCCL's semantics: see [`ReduceOp`]). For checking results.
+///
+/// # Panics
+/// If `values` is empty: a reduction over no ranks has no value.
+///
+/// ```
+/// use ferrolink::coll::{ReduceOp, reduce_values};
+/// assert_eq!(reduce_values(&[3i32, -1, 4], ReduceOp::Sum), 6);
+/// assert_eq!(reduce_values(&[3i32, -1, 4], ReduceOp::Min), -1);
+/// assert_eq!(reduce_values(&[1.0f32, 2.0], ReduceOp::Avg), 1.5);
+/// ```
 pub fn reduce_values<T: CollElem>(values: &[T], op: ReduceOp) -> T {
     let n = values.len() as u32;
     let pre = |x: T| if op == ReduceOp::Avg { x.avg_pre(n) } else { x };

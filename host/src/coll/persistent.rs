@@ -60,9 +60,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// CTAs of the persistent kernel by default (each a 256-thread CTA on an SM of its own).
+///
+/// ```
+/// use ferrolink::coll::{DEFAULT_PERSISTENT_CTAS, MAX_CTAS, PersistentConfig};
+/// assert!(DEFAULT_PERSISTENT_CTAS <= MAX_CTAS);
+/// assert_eq!(PersistentConfig::default().ctas, None); // DEFAULT_PERSISTENT_CTAS, or fewer if the GPU holds fewer
+/// ```
 pub const DEFAULT_PERSISTENT_CTAS: u32 = 16;
 
 /// How [`Communicator::start_persistent`] sets persistent mode up.
+///
+/// ```
+/// # use ferrolink::coll::{PersistentConfig, ReduceOp};
+/// # use ferrolink::{Communicator, Device, run_ranks};
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev])?;
+/// // A kernel of two CTAs with 1 MiB of staging each way; one of no CTAs is refused.
+/// assert!(comms[0].start_persistent(PersistentConfig { ctas: Some(0), ..Default::default() }).is_err());
+/// comms[0].start_persistent(PersistentConfig { ctas: Some(2), staging_bytes: 1 << 20 })?;
+/// comms[0].stop_persistent()?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PersistentConfig {
     /// CTAs of the kernel (`None`: [`DEFAULT_PERSISTENT_CTAS`], at most the GPU's SMs over
@@ -124,6 +143,24 @@ impl Communicator {
     /// Starts persistent mode (collective: every rank calls it with the same `cfg`).
     /// Collectives then run in this GPU's persistent kernel, handed over by stream memory
     /// operations instead of launched. See the [module docs](self).
+    ///
+    /// ```
+    /// # use ferrolink::coll::{PersistentConfig, ReduceOp};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let maxima = run_ranks(&comms, |c| {
+    ///     c.start_persistent(PersistentConfig::default())?; // every rank, the same config
+    ///     let mut buf = c.device().alloc_from(&[c.rank() as i64, 7 - c.rank() as i64])?;
+    ///     c.all_reduce_in_place(&mut buf, ReduceOp::Max)?; // run by the kernel
+    ///     let out = buf.to_vec()?;
+    ///     c.stop_persistent()?;
+    ///     Ok(out)
+    /// })?;
+    /// assert_eq!(maxima[1], [1, 7]);
+    /// # Ok(()) }
+    /// ```
     pub fn start_persistent(&self, cfg: PersistentConfig) -> Result<()> {
         let ctas = cfg.ctas;
         let n = self.nranks();
@@ -270,12 +307,44 @@ impl Communicator {
     }
 
     /// Whether persistent mode is on.
+    ///
+    /// ```
+    /// # use ferrolink::coll::{PersistentConfig, ReduceOp};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev])?;
+    /// assert!(!comms[0].is_persistent());
+    /// comms[0].start_persistent(PersistentConfig::default())?;
+    /// assert!(comms[0].is_persistent());
+    /// comms[0].stop_persistent()?;
+    /// assert!(!comms[0].is_persistent());
+    /// # Ok(()) }
+    /// ```
     pub fn is_persistent(&self) -> bool {
         lock(&self.shared.persistent).is_some()
     }
 
     /// Ends persistent mode (collective): queues the shutdown on this rank's stream after its
     /// collectives, and waits until the kernel has ended.
+    ///
+    /// ```
+    /// # use ferrolink::coll::{PersistentConfig, ReduceOp};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let sums = run_ranks(&comms, |c| {
+    ///     c.start_persistent(PersistentConfig::default())?;
+    ///     let mut buf = c.device().alloc_from(&[c.rank() as u32 + 1; 3])?;
+    ///     c.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+    ///     c.stop_persistent()?; // after the all-reduce: the kernel has run it
+    ///     assert!(c.stop_persistent().is_err()); // not on any more
+    ///     buf.to_vec()
+    /// })?;
+    /// assert_eq!(sums[0], [3; 3]);
+    /// # Ok(()) }
+    /// ```
     pub fn stop_persistent(&self) -> Result<()> {
         let state = lock(&self.shared.persistent).take();
         let Some(mut state) = state else {

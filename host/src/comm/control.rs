@@ -18,6 +18,18 @@ use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// Watchdog settings of a communicator.
+///
+/// ```
+/// # use ferrolink::{CommConfig, Communicator, Device, LsaMode};
+/// # use std::time::Duration;
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// // No timeout, a progress line every 30 s.
+/// let config = CommConfig { timeout: None, progress_interval: Duration::from_secs(30), lsa: LsaMode::Node };
+/// let comms = Communicator::init_all_with(&[dev.clone(), dev], config)?;
+/// assert_eq!(comms[0].config(), config);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CommConfig {
     /// How long a device wait may go on before the watchdog reports it and aborts the
@@ -36,6 +48,16 @@ pub struct CommConfig {
 
 impl CommConfig {
     /// The defaults for `backend`, with the environment's overrides.
+    ///
+    /// ```
+    /// use ferrolink::{Backend, CommConfig};
+    /// use std::time::Duration;
+    /// let cpu = CommConfig::from_env(Backend::Cpu);
+    /// if std::env::var_os("FERROLINK_TIMEOUT").is_none() {
+    ///     assert_eq!(cpu.timeout, Some(Duration::from_secs(60)));
+    ///     assert_eq!(CommConfig::from_env(Backend::Cuda).timeout, Some(Duration::from_secs(600)));
+    /// }
+    /// ```
     pub fn from_env(backend: crate::Backend) -> CommConfig {
         let secs = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<f64>().ok());
         let default_timeout = crate::runtime::backend::launch_profile(backend).default_timeout_secs;

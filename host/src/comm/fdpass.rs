@@ -129,6 +129,28 @@ impl Shared {
 ///
 /// Create one per rank and process; ranks of one job must share `job` (e.g. the unique id's
 /// magic), and one `(job, rank)` may exist only once per machine at a time.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::comm::fdpass::FdExchange;
+/// use std::io::{Read, Write};
+/// use std::os::fd::AsFd;
+/// use std::time::Duration;
+/// // Two ranks of one job: normally two processes of one machine, here one.
+/// let job = u64::from(std::process::id()) << 8 | 1;
+/// let r0 = FdExchange::new(job, 0, Duration::from_secs(10))?;
+/// let r1 = FdExchange::new(job, 1, Duration::from_secs(10))?;
+/// let (reader, mut writer) = std::io::pipe().unwrap();
+/// r0.send_fd(1, 7, reader.as_fd())?;
+/// drop(reader); // rank 1 holds the pipe's read end now
+/// let reader = r1.recv_fd(0, 7)?;
+/// writer.write_all(b"hello rank 1").unwrap();
+/// drop(writer);
+/// let mut got = String::new();
+/// std::fs::File::from(reader).read_to_string(&mut got).unwrap();
+/// assert_eq!(got, "hello rank 1");
+/// # Ok(()) }
+/// ```
 pub struct FdExchange {
     shared: Arc<Shared>,
     addr: SocketAddr,
@@ -152,6 +174,19 @@ impl FdExchange {
     ///
     /// Fails with [`Error::Bootstrap`] when that name is taken (this rank exists already on
     /// this machine, in this process or another).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::comm::fdpass::FdExchange;
+    /// # use std::time::Duration;
+    /// let job = u64::from(std::process::id()) << 8 | 2;
+    /// let rank0 = FdExchange::new(job, 0, Duration::from_secs(1))?;
+    /// let err = FdExchange::new(job, 0, Duration::from_secs(1)).unwrap_err();
+    /// assert!(err.to_string().contains("exists already"), "{err}");
+    /// drop(rank0);
+    /// assert!(FdExchange::new(job, 0, Duration::from_secs(1)).is_ok(), "the name is free again");
+    /// # Ok(()) }
+    /// ```
     pub fn new(job: u64, rank: usize, timeout: Duration) -> Result<FdExchange> {
         let name = socket_name(job, rank);
         let fail = |what: &str, e: std::io::Error| {
@@ -187,16 +222,43 @@ impl FdExchange {
     }
 
     /// This rank.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::comm::fdpass::FdExchange;
+    /// # use std::time::Duration;
+    /// let ex = FdExchange::new(u64::from(std::process::id()) << 8 | 3, 2, Duration::from_secs(1))?;
+    /// assert_eq!(ex.rank(), 2);
+    /// # Ok(()) }
+    /// ```
     pub fn rank(&self) -> usize {
         self.shared.rank
     }
 
     /// The job.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::comm::fdpass::FdExchange;
+    /// # use std::time::Duration;
+    /// let job = u64::from(std::process::id()) << 8 | 4;
+    /// assert_eq!(FdExchange::new(job, 0, Duration::from_secs(1))?.job(), job);
+    /// # Ok(()) }
+    /// ```
     pub fn job(&self) -> u64 {
         self.shared.job
     }
 
     /// The limit of every wait.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::comm::fdpass::FdExchange;
+    /// # use std::time::Duration;
+    /// let ex = FdExchange::new(u64::from(std::process::id()) << 8 | 5, 0, Duration::from_secs(3))?;
+    /// assert_eq!(ex.timeout(), Duration::from_secs(3));
+    /// # Ok(()) }
+    /// ```
     pub fn timeout(&self) -> Duration {
         self.shared.timeout
     }
@@ -210,6 +272,19 @@ impl FdExchange {
     /// listen within the timeout, its socket belongs to another user, it refuses the message
     /// (another job; or an fd from this rank under this key is still unclaimed there), or it
     /// does not ack within the timeout. After an error the fd may or may not have arrived.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::comm::fdpass::FdExchange;
+    /// # use std::time::Duration;
+    /// # use std::os::fd::AsFd;
+    /// let ex = FdExchange::new(u64::from(std::process::id()) << 8 | 6, 0, Duration::from_millis(20))?;
+    /// let (reader, _writer) = std::io::pipe().unwrap();
+    /// // No rank 1 listens: the send gives up after the timeout.
+    /// let err = ex.send_fd(1, 7, reader.as_fd()).unwrap_err();
+    /// assert!(err.to_string().contains("rank 1 did not listen"), "{err}");
+    /// # Ok(()) }
+    /// ```
     pub fn send_fd(&self, to_rank: usize, key: u64, fd: BorrowedFd<'_>) -> Result<()> {
         let s = &self.shared;
         let fail = |why: String| {
@@ -274,6 +349,21 @@ impl FdExchange {
     ///
     /// Fails with [`Error::Bootstrap`] naming the rank and the key when it has not arrived
     /// within the timeout.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::comm::fdpass::FdExchange;
+    /// # use std::time::Duration;
+    /// # use std::os::fd::AsFd;
+    /// # let job = u64::from(std::process::id()) << 8 | 7;
+    /// let r0 = FdExchange::new(job, 0, Duration::from_secs(10))?;
+    /// let r1 = FdExchange::new(job, 1, Duration::from_millis(50))?;
+    /// let (reader, _writer) = std::io::pipe().unwrap();
+    /// r0.send_fd(1, 9, reader.as_fd())?;
+    /// let _fd = r1.recv_fd(0, 9)?; // arrived: no wait
+    /// assert!(r1.recv_fd(0, 9).is_err(), "each fd is returned once");
+    /// # Ok(()) }
+    /// ```
     pub fn recv_fd(&self, from_rank: usize, key: u64) -> Result<OwnedFd> {
         let s = &self.shared;
         let deadline = Instant::now() + s.timeout;

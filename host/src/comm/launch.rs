@@ -23,6 +23,17 @@ use crate::{Error, Result};
 use std::net::{SocketAddr, ToSocketAddrs};
 
 /// A launcher's description of this process's rank.
+///
+/// ```
+/// # use ferrolink::comm::launch::LaunchEnv;
+/// # fn env(vars: &[(&str, &str)]) -> Option<LaunchEnv> {
+/// #     LaunchEnv::from_lookup(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())).unwrap()
+/// # }
+/// // torchrun's variables, for the second of four ranks.
+/// let e = env(&[("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")]).unwrap();
+/// assert_eq!((e.launcher, e.rank, e.nranks), ("torchrun", 1, 4));
+/// assert_eq!((e.local_rank, e.local_nranks), (Some(1), Some(2)));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LaunchEnv {
     /// Which launcher's variables were read ("torchrun", "Open MPI", "Slurm", "ferrolink").
@@ -52,11 +63,33 @@ enum RootSource {
 
 impl LaunchEnv {
     /// Reads this process's environment; `None` when no launcher variables are set.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::comm::launch::LaunchEnv;
+    /// match LaunchEnv::detect()? {
+    ///     Some(env) => assert!(env.rank < env.nranks),
+    ///     None => {} // not started by a launcher: e.g. `Communicator::init_all` on local devices
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn detect() -> Result<Option<LaunchEnv>> {
         LaunchEnv::from_lookup(|k| std::env::var(k).ok())
     }
 
     /// [`LaunchEnv::detect`] over any variable lookup (for tests and tools).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::comm::launch::LaunchEnv;
+    /// let vars = [("SLURM_PROCID", "5"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "1")];
+    /// let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+    /// let env = LaunchEnv::from_lookup(get)?.expect("Slurm's variables");
+    /// assert_eq!((env.launcher, env.rank, env.nranks), ("Slurm", 5, 8));
+    /// assert_eq!(LaunchEnv::from_lookup(|_| None)?, None);
+    /// assert!(LaunchEnv::from_lookup(|k| (k == "RANK" || k == "WORLD_SIZE").then(|| "2".into())).is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Option<LaunchEnv>> {
         let num =
             |k: &str| -> Result<Option<usize>> {
@@ -125,11 +158,36 @@ impl LaunchEnv {
     }
 
     /// The device ordinal this rank should use: `FERROLINK_DEVICE`, else the local rank, else 0.
+    ///
+    /// ```
+    /// # use ferrolink::comm::launch::LaunchEnv;
+    /// # fn env(vars: &[(&str, &str)]) -> Option<LaunchEnv> {
+    /// #     LaunchEnv::from_lookup(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())).unwrap()
+    /// # }
+    /// assert_eq!(env(&[("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1")]).unwrap().device_ordinal(), 1);
+    /// let pinned = env(&[("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("FERROLINK_DEVICE", "0")]);
+    /// assert_eq!(pinned.unwrap().device_ordinal(), 0);
+    /// ```
     pub fn device_ordinal(&self) -> usize {
         self.device.or(self.local_rank).unwrap_or(0)
     }
 
     /// The bootstrap's unique id (see the [module docs](self)).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::comm::launch::LaunchEnv;
+    /// # fn env(vars: &[(&str, &str)]) -> Option<LaunchEnv> {
+    /// #     LaunchEnv::from_lookup(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())).unwrap()
+    /// # }
+    /// let master = [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500"), ("WORLD_SIZE", "2")];
+    /// let rank0 = env(&[master.as_slice(), &[("RANK", "0")]].concat()).unwrap();
+    /// let rank1 = env(&[master.as_slice(), &[("RANK", "1")]].concat()).unwrap();
+    /// // Every rank derives the same id; the root listens next to torchrun's store.
+    /// assert_eq!(rank0.unique_id()?, rank1.unique_id()?);
+    /// assert_eq!(rank0.unique_id()?.root().port(), 29501);
+    /// # Ok(()) }
+    /// ```
     pub fn unique_id(&self) -> Result<UniqueId> {
         match &self.root {
             RootSource::Id(text) => text.parse(),

@@ -65,6 +65,17 @@ pub(crate) struct CommShared {
 }
 
 /// One rank of a communicator. Cheap to clone (the rank's stream is shared).
+///
+/// ```
+/// # use ferrolink::{Communicator, Device};
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+/// let handle = comms[1].clone(); // the same rank, sharing its stream
+/// assert!(handle.same_comm(&comms[0]));
+/// assert_eq!((handle.rank(), handle.nranks()), (1, 2));
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Communicator {
     pub(crate) shared: Arc<CommShared>,
@@ -84,6 +95,15 @@ impl std::fmt::Debug for Communicator {
 
 /// How long bootstrap exchanges wait for the slowest rank: `FERROLINK_BOOTSTRAP_TIMEOUT`
 /// seconds, default 120.
+///
+/// ```
+/// use std::time::Duration;
+/// let t = ferrolink::comm::bootstrap_timeout();
+/// if std::env::var_os("FERROLINK_BOOTSTRAP_TIMEOUT").is_none() {
+///     assert_eq!(t, Duration::from_secs(120));
+/// }
+/// assert!(t > Duration::ZERO);
+/// ```
 pub fn bootstrap_timeout() -> Duration {
     std::env::var("FERROLINK_BOOTSTRAP_TIMEOUT")
         .ok()
@@ -145,12 +165,34 @@ impl Communicator {
     /// pairs of GPUs have peer access (and always on one GPU or on the emulator); otherwise
     /// consecutive equal blocks of ranks that reach each other, else each rank alone
     /// ([`topology::lsa_layout`]). `FERROLINK_LSA=process` makes the whole process one domain.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// // Three virtual ranks on one device.
+    /// let comms = Communicator::init_all(&[dev.clone(), dev.clone(), dev])?;
+    /// assert!(comms.iter().enumerate().all(|(r, c)| c.rank() == r && c.nranks() == 3));
+    /// assert!(Communicator::init_all(&[]).is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn init_all(devices: &[Device]) -> Result<Vec<Communicator>> {
         let backend = devices.first().map_or(Backend::Cpu, Device::backend);
         Communicator::init_all_with(devices, CommConfig::from_env(backend))
     }
 
     /// [`Communicator::init_all`] with explicit watchdog settings.
+    ///
+    /// ```
+    /// # use ferrolink::{CommConfig, Communicator, Device};
+    /// # use std::time::Duration;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let config = CommConfig { timeout: Some(Duration::from_secs(5)), ..CommConfig::from_env(dev.backend()) };
+    /// let comms = Communicator::init_all_with(&[dev.clone(), dev], config)?;
+    /// assert_eq!(comms[1].config().timeout, Some(Duration::from_secs(5)));
+    /// # Ok(()) }
+    /// ```
     pub fn init_all_with(devices: &[Device], config: CommConfig) -> Result<Vec<Communicator>> {
         if devices.is_empty() {
             return Err(Error::InvalidArgument("init_all needs at least one device".into()));
@@ -167,11 +209,42 @@ impl Communicator {
     /// runs the bootstrap's root at `id.root()`. Returns when every rank has joined, or fails
     /// after `FERROLINK_BOOTSTRAP_TIMEOUT` (120 s) with an error naming the ranks that never
     /// came.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device, UniqueId};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// // Where rank 0's root listens (in a real job: rank 0's machine, a port every rank reaches).
+    /// let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    /// let id = UniqueId::new(([127, 0, 0, 1], port).into())?;
+    /// // Usually one process per rank; here two ranks on threads of this one.
+    /// let comms = std::thread::scope(|s| {
+    ///     let (id, dev) = (&id, &dev);
+    ///     let ranks: Vec<_> = (0..2).map(|r| s.spawn(move || Communicator::init_rank(id, 2, r, dev))).collect();
+    ///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<ferrolink::Result<Vec<_>>>()
+    /// })?;
+    /// assert_eq!((comms[1].rank(), comms[1].nranks()), (1, 2));
+    /// assert!(comms[0].same_comm(&comms[1]));
+    /// # Ok(()) }
+    /// ```
     pub fn init_rank(id: &UniqueId, nranks: usize, rank: usize, device: &Device) -> Result<Communicator> {
         Communicator::init_rank_with(id, nranks, rank, device, CommConfig::from_env(device.backend()))
     }
 
     /// [`Communicator::init_rank`] with explicit watchdog settings.
+    ///
+    /// ```
+    /// # use ferrolink::{CommConfig, Communicator, Device, UniqueId};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    /// let id = UniqueId::new(([127, 0, 0, 1], port).into())?;
+    /// let config = CommConfig { timeout: None, ..CommConfig::from_env(dev.backend()) }; // no watchdog
+    /// assert!(Communicator::init_rank_with(&id, 1, 1, &dev, config).is_err()); // rank 1 of 1
+    /// let comm = Communicator::init_rank_with(&id, 1, 0, &dev, config)?; // a job of one rank
+    /// assert_eq!(comm.config().timeout, None);
+    /// # Ok(()) }
+    /// ```
     pub fn init_rank_with(
         id: &UniqueId,
         nranks: usize,
@@ -188,6 +261,18 @@ impl Communicator {
 
     /// Creates this process's rank from a launcher's environment (torchrun, Open MPI, Slurm,
     /// `ferrolink-run`; [`launch::LaunchEnv`] says which variables are read), on `device`.
+    ///
+    /// ```no_run
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// // Needs a launcher's environment (one process per rank), e.g. `ferrolink-run -n 2 prog`,
+    /// // `torchrun`, `mpirun` or `srun`: without one it returns an error.
+    /// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comm = Communicator::from_env(&dev)?;
+    /// comm.barrier()?; // every rank has joined
+    /// assert!(comm.rank() < comm.nranks());
+    /// # Ok(()) }
+    /// ```
     pub fn from_env(device: &Device) -> Result<Communicator> {
         let env = launch::LaunchEnv::detect()?.ok_or_else(|| {
             Error::InvalidArgument(
@@ -202,6 +287,30 @@ impl Communicator {
 
     /// Creates one rank over any bootstrap (the other constructors end here): gathers every
     /// rank's description, checks the job, computes the LSA domains, creates the rank's stream.
+    ///
+    /// ```
+    /// # use ferrolink::{CommConfig, Communicator, Device};
+    /// # use std::sync::Arc;
+    /// use ferrolink::comm::bootstrap::{Bootstrap, in_process::InProcessBootstrap};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// // What init_all does: a bootstrap per rank, each rank on a thread.
+    /// let group = InProcessBootstrap::group(2, ferrolink::comm::bootstrap_timeout());
+    /// let config = CommConfig::from_env(dev.backend());
+    /// let comms = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = group
+    ///         .iter()
+    ///         .map(|b| {
+    ///             let b = b.clone() as Arc<dyn Bootstrap>;
+    ///             s.spawn(|| Communicator::from_bootstrap(b, &dev, config))
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<ferrolink::Result<Vec<_>>>()
+    /// })?;
+    /// assert_eq!(comms[1].rank(), 1);
+    /// assert!(comms[0].same_comm(&comms[1]));
+    /// # Ok(()) }
+    /// ```
     pub fn from_bootstrap(bootstrap: Arc<dyn Bootstrap>, device: &Device, config: CommConfig) -> Result<Communicator> {
         let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
         crate::log::init();
@@ -290,6 +399,23 @@ impl Communicator {
     /// rank here). A rank passing `None` takes part but gets no communicator. The new
     /// communicators have their own windows, device communicators and watchdog; their
     /// bootstrap messages travel over this one's.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&vec![dev; 4])?;
+    /// // Even and odd ranks apart; rank 3 takes part but joins none.
+    /// let subs = ferrolink::run_ranks(&comms, |c| {
+    ///     let color = (c.rank() != 3).then_some(c.rank() as u32 % 2);
+    ///     c.split(color, 0)
+    /// })?;
+    /// let (even, odd) = (subs[2].as_ref().unwrap(), subs[1].as_ref().unwrap());
+    /// assert_eq!((even.rank(), even.nranks(), odd.nranks()), (1, 2, 1));
+    /// assert!(even.same_comm(subs[0].as_ref().unwrap()) && !even.same_comm(odd));
+    /// assert!(subs[3].is_none());
+    /// # Ok(()) }
+    /// ```
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
         let mut msg = Vec::with_capacity(13);
         msg.push(u8::from(color.is_some()));
@@ -315,38 +441,117 @@ impl Communicator {
     }
 
     /// This rank.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// assert_eq!(comms.iter().map(|c| c.rank()).collect::<Vec<_>>(), [0, 1]);
+    /// # Ok(()) }
+    /// ```
     pub fn rank(&self) -> usize {
         self.shared.rank
     }
 
     /// Ranks in the job.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// assert!(comms.iter().all(|c| c.nranks() == 2));
+    /// # Ok(()) }
+    /// ```
     pub fn nranks(&self) -> usize {
         self.shared.nranks
     }
 
     /// This rank's device.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// assert_eq!(comms[1].device().backend(), ferrolink::Backend::Cpu);
+    /// # Ok(()) }
+    /// ```
     pub fn device(&self) -> &Device {
         &self.shared.device
     }
 
     /// This rank's stream (non-blocking: ranks' kernels run concurrently). Its
     /// `synchronize` also reports the communicator's asynchronous error.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let c = &comms[0];
+    /// let src = c.device().alloc_from(&[1u32, 2, 3])?;
+    /// let mut dst = c.device().alloc::<u32>(3)?;
+    /// c.stream().copy_buffer(&mut dst, &src)?; // queued on rank 0's stream
+    /// c.stream().synchronize()?;
+    /// assert_eq!(dst.to_vec()?, [1, 2, 3]);
+    /// # Ok(()) }
+    /// ```
     pub fn stream(&self) -> &Stream {
         &self.stream
     }
 
     /// Where every rank runs (machine, process, device), by world rank.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let peers = comms[0].peers();
+    /// assert_eq!(peers.len(), 2);
+    /// assert!(peers[0].same_process(&peers[1])); // virtual ranks of this process
+    /// # Ok(()) }
+    /// ```
     pub fn peers(&self) -> &[PeerInfo] {
         &self.shared.peers
     }
 
     /// Waits for this rank's queued work; the stream's error, or the communicator's
     /// asynchronous error (an abort, a watchdog timeout, another rank's failure) if any.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// comms[0].synchronize()?; // nothing queued, no error
+    /// comms[1].abort();
+    /// assert!(matches!(comms[0].synchronize(), Err(ferrolink::Error::Aborted(_))));
+    /// # Ok(()) }
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize()
     }
 
     /// Waits until every rank has called it (a host barrier through the bootstrap).
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// let arrived = AtomicUsize::new(0);
+    /// let seen = ferrolink::run_ranks(&comms, |c| {
+    ///     arrived.fetch_add(1, Ordering::SeqCst);
+    ///     c.barrier()?;
+    ///     Ok(arrived.load(Ordering::SeqCst))
+    /// })?;
+    /// assert_eq!(seen, [2, 2]); // no rank left before both arrived
+    /// # Ok(()) }
+    /// ```
     pub fn barrier(&self) -> Result<()> {
         self.shared.bootstrap.barrier()
     }
@@ -373,17 +578,49 @@ impl Communicator {
     /// the abort. Callable from any thread, at any time. Ranks in other processes are not
     /// told: their watchdogs report the ranks that stopped arriving. Use
     /// [`Communicator::recover`] to go on with the same communicator afterwards.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// comms[0].abort();
+    /// assert!(matches!(comms[1].async_error(), Some(ferrolink::Error::Aborted(_))));
+    /// ferrolink::recover(&comms)?; // usable again
+    /// assert!(comms[1].async_error().is_none());
+    /// # Ok(()) }
+    /// ```
     pub fn abort(&self) {
         self.shared.control.abort(Error::Aborted(format!("Communicator::abort was called on rank {}", self.rank())));
     }
 
     /// The communicator's asynchronous error (NCCL's `ncclCommGetAsyncError`): why it was
     /// aborted, if it was.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// assert!(comms[0].async_error().is_none());
+    /// comms[1].abort();
+    /// assert!(comms[0].async_error().is_some()); // the whole communicator
+    /// # Ok(()) }
+    /// ```
     pub fn async_error(&self) -> Option<Error> {
         if self.shared.control.is_aborted() { self.shared.control.error() } else { None }
     }
 
     /// The watchdog settings.
+    ///
+    /// ```
+    /// # use ferrolink::{CommConfig, Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// assert_eq!(comms[0].config(), CommConfig::from_env(dev.backend())); // init_all's settings
+    /// # Ok(()) }
+    /// ```
     pub fn config(&self) -> CommConfig {
         self.shared.control.config()
     }
@@ -398,7 +635,7 @@ impl Communicator {
     /// # use ferrolink::{CommConfig, Communicator, Device};
     /// # use std::time::Duration;
     /// # fn main() -> ferrolink::Result<()> {
-    /// let dev = Device::open(0)?;
+    /// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
     /// let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
     /// comms[0].set_timeout(Some(Duration::from_secs(1)));
     /// assert_eq!(comms[1].config().timeout, Some(Duration::from_secs(1))); // one process: both ranks
@@ -410,32 +647,100 @@ impl Communicator {
     }
 
     /// Ranks in this rank's LSA domain.
+    ///
+    /// ```
+    /// # use ferrolink::{CommConfig, Communicator, Device, LsaMode};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// // Four ranks in LSA domains of two: {0, 1} and {2, 3}.
+    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend()) };
+    /// let comms = Communicator::init_all_with(&vec![dev; 4], config)?;
+    /// assert_eq!(comms[3].lsa_size(), 2);
+    /// # Ok(()) }
+    /// ```
     pub fn lsa_size(&self) -> usize {
         self.shared.lsa_size
     }
 
     /// This rank's index in its LSA domain.
+    ///
+    /// ```
+    /// # use ferrolink::{CommConfig, Communicator, Device, LsaMode};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// // Four ranks in LSA domains of two: {0, 1} and {2, 3}.
+    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend()) };
+    /// let comms = Communicator::init_all_with(&vec![dev; 4], config)?;
+    /// assert_eq!(comms.iter().map(|c| c.lsa_rank()).collect::<Vec<_>>(), [0, 1, 0, 1]);
+    /// # Ok(()) }
+    /// ```
     pub fn lsa_rank(&self) -> usize {
         self.rank() % self.shared.lsa_size
     }
 
     /// The world team.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// use ferrolink::device_api::Team;
+    /// assert_eq!(comms[1].world_team(), Team { rank: 1, size: 2, stride: 1 });
+    /// # Ok(()) }
+    /// ```
     pub fn world_team(&self) -> Team {
         Team { rank: self.rank() as u32, size: self.nranks() as u32, stride: 1 }
     }
 
     /// The LSA team.
+    ///
+    /// ```
+    /// # use ferrolink::{CommConfig, Communicator, Device, LsaMode};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// // Four ranks in LSA domains of two: {0, 1} and {2, 3}.
+    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend()) };
+    /// let comms = Communicator::init_all_with(&vec![dev; 4], config)?;
+    /// use ferrolink::device_api::Team;
+    /// assert_eq!(comms[3].lsa_team(), Team { rank: 1, size: 2, stride: 1 });
+    /// # Ok(()) }
+    /// ```
     pub fn lsa_team(&self) -> Team {
         Team { rank: self.lsa_rank() as u32, size: self.lsa_size() as u32, stride: 1 }
     }
 
     /// The rail team: ranks with this LSA rank in every LSA domain.
+    ///
+    /// ```
+    /// # use ferrolink::{CommConfig, Communicator, Device, LsaMode};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// // Four ranks in LSA domains of two: {0, 1} and {2, 3}.
+    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend()) };
+    /// let comms = Communicator::init_all_with(&vec![dev; 4], config)?;
+    /// use ferrolink::device_api::Team;
+    /// // Ranks 1 and 3 (LSA rank 1 of each domain), two world ranks apart.
+    /// assert_eq!(comms[3].rail_team(), Team { rank: 1, size: 2, stride: 2 });
+    /// # Ok(()) }
+    /// ```
     pub fn rail_team(&self) -> Team {
         let l = self.lsa_size();
         Team { rank: (self.rank() / l) as u32, size: (self.nranks() / l) as u32, stride: l as u32 }
     }
 
     /// World ranks of this rank's LSA domain.
+    ///
+    /// ```
+    /// # use ferrolink::{CommConfig, Communicator, Device, LsaMode};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// // Four ranks in LSA domains of two: {0, 1} and {2, 3}.
+    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend()) };
+    /// let comms = Communicator::init_all_with(&vec![dev; 4], config)?;
+    /// assert_eq!(comms[3].lsa_peers(), 2..4);
+    /// # Ok(()) }
+    /// ```
     pub fn lsa_peers(&self) -> std::ops::Range<usize> {
         let first = self.rank() - self.lsa_rank();
         first..first + self.lsa_size()
@@ -445,12 +750,33 @@ impl Communicator {
     /// rank's GPU (virtual ranks, or processes sharing it under MPS; on the emulator, the
     /// same emulated device of one process), else [`Scope::Sys`] (peers on other GPUs see
     /// our writes only at system scope).
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// use ferrolink::device_api::arch::Scope;
+    /// assert_eq!(comms[0].lsa_scope(), Scope::Gpu); // every LSA peer on this rank's device
+    /// # Ok(()) }
+    /// ```
     pub fn lsa_scope(&self) -> Scope {
         let me = &self.shared.peers[self.rank()];
         if self.lsa_peers().all(|p| self.shared.peers[p].uuid == me.uuid) { Scope::Gpu } else { Scope::Sys }
     }
 
     /// Whether `other` is a rank of the same communicator.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let a = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let b = Communicator::init_all(&[dev])?;
+    /// assert!(a[0].same_comm(&a[1]));
+    /// assert!(!a[0].same_comm(&b[0]));
+    /// # Ok(()) }
+    /// ```
     pub fn same_comm(&self, other: &Communicator) -> bool {
         self.shared.id == other.shared.id
     }
@@ -501,6 +827,19 @@ impl Communicator {
     /// Buffers, windows and device communicators stay valid; their contents are whatever the
     /// failed work left. MoE objects made before refuse further calls (their signals may
     /// count the failed call's rows): make new ones.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// comms[0].abort();
+    /// assert!(comms[1].synchronize().is_err());
+    /// ferrolink::run_ranks(&comms, |c| c.recover())?; // every rank
+    /// comms[1].synchronize()?;
+    /// assert!(comms[0].async_error().is_none());
+    /// # Ok(()) }
+    /// ```
     pub fn recover(&self) -> Result<()> {
         // Counted first: even a recover that fails leaves MoE objects out of step.
         self.shared.recoveries.fetch_add(1, Ordering::Relaxed);
@@ -571,6 +910,19 @@ pub fn launch_all(comms: &[Communicator], mut launch: impl FnMut(&Communicator) 
 /// a thread of its own, and returns the results in rank order (the first error if any): the
 /// way to run per-rank code, written for one process per rank, with every rank in this
 /// process. Per-rank collective calls inside `f` meet through the in-process bootstrap.
+///
+/// ```
+/// # use ferrolink::{Communicator, Device};
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+/// let out = ferrolink::run_ranks(&comms, |c| {
+///     c.barrier()?; // a per-rank collective: every rank runs at once
+///     Ok(10 * c.rank())
+/// })?;
+/// assert_eq!(out, [0, 10]);
+/// # Ok(()) }
+/// ```
 pub fn run_ranks<T: Send>(comms: &[Communicator], f: impl Fn(&Communicator) -> Result<T> + Sync) -> Result<Vec<T>> {
     on_rank_threads(comms.len(), |r| f(&comms[r]))
 }
@@ -580,6 +932,18 @@ const RECOVER_DRAIN: Duration = Duration::from_secs(10);
 
 /// [`Communicator::recover`] for every rank of a communicator in this process (pass all
 /// ranks, in rank order): the per-rank calls run on threads.
+///
+/// ```
+/// # use ferrolink::{Communicator, Device};
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+/// comms[1].abort();
+/// assert!(ferrolink::recover(&comms[..1]).is_err()); // every rank, or none
+/// ferrolink::recover(&comms)?;
+/// assert!(comms[1].async_error().is_none());
+/// # Ok(()) }
+/// ```
 pub fn recover(comms: &[Communicator]) -> Result<()> {
     check_all_ranks(comms, "recover")?;
     on_rank_threads(comms.len(), |r| comms[r].recover()).map(drop)

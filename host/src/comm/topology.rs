@@ -6,6 +6,17 @@ use crate::runtime::device::Device;
 use crate::{Backend, Error, Result};
 
 /// What a rank tells the others about where it runs.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::{Backend, Device, comm::topology::PeerInfo};
+/// let dev = Device::open_with(Backend::Cpu, 0)?;
+/// // Two virtual ranks on one device: one process, one device identity.
+/// let (a, b) = (PeerInfo::local(&dev), PeerInfo::local(&dev));
+/// assert_eq!(a, b);
+/// assert_eq!((a.backend, a.ordinal), (Backend::Cpu, 0));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerInfo {
     /// The machine: host name and boot id (`/proc/sys/kernel/random/boot_id`), so that two
@@ -25,6 +36,13 @@ pub struct PeerInfo {
 }
 
 /// This machine's identity: host name and boot id.
+///
+/// ```
+/// use ferrolink::comm::topology::node_identity;
+/// let me = node_identity();
+/// assert!(me.contains('/'), "host name / boot id: {me}");
+/// assert_eq!(node_identity(), me);
+/// ```
 pub fn node_identity() -> String {
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
     let host = read("/proc/sys/kernel/hostname");
@@ -34,6 +52,17 @@ pub fn node_identity() -> String {
 
 impl PeerInfo {
     /// This process's rank on `dev`.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::{Backend, Device, comm::topology::{PeerInfo, node_identity}};
+    /// let a = PeerInfo::local(&Device::open_with(Backend::Cpu, 0)?);
+    /// let b = PeerInfo::local(&Device::open_with(Backend::Cpu, 1)?);
+    /// assert_eq!((a.backend, a.pid, a.node.as_str()), (Backend::Cpu, std::process::id(), &*node_identity()));
+    /// assert!(a.same_process(&b));
+    /// assert_ne!(a.uuid, b.uuid, "two emulated devices");
+    /// # Ok(()) }
+    /// ```
     pub fn local(dev: &Device) -> PeerInfo {
         let b = dev.backend_device();
         PeerInfo {
@@ -47,11 +76,33 @@ impl PeerInfo {
     }
 
     /// Whether `other` runs in the same process on the same machine.
+    ///
+    /// ```
+    /// # use ferrolink::comm::topology::*;
+    /// # fn info(node: &str, pid: u32, dev: u8) -> PeerInfo {
+    /// #     let (backend, uuid, ordinal, multi_process_ok) = (ferrolink::Backend::Cuda, [dev; 16], dev.into(), false);
+    /// #     PeerInfo { node: node.into(), pid, backend, uuid, ordinal, multi_process_ok }
+    /// # }
+    /// assert!(info("a", 1, 0).same_process(&info("a", 1, 1)));
+    /// assert!(!info("a", 1, 0).same_process(&info("a", 2, 0)));
+    /// assert!(!info("a", 1, 0).same_process(&info("b", 1, 0)), "one pid on two machines");
+    /// ```
     pub fn same_process(&self, other: &PeerInfo) -> bool {
         self.pid == other.pid && self.node == other.node
     }
 
     /// The wire form.
+    ///
+    /// ```
+    /// # use ferrolink::comm::topology::*;
+    /// # fn info(node: &str, pid: u32, dev: u8) -> PeerInfo {
+    /// #     let (backend, uuid, ordinal, multi_process_ok) = (ferrolink::Backend::Cuda, [dev; 16], dev.into(), false);
+    /// #     PeerInfo { node: node.into(), pid, backend, uuid, ordinal, multi_process_ok }
+    /// # }
+    /// // Every rank all-gathers its description in this form.
+    /// let me = info("node-a/boot", 42, 3);
+    /// assert_eq!(PeerInfo::decode(&me.encode()).unwrap(), me);
+    /// ```
     pub fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(32 + self.node.len());
         v.push(self.backend.wire_code());
@@ -64,6 +115,17 @@ impl PeerInfo {
     }
 
     /// Parses [`PeerInfo::encode`]'s form.
+    ///
+    /// ```
+    /// # use ferrolink::comm::topology::*;
+    /// # fn info(node: &str, pid: u32, dev: u8) -> PeerInfo {
+    /// #     let (backend, uuid, ordinal, multi_process_ok) = (ferrolink::Backend::Cuda, [dev; 16], dev.into(), false);
+    /// #     PeerInfo { node: node.into(), pid, backend, uuid, ordinal, multi_process_ok }
+    /// # }
+    /// let bytes = info("node-a/boot", 42, 3).encode();
+    /// assert_eq!(PeerInfo::decode(&bytes).unwrap().pid, 42);
+    /// assert!(PeerInfo::decode(&bytes[..20]).is_err(), "truncated");
+    /// ```
     pub fn decode(b: &[u8]) -> Result<PeerInfo> {
         let bad = || Error::Bootstrap(format!("a rank's description is malformed ({} bytes)", b.len()));
         if b.len() < 26 {
@@ -82,6 +144,20 @@ impl PeerInfo {
 }
 
 /// How LSA domains are chosen (`FERROLINK_LSA`).
+///
+/// ```
+/// # use ferrolink::comm::topology::*;
+/// # fn info(node: &str, pid: u32, dev: u8) -> PeerInfo {
+/// #     let (backend, uuid, ordinal, multi_process_ok) = (ferrolink::Backend::Cuda, [dev; 16], dev.into(), false);
+/// #     PeerInfo { node: node.into(), pid, backend, uuid, ordinal, multi_process_ok }
+/// # }
+/// // Four virtual ranks: one process, one device.
+/// let infos = vec![info("a", 1, 0); 4];
+/// let reach = vec![vec![true; 4]; 4];
+/// assert_eq!(lsa_layout(&infos, &reach, LsaMode::Node).size, 4);
+/// assert_eq!(lsa_layout(&infos, &reach, LsaMode::Process).size, 4);
+/// assert_eq!(lsa_layout(&infos, &reach, LsaMode::Size(2)).size, 2);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LsaMode {
     /// Ranks of one machine whose devices can map each other (the default).
@@ -97,6 +173,16 @@ pub enum LsaMode {
 
 impl LsaMode {
     /// `FERROLINK_LSA`: `node` (default), `process`, or a domain size.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::LsaMode;
+    /// let mode = LsaMode::from_env()?;
+    /// if std::env::var("FERROLINK_LSA").map_or(true, |v| v.is_empty() || v == "node") {
+    ///     assert_eq!(mode, LsaMode::Node);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn from_env() -> Result<LsaMode> {
         match std::env::var("FERROLINK_LSA").as_deref() {
             Err(_) | Ok("") | Ok("node") => Ok(LsaMode::Node),
@@ -112,6 +198,19 @@ impl LsaMode {
 }
 
 /// The LSA domains of a job, as every rank computes them.
+///
+/// ```
+/// # use ferrolink::comm::topology::*;
+/// # fn info(node: &str, pid: u32, dev: u8) -> PeerInfo {
+/// #     let (backend, uuid, ordinal, multi_process_ok) = (ferrolink::Backend::Cuda, [dev; 16], dev.into(), false);
+/// #     PeerInfo { node: node.into(), pid, backend, uuid, ordinal, multi_process_ok }
+/// # }
+/// let infos = vec![info("a", 1, 0); 4];
+/// let layout = lsa_layout(&infos, &vec![vec![true; 4]; 4], LsaMode::Size(2));
+/// assert_eq!(layout, LsaLayout { size: 2 });
+/// let domain_of = |rank: usize| rank / layout.size;
+/// assert_eq!((domain_of(1), domain_of(2)), (0, 1));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LsaLayout {
     /// Ranks per domain; domains are consecutive blocks of world ranks.
@@ -123,6 +222,19 @@ pub struct LsaLayout {
 /// all reach each other (and share a process, in [`LsaMode::Process`]); when every block of
 /// that size is such a clique, that is the size, else every rank is its own domain (which is
 /// always valid), with a warning.
+///
+/// ```
+/// # use ferrolink::comm::topology::*;
+/// # fn info(node: &str, pid: u32, dev: u8) -> PeerInfo {
+/// #     let (backend, uuid, ordinal, multi_process_ok) = (ferrolink::Backend::Cuda, [dev; 16], dev.into(), false);
+/// #     PeerInfo { node: node.into(), pid, backend, uuid, ordinal, multi_process_ok }
+/// # }
+/// // Two machines of two GPUs, one process per GPU; the GPUs of a machine reach each other.
+/// let infos = vec![info("a", 1, 0), info("a", 2, 1), info("b", 1, 0), info("b", 2, 1)];
+/// let reach = vec![vec![true; 4]; 4];
+/// assert_eq!(lsa_layout(&infos, &reach, LsaMode::Node).size, 2);
+/// assert_eq!(lsa_layout(&infos, &reach, LsaMode::Process).size, 1);
+/// ```
 pub fn lsa_layout(infos: &[PeerInfo], reach: &[Vec<bool>], mode: LsaMode) -> LsaLayout {
     let n = infos.len();
     // Small integers for the machines and processes, so that the checks below compare
@@ -177,6 +289,19 @@ pub fn lsa_layout(infos: &[PeerInfo], reach: &[Vec<bool>], mode: LsaMode) -> Lsa
 
 /// The job's problem with processes that share a device, if any: a sentence for the error.
 /// (One pass over the ranks: it runs on every rank of jobs of thousands.)
+///
+/// ```
+/// # use ferrolink::comm::topology::*;
+/// # fn info(node: &str, pid: u32, dev: u8) -> PeerInfo {
+/// #     let (backend, uuid, ordinal, multi_process_ok) = (ferrolink::Backend::Cuda, [dev; 16], dev.into(), false);
+/// #     PeerInfo { node: node.into(), pid, backend, uuid, ordinal, multi_process_ok }
+/// # }
+/// // Two processes on one GPU, without MPS.
+/// let mut infos = vec![info("a", 1, 0), info("a", 2, 0)];
+/// assert!(shared_device_problem(&infos).unwrap().contains("MPS"));
+/// infos.iter_mut().for_each(|i| i.multi_process_ok = true);
+/// assert_eq!(shared_device_problem(&infos), None);
+/// ```
 pub fn shared_device_problem(infos: &[PeerInfo]) -> Option<String> {
     let mut first_on: std::collections::HashMap<(&str, [u8; 16]), usize> = std::collections::HashMap::new();
     for (b, y) in infos.iter().enumerate() {

@@ -162,6 +162,35 @@ impl StreamObserver for DevCommResources {
 /// table and the control block that its [`DevComm`] points to. Pass `&handle` to launches
 /// (the launch then keeps it alive until the kernel ends, and the kernel's fault reports
 /// become the stream's errors). Dropping it never waits for the device.
+///
+/// ```
+/// # use ferrolink::{Communicator, DevCommRequirements, Device, LaunchConfig};
+/// use ferrolink::device_api::kernels::lsa::lsa_ring_exchange;
+/// # fn main() -> ferrolink::Result<()> {
+/// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+/// let bufs = comms.iter().map(|c| c.mem_alloc(64)).collect::<ferrolink::Result<Vec<_>>>()?;
+/// let windows = ferrolink::register_window(&comms, bufs)?;
+/// let handles = ferrolink::create_dev_comms(&comms, &DevCommRequirements::default())?;
+/// let srcs = [dev.alloc_from(&[10u8; 64])?, dev.alloc_from(&[11u8; 64])?];
+/// let module = dev.builtin_module()?;
+/// ferrolink::launch_all(&comms, |c| {
+///     let r = c.rank();
+///     // SAFETY: the kernel's contract: the source and the window slots hold 64 bytes; one CTA
+///     // uses barrier 0 of the default 32; every rank launches the same grid.
+///     unsafe {
+///         let args = (&handles[r], &windows[r], &srcs[r], 64usize);
+///         c.stream().launch(module, &lsa_ring_exchange, LaunchConfig::linear(1, 32), args)
+///     }
+/// })?;
+/// for c in &comms {
+///     c.synchronize()?;
+/// }
+/// // Each rank's slot now holds the previous rank's bytes.
+/// assert_eq!(windows[0].read::<u8>(0, 64)?, [11u8; 64]);
+/// assert_eq!(windows[1].read::<u8>(0, 64)?, [10u8; 64]);
+/// # Ok(()) }
+/// ```
 pub struct DevCommHandle {
     res: Arc<DevCommResources>,
     dev_comm: DevComm,
@@ -184,6 +213,18 @@ impl Drop for DevCommHandle {
 
 /// Creates every rank's device communicator for the ranks of one process (pass all ranks, in
 /// rank order): runs [`Communicator::create_dev_comm`] for each rank on a thread.
+///
+/// ```
+/// # use ferrolink::{Communicator, DevCommRequirements, Device};
+/// # fn main() -> ferrolink::Result<()> {
+/// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+/// let reqs = DevCommRequirements { lsa_barrier_count: 4, ..Default::default() };
+/// let handles = ferrolink::create_dev_comms(&comms, &reqs)?;
+/// assert_eq!(handles.len(), 2);
+/// assert_eq!(handles[1].dev_comm().lsa_barrier_total, 4);
+/// # Ok(()) }
+/// ```
 pub fn create_dev_comms(comms: &[Communicator], reqs: &DevCommRequirements) -> Result<Vec<DevCommHandle>> {
     check_all_ranks(comms, "create_dev_comms")?;
     on_rank_threads(comms.len(), |r| comms[r].create_dev_comm(reqs))
@@ -220,6 +261,19 @@ impl Communicator {
     /// requirements; NCCL's `ncclDevCommCreate`): registers the barrier window (one inbox row
     /// per barrier of every set) and allocates zeroed epoch words, the window table and the
     /// control block.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, DevCommRequirements, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let reqs = DevCommRequirements::default();
+    /// let handles = ferrolink::run_ranks(&comms, |c| c.create_dev_comm(&reqs))?;
+    /// let dc = handles[1].dev_comm();
+    /// assert_eq!((dc.rank, dc.nranks, dc.lsa_size), (1, 2, 2));
+    /// assert_eq!(dc.lsa_barrier.count, reqs.lsa_barrier_count);
+    /// # Ok(()) }
+    /// ```
     pub fn create_dev_comm(&self, reqs: &DevCommRequirements) -> Result<DevCommHandle> {
         let (total, resources) = barrier_sets(reqs)?;
         let lsa = self.lsa_size() as u32;
@@ -294,11 +348,32 @@ impl Communicator {
 
 impl DevCommHandle {
     /// The value to pass to kernels, raw (an untracked launch: prefer passing `&handle`).
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, DevCommRequirements, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// # let handles = ferrolink::create_dev_comms(&comms, &DevCommRequirements::default())?;
+    /// let dc = handles[1].dev_comm();
+    /// assert_eq!((dc.rank, dc.nranks, dc.window_count), (1, 2, 0));
+    /// # Ok(()) }
+    /// ```
     pub fn dev_comm(&self) -> DevComm {
         self.dev_comm
     }
 
     /// This handle's rank.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, DevCommRequirements, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// # let handles = ferrolink::create_dev_comms(&comms, &DevCommRequirements::default())?;
+    /// assert_eq!(handles[1].rank(), 1);
+    /// # Ok(()) }
+    /// ```
     pub fn rank(&self) -> usize {
         self.res.rank
     }
@@ -321,6 +396,23 @@ impl DevCommHandle {
     }
 
     /// The resource requested as `id` ([`DevCommRequirements::request`]).
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, DevCommRequirements, DevResource, Device, ResourceRequest};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let mut reqs = DevCommRequirements::default();
+    /// let id = reqs.request(ResourceRequest::LsaBarriers { count: 4 });
+    /// let handles = ferrolink::create_dev_comms(&comms, &reqs)?;
+    /// assert!(matches!(handles[0].resource(id)?, DevResource::LsaBarriers(set) if set.count == 4));
+    /// // An id of other requirements, beyond this handle's requests, is an error.
+    /// let mut other = DevCommRequirements::default();
+    /// other.request(ResourceRequest::LsaBarriers { count: 1 });
+    /// let second = other.request(ResourceRequest::LsaBarriers { count: 1 });
+    /// assert!(handles[0].resource(second).is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn resource(&self, id: ResourceId) -> Result<DevResource> {
         self.resources.get(id.0).copied().ok_or_else(|| {
             Error::InvalidArgument(format!(
@@ -332,6 +424,21 @@ impl DevCommHandle {
     }
 
     /// The LSA barrier set requested as `id`.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, DevCommRequirements, Device, ResourceRequest};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let mut reqs = DevCommRequirements { lsa_barrier_count: 16, ..Default::default() };
+    /// let a = reqs.request(ResourceRequest::LsaBarriers { count: 8 });
+    /// let b = reqs.request(ResourceRequest::LsaBarriers { count: 2 });
+    /// let handles = ferrolink::create_dev_comms(&comms, &reqs)?;
+    /// // The sets follow the default 16 barriers, back to back.
+    /// let (sa, sb) = (handles[0].lsa_barriers(a)?, handles[0].lsa_barriers(b)?);
+    /// assert_eq!((sa.first, sa.count, sb.first, sb.count), (16, 8, 24, 2));
+    /// # Ok(()) }
+    /// ```
     pub fn lsa_barriers(&self, id: ResourceId) -> Result<LsaBarrierHandle> {
         match self.resource(id)? {
             DevResource::LsaBarriers(h) => Ok(h),
@@ -341,12 +448,36 @@ impl DevCommHandle {
     /// GIN signal `id` of this rank as kernels read it (`Gin::read_signal`): a snapshot, for
     /// debugging; it may change while kernels run. An error if the device communicator has no
     /// GIN or no such signal.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, DevCommRequirements, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let reqs = DevCommRequirements { gin_signal_count: 2, ..Default::default() };
+    /// let handles = ferrolink::create_dev_comms(&comms, &reqs)?;
+    /// assert_eq!(handles[0].gin_signal(1)?, 0); // no kernel has signalled yet
+    /// assert!(handles[0].gin_signal(2).is_err()); // the ids are 0..2
+    /// # Ok(()) }
+    /// ```
     pub fn gin_signal(&self, id: u32) -> Result<u64> {
         self.gin()?.0.signal_value(id)
     }
 
     /// GIN counter `id` of this rank as kernels read it (`Gin::read_counter`): a snapshot,
     /// for debugging.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, DevCommRequirements, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let reqs = DevCommRequirements { gin_counter_count: 1, ..Default::default() };
+    /// let handles = ferrolink::create_dev_comms(&comms, &reqs)?;
+    /// assert_eq!(handles[1].gin_counter(0)?, 0);
+    /// assert!(handles[1].gin_counter(1).is_err()); // only counter 0 exists
+    /// # Ok(()) }
+    /// ```
     pub fn gin_counter(&self, id: u32) -> Result<u64> {
         self.gin()?.0.counter_value(id)
     }
@@ -360,6 +491,29 @@ impl DevCommHandle {
     }
 
     /// The fault a kernel reported through this device communicator, if any.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, DevCommRequirements, Device, LaunchConfig};
+    /// use ferrolink::device_api::kernels::lsa::lsa_barrier_try_sync;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// // One barrier, but two CTAs: CTA 1 has no barrier of its own, a reported fault.
+    /// let reqs = DevCommRequirements { lsa_barrier_count: 1, ..Default::default() };
+    /// let handles = ferrolink::create_dev_comms(&comms, &reqs)?;
+    /// assert_eq!(handles[0].fault(), None);
+    /// let mut status = [dev.alloc::<u32>(2)?, dev.alloc::<u32>(2)?];
+    /// let module = dev.builtin_module()?;
+    /// ferrolink::launch_all(&comms, |c| {
+    ///     let r = c.rank();
+    ///     let args = (&handles[r], 1_000_000_000u64, &mut status[r]);
+    ///     // SAFETY: `status` holds a word per CTA; the grid past the barrier set is checked.
+    ///     unsafe { c.stream().launch(module, &lsa_barrier_try_sync, LaunchConfig::linear(2, 32), args) }
+    /// })?;
+    /// assert!(comms[0].synchronize().is_err());
+    /// assert!(handles[0].fault().unwrap().contains("outside its barrier set"));
+    /// # Ok(()) }
+    /// ```
     pub fn fault(&self) -> Option<String> {
         self.res.fault()
     }
@@ -370,6 +524,22 @@ impl DevCommHandle {
     /// does not include them, and `window(i)` returns `None` for them). Waits for the kernels
     /// that use the table (it must not change under them). The window stays alive at least
     /// as long as this handle.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, DevCommRequirements, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let bufs = comms.iter().map(|c| c.mem_alloc(256)).collect::<ferrolink::Result<Vec<_>>>()?;
+    /// let windows = ferrolink::register_window(&comms, bufs)?;
+    /// let mut handles = ferrolink::create_dev_comms(&comms, &DevCommRequirements::default())?;
+    /// for (h, w) in handles.iter_mut().zip(&windows) {
+    ///     assert_eq!(h.add_window(w)?, 0); // its index in the table
+    /// }
+    /// assert_eq!(handles[0].dev_comm().window_count, 1); // a fresh copy sees it
+    /// assert!(handles[0].add_window(&windows[1]).is_err()); // another rank's window
+    /// # Ok(()) }
+    /// ```
     pub fn add_window(&mut self, window: &Window) -> Result<u32> {
         if window.comm_id() != self.res.barrier_window.comm_id() || window.rank() != self.res.rank {
             return Err(Error::InvalidArgument(
@@ -420,6 +590,18 @@ impl LaunchArg for &DevCommHandle {
 /// order. It leaves the communicator's host-side state alone: after an abort, use
 /// [`crate::recover`], which does this and also replaces failed streams and forgets the
 /// asynchronous error.
+///
+/// ```
+/// # use ferrolink::{Communicator, DevCommRequirements, Device};
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let comms = Communicator::init_all(&[dev.clone(), dev])?;
+/// let mut handles = ferrolink::create_dev_comms(&comms, &DevCommRequirements::default())?;
+/// ferrolink::reset_barriers(&mut handles)?;
+/// // Collective: one rank's handle alone is refused.
+/// assert!(ferrolink::reset_barriers(&mut handles[..1]).is_err());
+/// # Ok(()) }
+/// ```
 pub fn reset_barriers(handles: &mut [DevCommHandle]) -> Result<()> {
     let Some(first) = handles.first() else { return Ok(()) };
     let ranks = first.dev_comm.nranks as usize;

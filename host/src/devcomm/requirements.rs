@@ -9,6 +9,13 @@ use ferrolink_device::LsaBarrierHandle;
 /// ones, so that its kernels never collide with others' (NCCL's per-library
 /// `ncclDevResourceRequirements`). Each request gives a [`ResourceId`]; after creation,
 /// [`crate::DevCommHandle::resource`] turns it into the handle kernels use.
+///
+/// ```
+/// use ferrolink::{DevCommRequirements, ResourceRequest};
+/// let mut reqs = DevCommRequirements::default();
+/// reqs.request(ResourceRequest::LsaBarriers { count: 4 });
+/// assert_eq!(reqs.resources, [ResourceRequest::LsaBarriers { count: 4 }]);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ResourceRequest {
@@ -20,10 +27,33 @@ pub enum ResourceRequest {
 }
 
 /// Names one [`ResourceRequest`] of a [`DevCommRequirements`].
+///
+/// ```
+/// use ferrolink::{DevCommRequirements, ResourceRequest};
+/// let mut reqs = DevCommRequirements::default();
+/// let a = reqs.request(ResourceRequest::LsaBarriers { count: 4 });
+/// let b = reqs.request(ResourceRequest::LsaBarriers { count: 4 });
+/// assert_ne!(a, b); // one id per request, even for equal requests
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ResourceId(pub(crate) usize);
 
 /// A created resource, as kernels receive it.
+///
+/// ```
+/// # use ferrolink::{Communicator, DevCommRequirements, DevResource, Device, ResourceRequest};
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let comms = Communicator::init_all(&[dev.clone(), dev])?;
+/// let mut reqs = DevCommRequirements { lsa_barrier_count: 8, ..Default::default() };
+/// let id = reqs.request(ResourceRequest::LsaBarriers { count: 2 });
+/// let handles = ferrolink::create_dev_comms(&comms, &reqs)?;
+/// match handles[0].resource(id)? {
+///     DevResource::LsaBarriers(set) => assert_eq!((set.first, set.count), (8, 2)),
+///     other => unreachable!("{other:?}"),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DevResource {
@@ -51,7 +81,8 @@ pub struct DevCommRequirements {
     /// Further resources, in request order ([`DevCommRequirements::request`]).
     pub resources: Vec<ResourceRequest>,
     /// GIN contexts (NCCL's `ginContextCount`): independent queues to every peer; order holds
-    /// only within one. GIN resources exist when any `gin_*` count is set; 0 then means 1.
+    /// only within one. GIN resources exist when any `gin_*` count is set, or `gin_mode` or
+    /// `gin_transport` is chosen; 0 then means 1.
     pub gin_context_count: u32,
     /// GIN signals (`ginSignalCount`): ids `0..gin_signal_count` for
     /// `RemoteAction::SignalInc`/`SignalAdd` and `Gin::wait_signal`.
@@ -91,17 +122,41 @@ impl Default for DevCommRequirements {
 
 impl DevCommRequirements {
     /// Adds a request; the id names its resource once the device communicator exists.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, DevCommRequirements, Device, ResourceRequest};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let mut reqs = DevCommRequirements { lsa_barrier_count: 4, ..Default::default() };
+    /// let lib = reqs.request(ResourceRequest::LsaBarriers { count: 3 });
+    /// let handles = ferrolink::create_dev_comms(&comms, &reqs)?;
+    /// let set = handles[1].lsa_barriers(lib)?; // after the default set's 4
+    /// assert_eq!((set.first, set.count), (4, 3));
+    /// assert_eq!(handles[1].dev_comm().lsa_barrier_total, 7);
+    /// # Ok(()) }
+    /// ```
     pub fn request(&mut self, r: ResourceRequest) -> ResourceId {
         self.resources.push(r);
         ResourceId(self.resources.len() - 1)
     }
 
-    /// Whether GIN resources are asked for (any `gin_*` count set).
+    /// Whether GIN resources are asked for: any `gin_*` count set, or a GIN mode or transport
+    /// chosen (choosing how GIN reaches peers asks for GIN).
+    ///
+    /// ```
+    /// use ferrolink::DevCommRequirements;
+    /// assert!(!DevCommRequirements::default().wants_gin());
+    /// assert!(DevCommRequirements { gin_signal_count: 1, ..Default::default() }.wants_gin());
+    /// assert!(DevCommRequirements { gin_mode: Some(ferrolink::GinMode::Proxy), ..Default::default() }.wants_gin());
+    /// ```
     pub fn wants_gin(&self) -> bool {
         self.gin_context_count > 0
             || self.gin_signal_count > 0
             || self.gin_counter_count > 0
             || self.gin_barrier_count > 0
             || self.gin_queue_depth > 0
+            || self.gin_mode.is_some()
+            || self.gin_transport.is_some()
     }
 }

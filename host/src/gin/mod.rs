@@ -33,6 +33,17 @@ use std::sync::{Arc, Mutex, Weak};
 use transport::{Deliver, TransportKind};
 
 /// How peers are reached (`FERROLINK_GIN`).
+///
+/// ```
+/// # use ferrolink::{Communicator, DevCommRequirements, Device, GinMode};
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let comms = Communicator::init_all(&[dev.clone(), dev])?;
+/// let reqs = DevCommRequirements { gin_signal_count: 1, gin_mode: Some(GinMode::Proxy), ..Default::default() };
+/// let handles = ferrolink::create_dev_comms(&comms, &reqs)?;
+/// assert!(handles[0].uses_proxy()); // even to its LSA peer
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GinMode {
     /// LSA peers directly, the others through the proxy (the default).
@@ -42,12 +53,25 @@ pub enum GinMode {
 }
 
 impl GinMode {
-    /// `FERROLINK_GIN`: `direct` or unset (LSA peers directly), or `proxy`.
+    /// `FERROLINK_GIN`: `direct`, `auto` or unset (LSA peers directly), or `proxy`.
+    ///
+    /// ```
+    /// use ferrolink::GinMode;
+    /// // SAFETY: no other thread of this program reads or writes the environment meanwhile.
+    /// unsafe { std::env::set_var("FERROLINK_GIN", "proxy") };
+    /// assert_eq!(GinMode::from_env()?, GinMode::Proxy);
+    /// // SAFETY: as above.
+    /// unsafe { std::env::set_var("FERROLINK_GIN", "fast") };
+    /// assert!(GinMode::from_env().is_err());
+    /// # Ok::<(), ferrolink::Error>(())
+    /// ```
     pub fn from_env() -> Result<GinMode> {
         match std::env::var("FERROLINK_GIN").as_deref() {
             Err(_) | Ok("") | Ok("direct") | Ok("auto") => Ok(GinMode::Auto),
             Ok("proxy") => Ok(GinMode::Proxy),
-            Ok(other) => Err(Error::InvalidArgument(format!("FERROLINK_GIN={other:?}: use `direct` or `proxy`"))),
+            Ok(other) => {
+                Err(Error::InvalidArgument(format!("FERROLINK_GIN={other:?}: use `direct` (or `auto`) or `proxy`")))
+            }
         }
     }
 }

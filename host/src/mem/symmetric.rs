@@ -9,6 +9,17 @@ use crate::{Error, Result};
 use std::sync::Arc;
 
 /// The VMM granularity of `dev`: sizes and strides of symmetric memory are multiples of it.
+///
+/// ```
+/// # use ferrolink::{Communicator, Device};
+/// # fn main() -> ferrolink::Result<()> {
+/// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let g = ferrolink::mem::granularity(&dev)?;
+/// assert!(g.is_power_of_two());
+/// let comm = Communicator::init_all(&[dev])?.remove(0);
+/// assert_eq!(comm.mem_alloc(g + 1)?.allocated(), 2 * g);
+/// # Ok(()) }
+/// ```
 pub fn granularity(dev: &Device) -> Result<usize> {
     dev.backend_device().vmm_granularity()
 }
@@ -18,6 +29,18 @@ pub fn granularity(dev: &Device) -> Result<usize> {
 /// [`Communicator::mem_alloc`]; registered into a [`crate::Window`] with
 /// [`crate::register_window`]. Dropping it never waits: it is unmapped and released once the
 /// kernels that may use it have finished.
+///
+/// ```
+/// # use ferrolink::{Communicator, Device};
+/// # fn main() -> ferrolink::Result<()> {
+/// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+/// let bufs = comms.iter().map(|c| c.mem_alloc(100)).collect::<ferrolink::Result<Vec<_>>>()?;
+/// assert!(bufs.iter().all(|b| b.len() == 100 && b.allocated() >= 100));
+/// let windows = ferrolink::register_window(&comms, bufs)?; // one buffer per rank
+/// assert_eq!(windows[1].size(), 100);
+/// # Ok(()) }
+/// ```
 pub struct SymBuffer {
     dev: Device,
     /// The local mapping; taken on drop (unmapped before the physical memory is released).
@@ -60,26 +83,75 @@ impl SymBuffer {
     }
 
     /// The local mapping's device address.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let (a, b) = (comms[0].mem_alloc(64)?, comms[0].mem_alloc(64)?);
+    /// assert_ne!(a.addr(), b.addr());
+    /// assert_eq!(a.addr() % ferrolink::mem::granularity(&dev)? as u64, 0);
+    /// # Ok(()) }
+    /// ```
     pub fn addr(&self) -> u64 {
         self.base
     }
 
     /// Requested size in bytes.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// assert_eq!(comms[0].mem_alloc(100)?.len(), 100);
+    /// # Ok(()) }
+    /// ```
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Always false: symmetric buffers are never empty.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// assert!(!comms[0].mem_alloc(1)?.is_empty());
+    /// assert!(comms[0].mem_alloc(0).is_err()); // no empty buffer to begin with
+    /// # Ok(()) }
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Bytes actually allocated (a multiple of the granularity).
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let g = ferrolink::mem::granularity(&dev)?;
+    /// assert_eq!(comms[0].mem_alloc(100)?.allocated(), g);
+    /// # Ok(()) }
+    /// ```
     pub fn allocated(&self) -> usize {
         self.phys.size()
     }
 
     /// The device the memory lives on.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// assert!(comms[1].mem_alloc(64)?.device().same_as(&dev));
+    /// # Ok(()) }
+    /// ```
     pub fn device(&self) -> &Device {
         &self.dev
     }
@@ -99,6 +171,17 @@ impl Communicator {
     /// Allocates `bytes` of symmetric memory on this rank's device (NCCL's `ncclMemAlloc`):
     /// rounded up to the VMM granularity, exportable, zero-filled. Register one per rank with
     /// [`crate::register_window`].
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let buf = comms[0].mem_alloc(1000)?;
+    /// assert_eq!(buf.len(), 1000);
+    /// assert_eq!(buf.allocated(), ferrolink::mem::granularity(&dev)?); // rounded up
+    /// # Ok(()) }
+    /// ```
     pub fn mem_alloc(&self, bytes: usize) -> Result<SymBuffer> {
         SymBuffer::alloc(self.device(), bytes)
     }

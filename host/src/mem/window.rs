@@ -163,6 +163,26 @@ impl Drop for WindowRank {
 
 /// One rank's handle to a registered window. Clone it freely; the window lives until its
 /// last handle is dropped (see the [module docs](self)).
+///
+/// ```
+/// # use ferrolink::{Communicator, Device, LaunchConfig};
+/// use ferrolink::device_api::kernels::lsa::lsa_put;
+/// # fn main() -> ferrolink::Result<()> {
+/// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+/// let bufs = comms.iter().map(|c| c.mem_alloc(64)).collect::<ferrolink::Result<Vec<_>>>()?;
+/// let windows = ferrolink::register_window(&comms, bufs)?;
+/// let src = dev.alloc_from(&[7u8; 16])?;
+/// // Rank 0 stores into rank 1's slot, at byte 8.
+/// // SAFETY: `src` holds 16 bytes; 8 + 16 <= the window's 64; peer 1 < lsa_size 2.
+/// unsafe {
+///     let args = (&windows[0], 1u32, 8usize, &src, 16usize);
+///     comms[0].stream().launch(dev.builtin_module()?, &lsa_put, LaunchConfig::linear(1, 32), args)?;
+/// }
+/// // The host read waits for the kernel (any rank's kernel may write into any slot).
+/// assert_eq!(windows[1].read::<u8>(0, 32)?, [[0u8; 8], [7; 8], [7; 8], [0; 8]].concat());
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Window {
     shared: Arc<WindowRank>,
@@ -179,6 +199,18 @@ impl std::fmt::Debug for Window {
 /// ranks in rank order, and `buffers[r]` of rank `r`; NCCL's `ncclCommWindowRegister` per
 /// rank): runs [`Communicator::register_window`] for each rank on a thread. Returns each
 /// rank's handle.
+///
+/// ```
+/// # use ferrolink::{Communicator, Device};
+/// # fn main() -> ferrolink::Result<()> {
+/// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+/// let bufs = comms.iter().map(|c| c.mem_alloc(4096)).collect::<ferrolink::Result<Vec<_>>>()?;
+/// let windows = ferrolink::register_window(&comms, bufs)?;
+/// assert_eq!(windows.len(), 2);
+/// assert_eq!((windows[1].rank(), windows[1].size()), (1, 4096));
+/// # Ok(()) }
+/// ```
 pub fn register_window(comms: &[Communicator], buffers: Vec<SymBuffer>) -> Result<Vec<Window>> {
     check_all_ranks(comms, "register_window")?;
     if buffers.len() != comms.len() {
@@ -207,6 +239,19 @@ impl Communicator {
     /// stride`: ranks of this process share their buffers and their GPU's mapping directly;
     /// buffers of other processes of this machine arrive as file descriptors over a Unix
     /// socket and are imported.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let comms = Communicator::init_all(&[dev.clone(), dev])?;
+    /// let windows = ferrolink::run_ranks(&comms, |c| c.register_window(c.mem_alloc(1024)?))?;
+    /// assert_eq!(windows[0].read::<u32>(0, 256)?, [0; 256]); // zero-filled
+    /// // Buffers of different sizes are refused (on every rank).
+    /// let bad = ferrolink::run_ranks(&comms, |c| c.register_window(c.mem_alloc(64 << c.rank())?));
+    /// assert!(bad.is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn register_window(&self, buf: SymBuffer) -> Result<Window> {
         if !buf.device().same_as(self.device()) {
             return Err(Error::WrongDevice("register_window: the buffer"));
@@ -254,13 +299,13 @@ impl Communicator {
         for r in 0..n {
             if field(r, 0)? != seq {
                 return Err(Error::InvalidArgument(format!(
-                    "register_window: rank {r} is at its collective call {} and rank {rank} at {seq}: every rank must                      make the same collective calls in the same order",
+                    "register_window: rank {r} is at its collective call {} and rank {rank} at {seq}: every rank must make the same collective calls in the same order",
                     field(r, 0)?
                 )));
             }
             if field(r, 1)? != buf.len() as u64 || field(r, 2)? != buf.allocated() as u64 {
                 return Err(Error::InvalidArgument(format!(
-                    "register_window: rank {r}'s buffer has {} bytes but rank {rank}'s has {}; window buffers must                      have the same size on every rank",
+                    "register_window: rank {r}'s buffer has {} bytes but rank {rank}'s has {}; window buffers must have the same size on every rank",
                     field(r, 1)?,
                     buf.len()
                 )));
@@ -363,21 +408,67 @@ impl Communicator {
 impl Window {
     /// The kernel argument for this rank, as a raw value (an untracked launch: prefer
     /// passing `&window`, which keeps the window alive until the kernel ends).
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// # let bufs = comms.iter().map(|c| c.mem_alloc(256)).collect::<ferrolink::Result<Vec<_>>>()?;
+    /// # let windows = ferrolink::register_window(&comms, bufs)?;
+    /// let dw = windows[1].dev_window();
+    /// assert_eq!((dw.lsa_rank, dw.lsa_size, dw.size), (1, 2, 256));
+    /// assert_eq!(dw.stride as usize, ferrolink::mem::granularity(&dev)?); // slot p at flat_base + p * stride
+    /// # Ok(()) }
+    /// ```
     pub fn dev_window(&self) -> DevWindow {
         self.dev_window
     }
 
     /// This handle's rank.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// # let bufs = comms.iter().map(|c| c.mem_alloc(256)).collect::<ferrolink::Result<Vec<_>>>()?;
+    /// # let windows = ferrolink::register_window(&comms, bufs)?;
+    /// assert_eq!(windows[1].rank(), 1);
+    /// # Ok(()) }
+    /// ```
     pub fn rank(&self) -> usize {
         self.shared.rank
     }
 
     /// The device of this handle's rank.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// # let bufs = comms.iter().map(|c| c.mem_alloc(256)).collect::<ferrolink::Result<Vec<_>>>()?;
+    /// # let windows = ferrolink::register_window(&comms, bufs)?;
+    /// assert!(windows[1].device().same_as(&dev));
+    /// # Ok(()) }
+    /// ```
     pub fn device(&self) -> &Device {
         &self.shared.dev
     }
 
     /// Usable bytes per rank.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let bufs = comms.iter().map(|c| c.mem_alloc(100)).collect::<ferrolink::Result<Vec<_>>>()?;
+    /// let windows = ferrolink::register_window(&comms, bufs)?;
+    /// assert_eq!(windows[0].size(), 100); // as requested, not the rounded-up allocation
+    /// # Ok(()) }
+    /// ```
     pub fn size(&self) -> usize {
         self.dev_window.size as usize
     }
@@ -402,6 +493,24 @@ impl Window {
     /// for this process's kernels that used the window (peers write into this slot too).
     /// Kernels of ranks in other processes are not waited for: order them with the program's
     /// own protocol (a barrier kernel, or [`Communicator::barrier`] after they finished).
+    /// With several ranks in this process (virtual ranks), a peer's collective already
+    /// launched on the window may be waiting for this rank's part of it, which this rank's
+    /// thread has not launched because it is waiting here: write the next input only after
+    /// every rank's previous call on the window (a [`Communicator::barrier`] after it), or the
+    /// wait lasts until the communicator's timeout, which names it.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// # let bufs = comms.iter().map(|c| c.mem_alloc(256)).collect::<ferrolink::Result<Vec<_>>>()?;
+    /// # let windows = ferrolink::register_window(&comms, bufs)?;
+    /// windows[0].copy_from_host(8, &[1u32, 2, 3])?;
+    /// assert_eq!(windows[0].read::<u32>(0, 5)?, [0, 0, 1, 2, 3]);
+    /// assert!(windows[0].copy_from_host(252, &[1u32, 2]).is_err()); // past the 256 bytes
+    /// # Ok(()) }
+    /// ```
     pub fn copy_from_host<T: Pod>(&self, offset: usize, src: &[T]) -> Result<()> {
         let addr = self.check_range::<T>(offset, src.len())?;
         let _exclusive = lock(&self.shared.local.host_access);
@@ -413,6 +522,19 @@ impl Window {
 
     /// Fills `bytes` bytes of this rank's buffer at `offset` with zeros, as
     /// [`Window::copy_from_host`] does with data.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// # let bufs = comms.iter().map(|c| c.mem_alloc(256)).collect::<ferrolink::Result<Vec<_>>>()?;
+    /// # let windows = ferrolink::register_window(&comms, bufs)?;
+    /// windows[1].copy_from_host(0, &[9u8; 8])?;
+    /// windows[1].zero(2, 4)?;
+    /// assert_eq!(windows[1].read::<u8>(0, 8)?, [9, 9, 0, 0, 0, 0, 9, 9]);
+    /// # Ok(()) }
+    /// ```
     pub fn zero(&self, offset: usize, bytes: usize) -> Result<()> {
         let addr = self.check_range::<u8>(offset, bytes)?;
         let _exclusive = lock(&self.shared.local.host_access);
@@ -424,6 +546,21 @@ impl Window {
     /// Reads this rank's buffer at byte `offset` into `dst` (bounds-checked). Waits first for
     /// this process's kernels that used the window (see [`Window::copy_from_host`] for the
     /// kernels of other processes).
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// # let bufs = comms.iter().map(|c| c.mem_alloc(256)).collect::<ferrolink::Result<Vec<_>>>()?;
+    /// # let windows = ferrolink::register_window(&comms, bufs)?;
+    /// windows[0].copy_from_host(0, &[1.5f32, -2.0])?;
+    /// let mut out = [0f32; 2];
+    /// windows[0].copy_to_host(0, &mut out)?;
+    /// assert_eq!(out, [1.5, -2.0]);
+    /// assert!(windows[0].copy_to_host(2, &mut out).is_err()); // misaligned for f32
+    /// # Ok(()) }
+    /// ```
     pub fn copy_to_host<T: Pod>(&self, offset: usize, dst: &mut [T]) -> Result<()> {
         let addr = self.check_range::<T>(offset, dst.len())?;
         let _exclusive = lock(&self.shared.local.host_access);
@@ -433,6 +570,18 @@ impl Window {
     }
 
     /// `len` elements of this rank's buffer at `offset`, as a `Vec`.
+    ///
+    /// ```
+    /// # use ferrolink::{Communicator, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// # let bufs = comms.iter().map(|c| c.mem_alloc(256)).collect::<ferrolink::Result<Vec<_>>>()?;
+    /// # let windows = ferrolink::register_window(&comms, bufs)?;
+    /// windows[1].copy_from_host(0, &[5u64, 6])?;
+    /// assert_eq!(windows[1].read::<u64>(8, 1)?, [6]);
+    /// # Ok(()) }
+    /// ```
     pub fn read<T: Pod>(&self, offset: usize, len: usize) -> Result<Vec<T>> {
         let mut v = vec![T::zeroed(); len];
         self.copy_to_host(offset, &mut v)?;

@@ -4,6 +4,15 @@
 use crate::{Error, Result};
 
 /// Where kernels run and device memory lives.
+///
+/// ```
+/// use ferrolink::Backend;
+/// # fn main() -> ferrolink::Result<()> {
+/// assert_eq!("cpu".parse::<Backend>()?, Backend::Cpu); // as `FERROLINK_BACKEND` is read
+/// assert_eq!(Backend::Cuda.to_string(), "cuda");
+/// assert!("tpu".parse::<Backend>().is_err());
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {
     /// An NVIDIA GPU through the CUDA driver API.
@@ -37,6 +46,17 @@ impl std::str::FromStr for Backend {
 impl Backend {
     /// The backend to use by default: `FERROLINK_BACKEND` (`cuda`, `cpu` or `auto`) if set,
     /// else [`Backend::Cuda`] when a driver and GPU are present, else [`Backend::Cpu`].
+    ///
+    /// ```
+    /// use ferrolink::Backend;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let backend = Backend::from_env()?;
+    /// if std::env::var_os("FERROLINK_BACKEND").is_none() {
+    ///     // CUDA exactly when this machine has it.
+    ///     assert_eq!(backend == Backend::Cuda, Backend::Cuda.check_available().is_ok());
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn from_env() -> Result<Backend> {
         match std::env::var("FERROLINK_BACKEND") {
             Ok(v) if !v.is_empty() && v != "auto" => v.parse(),
@@ -62,6 +82,14 @@ impl Backend {
     }
 
     /// Whether this backend can be used on this machine; the error says why not.
+    ///
+    /// ```
+    /// use ferrolink::{Backend, Error};
+    /// assert!(Backend::Cpu.check_available().is_ok()); // always
+    /// if let Err(e) = Backend::Cuda.check_available() {
+    ///     assert!(matches!(e, Error::CudaUnavailable(_))); // the message says why
+    /// }
+    /// ```
     pub fn check_available(self) -> Result<()> {
         crate::runtime::backend::availability(self)
     }

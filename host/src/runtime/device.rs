@@ -29,6 +29,18 @@ pub(crate) struct DeviceInner {
 
 /// A device: a GPU on [`Backend::Cuda`], or an emulated GPU on [`Backend::Cpu`]. Cheap to
 /// clone (shared handle). Buffers, streams and modules keep their device alive.
+///
+/// ```
+/// # use ferrolink::{Backend, Device};
+/// # fn main() -> ferrolink::Result<()> {
+/// let buf = {
+///     let dev = Device::open_with(Backend::Cpu, 0)?;
+///     dev.alloc_from(&[1u32, 2, 3])?
+/// }; // the last `Device` handle is gone...
+/// assert_eq!(buf.to_vec()?, [1, 2, 3]); // ...but the buffer keeps its device alive
+/// assert_eq!(buf.device().backend(), Backend::Cpu);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Device(pub(crate) Arc<DeviceInner>);
 
@@ -41,12 +53,28 @@ impl std::fmt::Debug for Device {
 impl Device {
     /// Opens device `ordinal` on the default backend ([`Backend::from_env`]): CUDA when a
     /// driver and GPU are present, else the CPU emulator; `FERROLINK_BACKEND=cuda|cpu` forces one.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = ferrolink::Device::open(0)?; // GPU 0, or the emulator without one
+    /// assert_eq!(dev.backend(), ferrolink::Backend::from_env()?);
+    /// # Ok(()) }
+    /// ```
     pub fn open(ordinal: usize) -> Result<Device> {
         Device::open_with(Backend::from_env()?, ordinal)
     }
 
     /// Opens device `ordinal` on `backend`. On [`Backend::Cpu`] any ordinal names an
     /// independent emulated device.
+    ///
+    /// ```
+    /// # use ferrolink::{Backend, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let a = Device::open_with(Backend::Cpu, 0)?;
+    /// let b = Device::open_with(Backend::Cpu, 1)?;
+    /// assert!(!a.same_as(&b)); // two independent emulated devices
+    /// # Ok(()) }
+    /// ```
     pub fn open_with(backend: Backend, ordinal: usize) -> Result<Device> {
         crate::log::init();
         let imp = backend::open(backend, ordinal)?;
@@ -64,21 +92,51 @@ impl Device {
     }
 
     /// The backend this device runs on.
+    ///
+    /// ```
+    /// # use ferrolink::{Backend, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = Device::open_with(Backend::Cpu, 0)?;
+    /// assert_eq!(dev.backend(), Backend::Cpu);
+    /// # Ok(()) }
+    /// ```
     pub fn backend(&self) -> Backend {
         self.0.backend.kind()
     }
 
     /// The ordinal given at open.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 3)?;
+    /// assert_eq!(dev.ordinal(), 3);
+    /// # Ok(()) }
+    /// ```
     pub fn ordinal(&self) -> usize {
         self.0.ordinal
     }
 
     /// A human-readable name: the GPU's, or `CPU emulator`.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// assert_eq!(dev.name(), "CPU emulator");
+    /// # Ok(()) }
+    /// ```
     pub fn name(&self) -> String {
         self.0.backend.name()
     }
 
     /// Streaming multiprocessors (on the emulator: the host's available parallelism).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    /// assert_eq!(dev.sm_count() as usize, cores);
+    /// # Ok(()) }
+    /// ```
     pub fn sm_count(&self) -> u32 {
         self.0.backend.sm_count()
     }
@@ -96,12 +154,29 @@ impl Device {
     }
 
     /// Free and total device memory in bytes (CUDA only; for leak checks in tests and tools).
+    ///
+    /// ```no_run
+    /// # fn main() -> ferrolink::Result<()> {
+    /// // Needs a GPU: on the emulator `mem_info` returns an error.
+    /// let dev = ferrolink::Device::open_with(ferrolink::Backend::Cuda, 0)?;
+    /// let (free, total) = dev.mem_info()?;
+    /// assert!(free <= total);
+    /// # Ok(()) }
+    /// ```
     pub fn mem_info(&self) -> Result<(usize, usize)> {
         self.0.backend.mem_info()
     }
 
     /// Creates a stream. On CUDA it is non-blocking, so streams of different ranks on one
     /// GPU run concurrently.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let stream = dev.create_stream()?;
+    /// assert!(stream.device().same_as(&dev));
+    /// # Ok(()) }
+    /// ```
     pub fn create_stream(&self) -> Result<Stream> {
         let s = Stream::new(self)?;
         let mut streams = lock(&self.0.streams);
@@ -112,11 +187,28 @@ impl Device {
 
     /// Allocates `len` zeroed elements of device memory (256-byte aligned on both backends).
     /// Never waits for running kernels.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let buf = dev.alloc::<f32>(16)?;
+    /// assert_eq!(buf.to_vec()?, vec![0.0; 16]);
+    /// assert_eq!(buf.addr() % 256, 0);
+    /// # Ok(()) }
+    /// ```
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
         DeviceBuffer::zeroed(self, len)
     }
 
     /// Allocates device memory holding a copy of `data`.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let buf = dev.alloc_from(&[1u16, 2, 3])?;
+    /// assert_eq!(buf.to_vec()?, [1, 2, 3]);
+    /// # Ok(()) }
+    /// ```
     pub fn alloc_from<T: Pod>(&self, data: &[T]) -> Result<DeviceBuffer<T>> {
         let mut b = DeviceBuffer::zeroed(self, data.len())?;
         b.copy_from_host(data)?;
@@ -125,6 +217,16 @@ impl Device {
 
     /// Loads a module of kernels from PTX (built by `ferrolink-builder`). On the CPU backend
     /// the PTX is not needed to run kernels, but it is checked to declare each launched entry.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let ptx = ".version 8.6\n.target sm_90\n.address_size 64\n\n.visible .entry my_kernel()\n{\n\tret;\n}\n";
+    /// let module = dev.load_module(ptx)?;
+    /// assert!(module.has_kernel("my_kernel"));
+    /// assert!(dev.load_module(".version 8.6\n").is_err()); // declares no kernel
+    /// # Ok(()) }
+    /// ```
     pub fn load_module(&self, ptx: &str) -> Result<Module> {
         Module::load(self, ptx, None)
     }
@@ -148,6 +250,16 @@ impl Device {
     }
 
     /// The module of ferrolink's built-in kernels ([`crate::DEVICE_PTX`]), loaded on first use.
+    ///
+    /// ```
+    /// # use ferrolink_device::kernels::copy::ferrolink_copy;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let module = dev.builtin_module()?;
+    /// assert!(module.has_kernel(ferrolink_copy.name()));
+    /// assert!(std::ptr::eq(module, dev.builtin_module()?)); // loaded once
+    /// # Ok(()) }
+    /// ```
     pub fn builtin_module(&self) -> Result<&Module> {
         if let Some(m) = self.0.builtin.get() {
             return Ok(m);
@@ -167,6 +279,16 @@ impl Device {
     /// Waits for all work on all live streams of this device; returns the first error. Only
     /// for explicit use: nothing in ferrolink calls it (drops and host copies wait for the
     /// work that used their memory, not for the device).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let (a, b) = (dev.create_stream()?, dev.create_stream()?);
+    /// let (ea, eb) = (a.record_event()?, b.record_event()?);
+    /// dev.synchronize()?; // both streams
+    /// assert!(ea.is_reached() && eb.is_reached());
+    /// # Ok(()) }
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         if crate::runtime::group::in_group_launch() {
             return Err(Error::InvalidArgument(
@@ -188,6 +310,14 @@ impl Device {
 
     /// Whether kernels of several processes can run on this device at the same time; the
     /// error says why not and what to do (on CUDA: MPS must be running).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// // Emulated kernels are host threads: processes always run at once.
+    /// assert!(dev.check_multi_process().is_ok());
+    /// # Ok(()) }
+    /// ```
     pub fn check_multi_process(&self) -> Result<()> {
         self.0.backend.check_multi_process()
     }
@@ -195,6 +325,16 @@ impl Device {
     /// Whether both handles name the same device: the same GPU on CUDA (two `Device`s opened
     /// on one GPU share its primary context, and windows must map it once, not through two
     /// aliasing ranges), the same emulated device on the CPU backend.
+    ///
+    /// ```
+    /// # use ferrolink::{Backend, Device};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let dev = Device::open_with(Backend::Cpu, 0)?;
+    /// assert!(dev.clone().same_as(&dev));
+    /// // On the emulator every open makes a new device, whatever its ordinal.
+    /// assert!(!Device::open_with(Backend::Cpu, 0)?.same_as(&dev));
+    /// # Ok(()) }
+    /// ```
     pub fn same_as(&self, other: &Device) -> bool {
         self.key() == other.key()
     }

@@ -23,6 +23,14 @@ use std::time::Duration;
 
 /// Grid and block shape of a launch, its dynamic shared memory, and (emulator only) its
 /// timeout.
+///
+/// ```
+/// use ferrolink::LaunchConfig;
+/// let cfg = LaunchConfig { grid: (4, 2, 1), ..LaunchConfig::linear(1, 128) };
+/// assert_eq!(cfg.block_threads(), 128);
+/// assert!(!cfg.is_1d());
+/// assert!(cfg.validate("my_kernel").is_ok());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchConfig {
     /// CTAs per axis.
@@ -38,34 +46,69 @@ pub struct LaunchConfig {
 
 impl LaunchConfig {
     /// A 1-D launch of `grid` CTAs of `block` threads.
+    ///
+    /// ```
+    /// let cfg = ferrolink::LaunchConfig::linear(4, 256);
+    /// assert_eq!((cfg.grid, cfg.block), ((4, 1, 1), (256, 1, 1)));
+    /// ```
     pub const fn linear(grid: u32, block: u32) -> LaunchConfig {
         LaunchConfig { grid: (grid, 1, 1), block: (block, 1, 1), shared_mem_bytes: 0, emulator_timeout: None }
     }
 
     /// The same launch with `bytes` of dynamic shared memory per CTA.
+    ///
+    /// ```
+    /// use ferrolink::LaunchConfig;
+    /// assert_eq!(LaunchConfig::linear(1, 32).with_shared_mem(4096).shared_mem_bytes, 4096);
+    /// assert!(LaunchConfig::linear(1, 32).with_shared_mem(228 * 1024).validate("k").is_err()); // over 227 KiB
+    /// ```
     pub const fn with_shared_mem(mut self, bytes: u32) -> LaunchConfig {
         self.shared_mem_bytes = bytes;
         self
     }
 
     /// The same launch with an emulator timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cfg = ferrolink::LaunchConfig::linear(1, 32).with_emulator_timeout(Duration::from_secs(5));
+    /// assert_eq!(cfg.emulator_timeout, Some(Duration::from_secs(5)));
+    /// ```
     pub const fn with_emulator_timeout(mut self, timeout: Duration) -> LaunchConfig {
         self.emulator_timeout = Some(timeout);
         self
     }
 
     /// Threads in one CTA.
+    ///
+    /// ```
+    /// use ferrolink::LaunchConfig;
+    /// assert_eq!(LaunchConfig { block: (8, 8, 4), ..LaunchConfig::linear(1, 1) }.block_threads(), 256);
+    /// ```
     pub fn block_threads(&self) -> u64 {
         u64::from(self.block.0) * u64::from(self.block.1) * u64::from(self.block.2)
     }
 
     /// Whether the launch is one-dimensional (grid and block `y` and `z` are 1).
+    ///
+    /// ```
+    /// use ferrolink::LaunchConfig;
+    /// assert!(LaunchConfig::linear(8, 256).is_1d());
+    /// assert!(!LaunchConfig { block: (16, 16, 1), ..LaunchConfig::linear(8, 1) }.is_1d());
+    /// ```
     pub fn is_1d(&self) -> bool {
         self.grid.1 == 1 && self.grid.2 == 1 && self.block.1 == 1 && self.block.2 == 1
     }
 
     /// Rejects shapes no backend can run: empty axes, more than 1024 threads per CTA, more
     /// than 227 KiB of dynamic shared memory, grids beyond CUDA's limits.
+    ///
+    /// ```
+    /// use ferrolink::LaunchConfig;
+    /// assert!(LaunchConfig::linear(1, 1024).validate("k").is_ok());
+    /// assert!(LaunchConfig::linear(1, 1025).validate("k").is_err()); // too many threads per CTA
+    /// assert!(LaunchConfig::linear(0, 32).validate("k").is_err()); // an empty grid
+    /// ```
     pub fn validate(&self, kernel: &str) -> Result<()> {
         let (g, b) = (self.grid, self.block);
         let bad = |why: String| Err(Error::InvalidArgument(format!("launch of `{kernel}`: {why}")));
@@ -87,6 +130,25 @@ impl LaunchConfig {
 
 /// What a launch's arguments use; filled by [`LaunchArg::track`]. Opaque: only the runtime
 /// reads it.
+///
+/// ```
+/// # use ferrolink::LaunchConfig;
+/// # use ferrolink_device::kernels::copy::ferrolink_copy;
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let (a, b) = (dev.create_stream()?, dev.create_stream()?);
+/// let src = dev.alloc_from(&[2u8; 64])?;
+/// let (mut mid, mut out) = (dev.alloc::<u8>(64)?, dev.alloc::<u8>(64)?);
+/// let (module, cfg) = (dev.builtin_module()?, LaunchConfig::linear(1, 32));
+/// // SAFETY: the copy kernel's contract: 64 bytes each, no overlap.
+/// unsafe {
+///     a.launch(module, &ferrolink_copy, cfg, (&mut mid, &src, 64usize))?;
+///     // Tracked as a read of `mid`: stream `b` runs it after stream `a`'s write.
+///     b.launch(module, &ferrolink_copy, cfg, (&mut out, &mid, 64usize))?;
+/// }
+/// assert_eq!(out.to_vec()?, vec![2u8; 64]);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct LaunchTracking {
     device: Device,
@@ -178,11 +240,29 @@ impl LaunchTracking {
 
 pub(crate) mod sealed {
     /// Seals [`super::LaunchArg`]: the crate decides which handles a launch can track.
+    ///
+    /// ```
+    /// // Every launch argument is sealed: plain kernel parameters and the crate's handles.
+    /// fn param_of<A: ferrolink::LaunchArg>(arg: A) -> A::Param {
+    ///     arg.param()
+    /// }
+    /// assert_eq!(param_of(7u32), 7);
+    /// ```
     pub trait Sealed {}
 }
 
 /// One argument of a launch: becomes the kernel parameter [`LaunchArg::Param`] and records
 /// what the launch uses (see the [module docs](self)).
+///
+/// ```
+/// use ferrolink::LaunchArg;
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// assert_eq!(7u32.param(), 7); // a plain value passes as itself
+/// let buf = dev.alloc::<f32>(4)?;
+/// assert_eq!((&buf).param(), buf.as_kernel_ptr()); // a borrowed buffer becomes its address
+/// # Ok(()) }
+/// ```
 pub trait LaunchArg: sealed::Sealed {
     /// The kernel parameter type it becomes.
     type Param: KernelParam;
@@ -207,6 +287,16 @@ impl<P: KernelParam> LaunchArg for P {
 
 /// A tuple of [`LaunchArg`]s: the arguments of one launch. Its [`LaunchArgs::Params`] must be
 /// the kernel's parameter tuple, so wrong arguments do not compile.
+///
+/// ```
+/// use ferrolink::LaunchArgs;
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let buf = dev.alloc::<u8>(16)?;
+/// let (ptr, len): (*const u8, usize) = (&buf, 16usize).params();
+/// assert_eq!((ptr, len), (buf.as_kernel_ptr(), 16));
+/// # Ok(()) }
+/// ```
 pub trait LaunchArgs {
     /// The kernel parameter tuple.
     type Params: KernelArgs;

@@ -380,11 +380,34 @@ pub(crate) fn collect() -> usize {
 }
 
 /// Retired resources whose kernels have not finished yet (after freeing those that have).
+///
+/// ```
+/// use ferrolink::runtime::pending_retirements;
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let stream = dev.create_stream()?;
+/// let (src, mut dst) = (dev.alloc_from(&[1u8; 4096])?, dev.alloc::<u8>(4096)?);
+/// ferrolink::ops::copy(&stream, &mut dst, &src)?;
+/// drop(src); // retired: freed once the copy has run
+/// stream.synchronize()?;
+/// assert_eq!(pending_retirements(), 0); // the copy has run: freed now
+/// # Ok(()) }
+/// ```
 pub fn pending_retirements() -> usize {
     collect()
 }
 
 /// Resources freed by retirement so far in this process.
+///
+/// ```
+/// use ferrolink::runtime::retired_total;
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let before = retired_total();
+/// drop(dev.alloc::<u8>(64)?); // no kernel used it: freed at once
+/// assert!(retired_total() > before);
+/// # Ok(()) }
+/// ```
 pub fn retired_total() -> u64 {
     graveyard().retired.load(Ordering::Relaxed)
 }

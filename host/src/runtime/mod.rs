@@ -28,6 +28,14 @@ pub use stream::{Event, Graph, Stream};
 
 /// The environment variable that sets how many hardware queues the CUDA driver gives a
 /// context's streams (8 unless set, 32 at most), read when the driver makes the context.
+///
+/// ```
+/// use ferrolink::runtime::CUDA_STREAM_QUEUES_VAR;
+/// // A launcher gives the ranks it starts the most queues (as `ferrolink-run` does):
+/// let mut rank = std::process::Command::new("my-rank");
+/// rank.env(CUDA_STREAM_QUEUES_VAR, "32");
+/// assert!(rank.get_envs().any(|(k, v)| k == CUDA_STREAM_QUEUES_VAR && v == Some("32".as_ref())));
+/// ```
 pub const CUDA_STREAM_QUEUES_VAR: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 
 /// Sets [`CUDA_STREAM_QUEUES_VAR`] to 32, the most, unless the environment sets it: with
@@ -58,12 +66,40 @@ pub unsafe fn set_most_cuda_stream_queues() -> bool {
 
 /// Devices `backend` has here: the GPUs the driver sees on CUDA (0 without a driver); on the
 /// emulator there is no limit, and any ordinal opens a fresh emulated device.
+///
+/// ```
+/// use ferrolink::{Backend, runtime::device_count};
+/// # fn main() -> ferrolink::Result<()> {
+/// assert_eq!(device_count(Backend::Cpu)?, usize::MAX); // no limit
+/// if Backend::Cuda.check_available().is_err() {
+///     assert_eq!(device_count(Backend::Cuda)?, 0);
+/// }
+/// # Ok(()) }
+/// ```
 pub fn device_count(backend: Backend) -> crate::Result<usize> {
     backend::device_count(backend)
 }
 
 /// The context current on the calling thread, as a raw `CUcontext` value (0 if none): for
-/// checking that ferrolink restores the caller's context. CUDA only.
+/// checking that ferrolink restores the caller's context. CUDA only: an error where the
+/// CUDA backend is not available.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::Backend;
+/// if Backend::Cuda.check_available().is_err() {
+///     assert!(ferrolink::runtime::cuda_current_context().is_err()); // no driver here
+///     return Ok(());
+/// }
+/// let dev = ferrolink::Device::open_with(Backend::Cuda, 0)?;
+/// let before = ferrolink::runtime::cuda_current_context()?;
+/// let buf = dev.alloc_from(&[1u8; 256])?;
+/// assert_eq!(buf.to_vec()?, [1u8; 256]);
+/// assert_eq!(ferrolink::runtime::cuda_current_context()?, before); // left as it was
+/// # Ok(()) }
+/// ```
 pub fn cuda_current_context() -> crate::Result<usize> {
+    // Without a driver the call itself would panic in the driver's loader.
+    Backend::Cuda.check_available()?;
     backend::cuda::driver::current_context().map(|c| c as usize)
 }

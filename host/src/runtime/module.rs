@@ -18,6 +18,21 @@ enum DeviceLink {
 /// A module of kernels loaded from PTX (see [`Device::load_module`]). On the CPU backend the
 /// kernels run from their host entries, and the PTX tells which entries the module declares.
 /// Dropping it never waits: it is unloaded once the kernels launched from it have finished.
+///
+/// ```
+/// # use ferrolink::LaunchConfig;
+/// # use ferrolink_device::kernels::copy::ferrolink_copy;
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let stream = dev.create_stream()?;
+/// let module = dev.load_module(ferrolink::DEVICE_PTX)?;
+/// let (src, mut dst) = (dev.alloc_from(&[4u8; 64])?, dev.alloc::<u8>(64)?);
+/// // SAFETY: the copy kernel's contract: 64 bytes each, no overlap.
+/// unsafe { stream.launch(&module, &ferrolink_copy, LaunchConfig::linear(1, 32), (&mut dst, &src, 64usize))? };
+/// drop(module); // does not wait: unloaded once the kernel has run
+/// assert_eq!(dst.to_vec()?, vec![4u8; 64]);
+/// # Ok(()) }
+/// ```
 pub struct Module {
     link: DeviceLink,
     imp: Option<Box<dyn ModuleBackend>>,
@@ -81,6 +96,15 @@ impl Module {
     }
 
     /// Whether the module declares a kernel entry called `name`.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let module = dev.builtin_module()?;
+    /// assert!(module.has_kernel("ferrolink_copy"));
+    /// assert!(!module.has_kernel("no_such_kernel"));
+    /// # Ok(()) }
+    /// ```
     pub fn has_kernel(&self, name: &str) -> bool {
         self.entries.contains(name)
     }
@@ -88,6 +112,20 @@ impl Module {
     /// Whether kernel `name` launches graphs from the device (its PTX calls the device
     /// runtime's `cudaGraphLaunch`, itself or through functions it calls): such a kernel may
     /// be launched only inside a graph.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let ptx = ".version 8.6\n.target sm_90\n.address_size 64\n\n\
+    ///            .extern .func (.param .b32 r) cudaGraphLaunch\n(\n\t.param .b64 g,\n\t.param .b64 s\n)\n;\n\
+    ///            .visible .entry scheduler()\n{\n\
+    ///            \tcall.uni (retval0), cudaGraphLaunch, (param0, param1);\n\tret;\n}\n\
+    ///            .visible .entry worker()\n{\n\tret;\n}\n";
+    /// let module = dev.load_module(ptx)?;
+    /// assert!(module.launches_graphs("scheduler"));
+    /// assert!(!module.launches_graphs("worker"));
+    /// # Ok(()) }
+    /// ```
     pub fn launches_graphs(&self, name: &str) -> bool {
         self.graph_launchers.contains(name)
     }
@@ -95,13 +133,31 @@ impl Module {
     /// How many CTAs of `kernel` (launched with `cfg`'s block and shared memory) the device
     /// holds at once (the occupancy API times the SMs); `None` on the emulator, which runs
     /// every CTA of a grid at once. Kernels whose CTAs wait for each other (or for other
-    /// ranks' CTAs on the same GPU) need every CTA resident.
+    /// ranks' CTAs on the same GPU) need every CTA resident. On every backend, a kernel the
+    /// module does not declare is [`Error::KernelNotFound`], and a configuration that cannot
+    /// launch is refused as [`LaunchConfig::validate`](crate::LaunchConfig::validate) says.
+    ///
+    /// ```
+    /// # use ferrolink_device::kernels::copy::ferrolink_copy;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let module = dev.builtin_module()?;
+    /// let cfg = ferrolink::LaunchConfig::linear(1, 256);
+    /// assert_eq!(module.resident_ctas(&ferrolink_copy, cfg)?, None); // the emulator runs every CTA at once
+    /// assert!(module.resident_ctas(&ferrolink_copy, ferrolink::LaunchConfig::linear(1, 2048)).is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn resident_ctas<A: ferrolink_device::kernel::KernelArgs>(
         &self,
         kernel: &ferrolink_device::kernel::Kernel<A>,
         cfg: crate::LaunchConfig,
     ) -> Result<Option<u64>> {
-        let threads = cfg.block.0 * cfg.block.1 * cfg.block.2;
+        if !self.has_kernel(kernel.name()) {
+            return Err(crate::Error::KernelNotFound(kernel.name().to_string()));
+        }
+        cfg.validate(kernel.name())?;
+        // At most 1024 once validated.
+        let threads = cfg.block_threads() as u32;
         let per_sm = self.backend().resident_ctas_per_sm(kernel.name(), threads, cfg.shared_mem_bytes)?;
         let sms = self.device().map_or(0, |d| d.sm_count());
         Ok(per_sm.map(|n| u64::from(n) * u64::from(sms)))

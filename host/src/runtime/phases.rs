@@ -200,6 +200,15 @@ pub(crate) fn mark(phase: Phase) {
 }
 
 /// One phase's sums ([`host_phases`]).
+///
+/// ```
+/// use ferrolink::coll::host_phases;
+/// // The perf tool's table (all zero unless FERROLINK_HOST_PHASES=1):
+/// for p in host_phases() {
+///     println!("{:>12}: {} calls, {:.2} us each", p.name, p.calls, p.mean_us());
+/// }
+/// assert!(host_phases().iter().any(|p| p.name == "driver"));
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostPhase {
     /// The phase: `prepare` (checks, state and staging before the meeting or launch),
@@ -227,6 +236,13 @@ pub struct HostPhase {
 
 impl HostPhase {
     /// Mean microseconds per timed call (0 when never timed).
+    ///
+    /// ```
+    /// use ferrolink::coll::HostPhase;
+    /// let phase = HostPhase { name: "driver", calls: 4, total_us: 10.0 };
+    /// assert_eq!(phase.mean_us(), 2.5);
+    /// assert_eq!(HostPhase { calls: 0, total_us: 0.0, ..phase }.mean_us(), 0.0);
+    /// ```
     pub fn mean_us(&self) -> f64 {
         if self.calls == 0 { 0.0 } else { self.total_us / self.calls as f64 }
     }
@@ -268,6 +284,12 @@ pub fn host_phases() -> Vec<HostPhase> {
 }
 
 /// Sets every phase's sums back to zero.
+///
+/// ```
+/// use ferrolink::coll::{host_phases, reset_host_phases};
+/// reset_host_phases();
+/// assert!(host_phases().iter().all(|p| p.calls == 0 && p.total_us == 0.0));
+/// ```
 pub fn reset_host_phases() {
     let r = crate::runtime::lifetime::lock(&REGISTRY);
     r.ended.zero();

@@ -251,6 +251,18 @@ impl Drop for StreamCore {
 /// An in-order queue of device work. Work on different streams may run concurrently: on
 /// CUDA the streams are non-blocking; on the CPU backend each is a worker thread. Dropping a
 /// stream does not wait for its work (memory its work uses stays alive by its own tracking).
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let stream = dev.create_stream()?;
+/// let src = dev.alloc_from(&[1u32, 2, 3, 4])?;
+/// let mut dst = dev.alloc::<u32>(4)?;
+/// stream.copy_buffer(&mut dst, &src)?; // queued: returns at once
+/// drop(src); // fine: freed once the copy has run
+/// assert_eq!(dst.to_vec()?, [1, 2, 3, 4]); // waits for the copy
+/// # Ok(()) }
+/// ```
 pub struct Stream {
     dev: Device,
     core: Arc<StreamCore>,
@@ -302,6 +314,14 @@ impl Stream {
     }
 
     /// The stream's device.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let stream = dev.create_stream()?;
+    /// assert!(stream.device().same_as(&dev));
+    /// # Ok(()) }
+    /// ```
     pub fn device(&self) -> &Device {
         &self.dev
     }
@@ -310,11 +330,32 @@ impl Stream {
     /// an operation failed (on the emulator: a timeout, panic or trap in a kernel), explained
     /// by a device fault report where one exists; on a communicator's stream, also the
     /// communicator's asynchronous error (an abort) if it has one.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let stream = dev.create_stream()?;
+    /// let (src, mut dst) = (dev.alloc_from(&[9u8; 64])?, dev.alloc::<u8>(64)?);
+    /// stream.copy_buffer(&mut dst, &src)?;
+    /// let copied = stream.record_event()?;
+    /// stream.synchronize()?;
+    /// assert!(copied.is_reached());
+    /// # Ok(()) }
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         self.core.synchronize()
     }
 
     /// The stream's failure, if it has failed (does not wait).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let stream = dev.create_stream()?;
+    /// stream.synchronize()?;
+    /// assert!(stream.failure().is_none()); // `Stream::recover` shows a failed one
+    /// # Ok(()) }
+    /// ```
     pub fn failure(&self) -> Option<Error> {
         self.core.failure().map(|e| self.core.explain(e))
     }
@@ -323,6 +364,27 @@ impl Stream {
     /// (on the emulator after a timeout, panic or trap). Returns whether it replaced it. On
     /// CUDA a kernel fault usually breaks the whole context: then the probe launch fails
     /// and the error says so; only a new process recovers from that.
+    ///
+    /// ```
+    /// # use ferrolink::LaunchConfig;
+    /// # use ferrolink_device::kernels::selftest::selftest_wait_flag;
+    /// # use std::time::Duration;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let stream = dev.create_stream()?;
+    /// let (flag, mut status) = (dev.alloc::<u32>(1)?, dev.alloc::<u32>(1)?);
+    /// // A wait for a flag that nobody raises, ended by the emulator's timeout.
+    /// let cfg = LaunchConfig::linear(1, 1).with_emulator_timeout(Duration::from_millis(50));
+    /// let args = (&flag, 1u32, u64::MAX, &mut status);
+    /// // SAFETY: `flag` and `status` are valid words (the kernel's contract).
+    /// unsafe { stream.launch(dev.builtin_module()?, &selftest_wait_flag, cfg, args)? };
+    /// assert!(stream.synchronize().is_err());
+    /// assert!(stream.failure().is_some());
+    /// assert!(stream.recover()?); // a fresh queue
+    /// stream.synchronize()?;
+    /// assert!(!stream.recover()?); // nothing to recover from
+    /// # Ok(()) }
+    /// ```
     pub fn recover(&self) -> Result<bool> {
         let Some(old) = self.core.backend().failure() else { return Ok(false) };
         let fresh: Arc<dyn StreamBackend> = Arc::from(self.dev.backend_device().create_stream()?);
@@ -525,6 +587,19 @@ impl Stream {
     /// Queues a copy of `src` into `dst` by the driver's copy path (`cuMemcpyDtoDAsync`; on
     /// the CPU backend a host memcpy). Lengths must match. Tracked like a launch: it does not
     /// wait, and the buffers stay alive and ordered until it has run.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let (a, b) = (dev.create_stream()?, dev.create_stream()?);
+    /// let src = dev.alloc_from(&[5u8; 32])?;
+    /// let (mut mid, mut out) = (dev.alloc::<u8>(32)?, dev.alloc::<u8>(32)?);
+    /// a.copy_buffer(&mut mid, &src)?;
+    /// b.copy_buffer(&mut out, &mid)?; // ordered after stream `a`'s write of `mid`
+    /// assert_eq!(out.to_vec()?, vec![5u8; 32]);
+    /// assert!(a.copy_buffer(&mut out, &dev.alloc::<u8>(8)?).is_err()); // lengths differ
+    /// # Ok(()) }
+    /// ```
     pub fn copy_buffer<T: Pod>(&self, dst: &mut DeviceBuffer<T>, src: &DeviceBuffer<T>) -> Result<()> {
         if dst.len() != src.len() {
             return Err(Error::InvalidArgument(format!(
@@ -551,6 +626,20 @@ impl Stream {
     /// # Safety
     /// Both ranges are device memory of this device, valid until the copy has run, not
     /// overlapping, and no other work races with the copy.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let stream = dev.create_stream()?;
+    /// let src = dev.alloc_from(&[1u8, 2, 3, 4, 5, 6, 7, 8])?;
+    /// let dst = dev.alloc::<u8>(8)?;
+    /// // SAFETY: both are 8-byte buffers of this device, distinct, alive until the stream is
+    /// // synchronized below; nothing else uses them meanwhile.
+    /// unsafe { stream.copy_raw(dst.addr(), src.addr(), 8)? };
+    /// stream.synchronize()?;
+    /// assert_eq!(dst.to_vec()?, [1, 2, 3, 4, 5, 6, 7, 8]);
+    /// # Ok(()) }
+    /// ```
     pub unsafe fn copy_raw(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         let mut t = LaunchTracking::new(&self.dev);
         t.untracked = true;
@@ -568,6 +657,19 @@ impl Stream {
     /// # Safety
     /// `addr` is device memory this stream's device can write, aligned to `bytes`, valid
     /// until the write has run, and only written atomically by others meanwhile.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let stream = dev.create_stream()?;
+    /// let flag = dev.alloc::<u32>(2)?;
+    /// // SAFETY: the buffer's second word is 4-byte aligned, alive until the stream is
+    /// // synchronized below, and nothing else writes it.
+    /// unsafe { stream.write_value_raw(flag.addr() + 4, 0xdead_beef, 4)? };
+    /// stream.synchronize()?;
+    /// assert_eq!(flag.to_vec()?, [0, 0xdead_beef]);
+    /// # Ok(()) }
+    /// ```
     pub unsafe fn write_value_raw(&self, addr: u64, value: u64, bytes: u32) -> Result<()> {
         let mut t = LaunchTracking::new(&self.dev);
         t.untracked = true;
@@ -904,12 +1006,35 @@ impl Stream {
     }
 
     /// Records an event: a point in the stream, with the time the stream reached it.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let stream = dev.create_stream()?;
+    /// let start = stream.record_event()?;
+    /// let end = stream.record_event()?;
+    /// assert!(end.elapsed_ms_since(&start)? >= 0.0);
+    /// # Ok(()) }
+    /// ```
     pub fn record_event(&self) -> Result<Event> {
         Ok(Event { dev: self.dev.clone(), event: self.core.backend().record(true)? })
     }
 }
 
 /// A point in a stream, with the time the stream reached it (see [`Stream::record_event`]).
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let stream = dev.create_stream()?;
+/// let (src, mut dst) = (dev.alloc_from(&[1u8; 4096])?, dev.alloc::<u8>(4096)?);
+/// let start = stream.record_event()?;
+/// ferrolink::ops::copy(&stream, &mut dst, &src)?;
+/// let end = stream.record_event()?;
+/// let ms = end.elapsed_ms_since(&start)?; // waits for both
+/// assert!(ms >= 0.0 && end.is_reached());
+/// # Ok(()) }
+/// ```
 pub struct Event {
     dev: Device,
     event: Arc<dyn EventBackend>,
@@ -923,11 +1048,34 @@ impl std::fmt::Debug for Event {
 
 impl Event {
     /// Whether the stream has reached this event (or failed before it); does not wait.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let stream = dev.create_stream()?;
+    /// let event = stream.record_event()?;
+    /// stream.synchronize()?;
+    /// assert!(event.is_reached());
+    /// # Ok(()) }
+    /// ```
     pub fn is_reached(&self) -> bool {
         !matches!(self.event.query(), crate::runtime::backend::EventState::Pending)
     }
 
     /// Milliseconds between `start` and this event (waits for both).
+    ///
+    /// ```
+    /// # use ferrolink::{Backend, Device, Error};
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = Device::open_with(Backend::Cpu, 0)?;
+    /// # let stream = dev.create_stream()?;
+    /// let start = stream.record_event()?;
+    /// let end = stream.record_event()?;
+    /// assert!(end.elapsed_ms_since(&start)? >= 0.0);
+    /// let elsewhere = Device::open_with(Backend::Cpu, 1)?.create_stream()?.record_event()?;
+    /// assert!(matches!(end.elapsed_ms_since(&elsewhere), Err(Error::WrongDevice(_))));
+    /// # Ok(()) }
+    /// ```
     pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
         if !self.dev.same_as(&start.dev) {
             return Err(Error::WrongDevice("event"));
@@ -936,6 +1084,16 @@ impl Event {
     }
 
     /// Waits until the stream has reached this event.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let stream = dev.create_stream()?;
+    /// let event = stream.record_event()?;
+    /// event.synchronize()?;
+    /// assert!(event.is_reached());
+    /// # Ok(()) }
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         self.event.synchronize()
     }
@@ -944,6 +1102,19 @@ impl Event {
 /// Captured stream work, launched as a whole ([`Stream::capture`]): a CUDA graph on CUDA,
 /// the recorded operations on the emulator. Dropping it does not wait: its executable is
 /// released once its launches have finished, and what it uses stays alive until then.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let stream = dev.create_stream()?;
+/// let src = dev.alloc_from(&[4u16; 8])?;
+/// let mut dst = dev.alloc::<u16>(8)?;
+/// let graph = stream.capture(|| stream.copy_buffer(&mut dst, &src))?;
+/// assert_eq!(dst.to_vec()?, [0; 8]); // captured, not run
+/// graph.launch(&stream)?;
+/// assert_eq!(dst.to_vec()?, [4; 8]);
+/// # Ok(()) }
+/// ```
 pub struct Graph {
     dev: Device,
     backend: Option<Box<dyn GraphBackend>>,
@@ -966,6 +1137,21 @@ impl std::fmt::Debug for Graph {
 impl Graph {
     /// Queues one run of the captured work on `stream` (any stream of the device), ordered
     /// after other streams' uses of its memory as the work itself would be.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// let (capturing, other) = (dev.create_stream()?, dev.create_stream()?);
+    /// let mut src = dev.alloc_from(&[1u8; 16])?;
+    /// let mut dst = dev.alloc::<u8>(16)?;
+    /// let graph = capturing.capture(|| capturing.copy_buffer(&mut dst, &src))?;
+    /// for v in 2..4u8 {
+    ///     src.copy_from_host(&[v; 16])?;
+    ///     graph.launch(&other)?; // any stream of the device
+    ///     assert_eq!(dst.to_vec()?, [v; 16]);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn launch(&self, stream: &Stream) -> Result<()> {
         let c = stream.launch_graph(self)?;
         let mut l = lock(&self.launches);
@@ -985,6 +1171,18 @@ impl Graph {
     /// for the collective. A launch with the raw handle is untracked work: the graph's
     /// executable, and memory freed meanwhile, live until it has finished; the kernel's
     /// flags order the graph's accesses.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # let dev = ferrolink::Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let stream = dev.create_stream()?;
+    /// let (src, mut dst) = (dev.alloc_from(&[1u8; 8])?, dev.alloc::<u8>(8)?);
+    /// let host_only = stream.capture(|| stream.copy_buffer(&mut dst, &src))?;
+    /// assert!(host_only.device_graph().is_none());
+    /// let for_kernels = stream.capture_for_device_launch(|| stream.copy_buffer(&mut dst, &src))?;
+    /// assert!(for_kernels.device_graph().is_some());
+    /// # Ok(()) }
+    /// ```
     pub fn device_graph(&self) -> Option<DeviceGraph> {
         let exec = self.backend.as_deref().map_or(0, |g| g.device_handle());
         (exec != 0).then_some(DeviceGraph { exec })

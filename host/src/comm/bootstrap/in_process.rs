@@ -31,6 +31,18 @@ struct Group {
 }
 
 /// One rank's view of an in-process group.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::comm::bootstrap::{Bootstrap, in_process::InProcessBootstrap};
+/// let group = InProcessBootstrap::group(2, std::time::Duration::from_millis(10));
+/// group[0].send(1, 5, b"hi")?; // does not wait for the receiver
+/// assert_eq!(group[1].recv(0, 5)?, b"hi");
+/// // Nothing more under that tag: the receive gives up after the timeout, naming the sender.
+/// let err = group[1].recv(0, 5).unwrap_err();
+/// assert!(err.to_string().contains("no message from rank 0"), "{err}");
+/// # Ok(()) }
+/// ```
 pub struct InProcessBootstrap {
     group: Arc<Group>,
     rank: usize,
@@ -40,6 +52,13 @@ pub struct InProcessBootstrap {
 impl InProcessBootstrap {
     /// A group of `nranks` ranks whose receives wait at most `timeout`; element `r` is rank
     /// `r`'s bootstrap.
+    ///
+    /// ```
+    /// use ferrolink::comm::bootstrap::{Bootstrap, in_process::InProcessBootstrap};
+    /// let group = InProcessBootstrap::group(3, std::time::Duration::from_secs(10));
+    /// assert_eq!(group.len(), 3);
+    /// assert!(group.iter().enumerate().all(|(r, b)| b.rank() == r && b.nranks() == 3));
+    /// ```
     pub fn group(nranks: usize, timeout: Duration) -> Vec<Arc<InProcessBootstrap>> {
         let group = Arc::new(Group {
             nranks,

@@ -33,6 +33,25 @@ use std::time::Duration;
 /// sent with `(to, tag)` is received by rank `to`'s `recv(from, tag)`; messages between one
 /// pair with one tag arrive in order. The collectives have default implementations on the
 /// messages; an implementation may provide faster ones (the in-process bootstrap does).
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::comm::bootstrap::{Bootstrap, in_process::InProcessBootstrap};
+/// use std::time::Duration;
+///
+/// /// Written once for any bootstrap: every rank's number, gathered.
+/// fn gather_ranks(b: &dyn Bootstrap) -> ferrolink::Result<Vec<Vec<u8>>> {
+///     b.all_gather(&[b.rank() as u8])
+/// }
+///
+/// let group = InProcessBootstrap::group(3, Duration::from_secs(10));
+/// let results = std::thread::scope(|s| {
+///     let ranks: Vec<_> = group.iter().map(|b| s.spawn(move || gather_ranks(&**b))).collect();
+///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<ferrolink::Result<Vec<_>>>()
+/// })?;
+/// assert!(results.iter().all(|g| *g == vec![vec![0], vec![1], vec![2]]));
+/// # Ok(()) }
+/// ```
 pub trait Bootstrap: Send + Sync {
     /// This rank.
     fn rank(&self) -> usize;
@@ -128,6 +147,30 @@ pub(crate) fn ranks_phrase(ranks: &[usize]) -> String {
 
 /// A bootstrap over some ranks of a parent one (a sub-communicator's), carried by the
 /// parent's messages under tags of its own namespace.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::comm::bootstrap::{Bootstrap, Subgroup, in_process::InProcessBootstrap};
+/// use std::time::Duration;
+/// let group = InProcessBootstrap::group(4, Duration::from_secs(10));
+/// // The even ranks and the odd ranks each gather among themselves.
+/// let results = std::thread::scope(|s| {
+///     let ranks: Vec<_> = group
+///         .into_iter()
+///         .map(|b| {
+///             s.spawn(move || {
+///                 let me = b.rank();
+///                 let members: Vec<usize> = (0..4).filter(|r| r % 2 == me % 2).collect();
+///                 Subgroup::new(b, members, 1)?.all_gather(&[me as u8])
+///             })
+///         })
+///         .collect();
+///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<ferrolink::Result<Vec<_>>>()
+/// })?;
+/// assert_eq!(results[0], [vec![0], vec![2]]);
+/// assert_eq!(results[3], [vec![1], vec![3]]);
+/// # Ok(()) }
+/// ```
 pub struct Subgroup {
     parent: Arc<dyn Bootstrap>,
     /// Parent ranks of the members, in the sub-group's rank order.
@@ -153,6 +196,16 @@ impl Subgroup {
     /// `space` must be the same on every member and differ from the namespaces of the
     /// parent's other live sub-groups that share members (the caller derives it from the
     /// parent's next tag).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::comm::bootstrap::{Bootstrap, Subgroup, in_process::InProcessBootstrap};
+    /// let group = InProcessBootstrap::group(3, std::time::Duration::from_secs(1));
+    /// let sub = Subgroup::new(group[2].clone(), vec![2, 0], 7)?;
+    /// assert_eq!((sub.rank(), sub.nranks()), (0, 2)); // parent rank 2 comes first
+    /// assert!(Subgroup::new(group[1].clone(), vec![2, 0], 7).is_err(), "rank 1 is not a member");
+    /// # Ok(()) }
+    /// ```
     pub fn new(parent: Arc<dyn Bootstrap>, members: Vec<usize>, space: u64) -> Result<Subgroup> {
         let me = parent.rank();
         let rank = members.iter().position(|&m| m == me).ok_or_else(|| {

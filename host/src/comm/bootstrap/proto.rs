@@ -29,6 +29,19 @@ use subtle::ConstantTimeEq;
 /// program hands it to the others: as 128 bytes ([`UniqueId::to_bytes`]), or as text
 /// ([`fmt::Display`] / [`str::parse`], for an environment variable or a file). Anyone holding
 /// it can join the job: pass it only over channels you trust.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::UniqueId;
+/// let id = UniqueId::new("127.0.0.1:29500".parse().unwrap())?;
+/// // Rank 0 publishes the text form; every other rank parses it back.
+/// let text = id.to_string();
+/// assert!(text.starts_with("ferrolink-id-v1:"));
+/// assert_eq!(text.parse::<UniqueId>()?, id);
+/// // Its Debug form never shows the secret.
+/// assert!(!format!("{id:?}").contains("secret"));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct UniqueId {
     root: SocketAddr,
@@ -53,10 +66,25 @@ const BYTES_TAG: [u8; 8] = *b"FLUID\x01\0\0";
 
 impl UniqueId {
     /// Size of the binary form.
+    ///
+    /// ```
+    /// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 1, [7; 16]);
+    /// assert_eq!(id.to_bytes().len(), ferrolink::UniqueId::BYTES);
+    /// ```
     pub const BYTES: usize = 128;
 
     /// A new id for a job whose root listens at `root`, with a fresh random magic and secret
     /// (from the operating system's generator).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::UniqueId;
+    /// let root = "127.0.0.1:29500".parse().unwrap();
+    /// let (a, b) = (UniqueId::new(root)?, UniqueId::new(root)?);
+    /// assert_eq!(a.root(), root);
+    /// assert_ne!(a.magic(), b.magic(), "each id gets a fresh random magic");
+    /// # Ok(()) }
+    /// ```
     pub fn new(root: SocketAddr) -> Result<UniqueId> {
         let mut random = [0u8; 24];
         getrandom::fill(&mut random)
@@ -67,16 +95,32 @@ impl UniqueId {
     }
 
     /// An id with a given magic and secret (for launchers that derive them, and tests).
+    ///
+    /// ```
+    /// let id = ferrolink::UniqueId::from_parts("10.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+    /// assert_eq!(id.magic(), 0x5eed);
+    /// assert!(id.secret_matches(&[7; 16]));
+    /// ```
     pub fn from_parts(root: SocketAddr, magic: u64, secret: [u8; 16]) -> UniqueId {
         UniqueId { root, magic, secret }
     }
 
     /// The root's address.
+    ///
+    /// ```
+    /// let id = ferrolink::UniqueId::from_parts("10.0.0.1:29500".parse().unwrap(), 1, [7; 16]);
+    /// assert_eq!(id.root(), "10.0.0.1:29500".parse().unwrap());
+    /// ```
     pub fn root(&self) -> SocketAddr {
         self.root
     }
 
     /// The job's magic.
+    ///
+    /// ```
+    /// let id = ferrolink::UniqueId::from_parts("10.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+    /// assert_eq!(id.magic(), 0x5eed);
+    /// ```
     pub fn magic(&self) -> u64 {
         self.magic
     }
@@ -87,11 +131,25 @@ impl UniqueId {
     }
 
     /// Whether `secret` is this id's, compared in constant time.
+    ///
+    /// ```
+    /// let id = ferrolink::UniqueId::from_parts("10.0.0.1:29500".parse().unwrap(), 1, [7; 16]);
+    /// assert!(id.secret_matches(&[7; 16]));
+    /// assert!(!id.secret_matches(&[8; 16]));
+    /// assert!(!id.secret_matches(&[7; 15]), "a secret of another length never matches");
+    /// ```
     pub fn secret_matches(&self, secret: &[u8]) -> bool {
         secret.len() == 16 && bool::from(self.secret.ct_eq(secret))
     }
 
     /// The binary form: tag, magic, secret, address family, port, address; zero-padded.
+    ///
+    /// ```
+    /// let id = ferrolink::UniqueId::from_parts("10.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+    /// let b = id.to_bytes();
+    /// assert_eq!(&b[..5], b"FLUID");
+    /// assert_eq!(b[8..16], 0x5eed_u64.to_le_bytes());
+    /// ```
     pub fn to_bytes(&self) -> [u8; Self::BYTES] {
         let mut b = [0u8; Self::BYTES];
         b[..8].copy_from_slice(&BYTES_TAG);
@@ -112,6 +170,16 @@ impl UniqueId {
     }
 
     /// Parses the binary form.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::UniqueId;
+    /// let id = UniqueId::new("[::1]:29500".parse().unwrap())?;
+    /// assert_eq!(UniqueId::from_bytes(&id.to_bytes())?, id);
+    /// assert!(UniqueId::from_bytes(&[0; UniqueId::BYTES]).is_err());
+    /// assert!(UniqueId::from_bytes(&id.to_bytes()[..64]).is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn from_bytes(b: &[u8]) -> Result<UniqueId> {
         let bad = |why: &str| Err(Error::InvalidArgument(format!("not a ferrolink unique id: {why}")));
         if b.len() != Self::BYTES {
@@ -166,17 +234,60 @@ impl std::str::FromStr for UniqueId {
 // ---------------------------------------------------------------------------------------------
 
 /// Size of a frame's header: magic (8), kind (1), from (4), tag (8), payload length (4).
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # fn main() -> ferrolink::Result<()> {
+/// assert_eq!(encode(0x5eed, &Frame::Bye)?.len(), HEADER_LEN);
+/// assert_eq!(encode_msg(0x5eed, 0, 1, b"abc")?.len(), HEADER_LEN + 3);
+/// # Ok(()) }
+/// ```
 pub const HEADER_LEN: usize = 25;
 
 /// The largest payload a [`Decoder`] accepts by default (and so the largest bootstrap
 /// message): 64 MiB.
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # fn main() -> ferrolink::Result<()> {
+/// // A header announcing one byte more than the cap is refused before any payload arrives.
+/// let mut head = encode(0x5eed, &Frame::Bye)?;
+/// head[21..25].copy_from_slice(&(MAX_PAYLOAD as u32 + 1).to_le_bytes());
+/// let mut dec = Decoder::new(0x5eed);
+/// assert_eq!(
+///     dec.decode(&mut &head[..]),
+///     Err(DecodeError::TooLong { len: MAX_PAYLOAD as u64 + 1, max: MAX_PAYLOAD })
+/// );
+/// # Ok(()) }
+/// ```
 pub const MAX_PAYLOAD: usize = 64 << 20;
 
 /// The cap for a connection that has not completed its handshake yet: a hello is well under
 /// 100 bytes, so a stranger cannot make a listener buffer more than this.
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # fn main() -> ferrolink::Result<()> {
+/// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+/// let hello = encode(id.magic(), &Frame::Hello(Hello::new(&id, 1, 4, "[::1]:40001".parse().unwrap())))?;
+/// assert!(hello.len() - HEADER_LEN <= HANDSHAKE_MAX_PAYLOAD);
+/// // A stranger's oversized first frame is refused at its header.
+/// let big = encode_msg(id.magic(), 1, 0, &[0; HANDSHAKE_MAX_PAYLOAD + 1])?;
+/// let mut dec = Decoder::with_max_payload(id.magic(), HANDSHAKE_MAX_PAYLOAD);
+/// assert!(matches!(dec.decode(&mut &big[..]), Err(DecodeError::TooLong { .. })));
+/// # Ok(()) }
+/// ```
 pub const HANDSHAKE_MAX_PAYLOAD: usize = 1024;
 
 /// What a frame is (the header's `kind` byte).
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # fn main() -> ferrolink::Result<()> {
+/// let bytes = encode(0x5eed, &Frame::Bye)?;
+/// assert_eq!(bytes[8], Kind::Bye as u8); // the header's kind byte
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {
@@ -210,6 +321,15 @@ impl Kind {
 
 /// A rank's handshake to the root. (`PartialEq` compares the secret in variable time: for
 /// tests; the handshake itself uses [`check_hello`].)
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+/// let hello = Hello::new(&id, 1, 4, "10.0.0.2:40001".parse().unwrap());
+/// assert_eq!(check_hello(&id, &hello), Ok(()));
+/// // Its Debug form leaves the secret out.
+/// assert!(!format!("{hello:?}").contains("secret"));
+/// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct Hello {
     /// The job's magic, as the rank knows it.
@@ -226,6 +346,13 @@ pub struct Hello {
 
 impl Hello {
     /// Rank `rank`'s hello for the job of `id`.
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+    /// let hello = Hello::new(&id, 1, 4, "10.0.0.2:40001".parse().unwrap());
+    /// assert_eq!((hello.magic, hello.rank, hello.nranks), (id.magic(), 1, 4));
+    /// ```
     pub fn new(id: &UniqueId, rank: u32, nranks: u32, listen: SocketAddr) -> Hello {
         Hello { magic: id.magic(), secret: *id.secret(), rank, nranks, listen }
     }
@@ -243,6 +370,14 @@ impl fmt::Debug for Hello {
 }
 
 /// The handshake of a connection between two ranks: the connecting rank says who it is.
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+/// let hello = PeerHello::new(&id, 3);
+/// assert_eq!(check_peer_hello(&id, &hello, 4), Ok(3));
+/// assert!(!format!("{hello:?}").contains("secret"));
+/// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct PeerHello {
     /// The job's magic, as the connecting rank knows it.
@@ -255,6 +390,13 @@ pub struct PeerHello {
 
 impl PeerHello {
     /// Rank `from`'s handshake for the job of `id`.
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+    /// let hello = PeerHello::new(&id, 3);
+    /// assert_eq!((hello.magic, hello.from), (id.magic(), 3));
+    /// ```
     pub fn new(id: &UniqueId, from: u32) -> PeerHello {
         PeerHello { magic: id.magic(), secret: *id.secret(), from }
     }
@@ -270,6 +412,28 @@ impl fmt::Debug for PeerHello {
 }
 
 /// One decoded frame.
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # fn main() -> ferrolink::Result<()> {
+/// let frames = [
+///     Frame::Table(vec!["10.0.0.1:40000".parse().unwrap(), "10.0.0.2:40001".parse().unwrap()]),
+///     Frame::Msg { from: 1, tag: 7, data: b"hi".to_vec() },
+///     Frame::Bye,
+/// ];
+/// let mut stream = Vec::new();
+/// for f in &frames {
+///     stream.extend(encode(0x5eed, f)?);
+/// }
+/// let mut dec = Decoder::new(0x5eed);
+/// let mut input = &stream[..];
+/// let mut got = Vec::new();
+/// while let Some(f) = dec.decode(&mut input).unwrap() {
+///     got.push(f);
+/// }
+/// assert_eq!(got, frames);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
     /// A rank's handshake to the root.
@@ -295,6 +459,12 @@ pub enum Frame {
 
 impl Frame {
     /// The frame's kind.
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// assert_eq!(Frame::Refuse("rank 3 joined twice".into()).kind(), Kind::Refuse);
+    /// assert_eq!(Frame::Msg { from: 0, tag: 0, data: vec![] }.kind(), Kind::Msg);
+    /// ```
     pub fn kind(&self) -> Kind {
         match self {
             Frame::Hello(_) => Kind::Hello,
@@ -339,6 +509,14 @@ fn header(out: &mut Vec<u8>, magic: u64, kind: Kind, from: u32, tag: u64, len: u
 
 /// A [`Frame::Msg`] of `data` from rank `from` under `tag`, for the job of `magic`, encoded
 /// without copying the data twice. Fails if `data` is over [`MAX_PAYLOAD`].
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # fn main() -> ferrolink::Result<()> {
+/// let msg = Frame::Msg { from: 9, tag: 77, data: b"abc".to_vec() };
+/// assert_eq!(encode_msg(0x5eed, 9, 77, b"abc")?, encode(0x5eed, &msg)?);
+/// # Ok(()) }
+/// ```
 pub fn encode_msg(magic: u64, from: u32, tag: u64, data: &[u8]) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(HEADER_LEN + data.len());
     header(&mut out, magic, Kind::Msg, from, tag, data.len())?;
@@ -347,6 +525,16 @@ pub fn encode_msg(magic: u64, from: u32, tag: u64, data: &[u8]) -> Result<Vec<u8
 }
 
 /// `frame` encoded for the job of `magic`. Fails if its payload is over [`MAX_PAYLOAD`].
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # fn main() -> ferrolink::Result<()> {
+/// let frame = Frame::Refuse("rank 3 joined twice".into());
+/// let bytes = encode(0x5eed, &frame)?;
+/// assert_eq!(bytes.len(), HEADER_LEN + "rank 3 joined twice".len());
+/// assert_eq!(Decoder::new(0x5eed).decode(&mut &bytes[..]), Ok(Some(frame)));
+/// # Ok(()) }
+/// ```
 pub fn encode(magic: u64, frame: &Frame) -> Result<Vec<u8>> {
     let mut payload = Vec::new();
     let mut from = 0;
@@ -385,6 +573,18 @@ pub fn encode(magic: u64, frame: &Frame) -> Result<Vec<u8>> {
 
 /// Why a byte stream is not a valid frame sequence. After one, the [`Decoder`] stays failed:
 /// the connection is to be closed.
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # fn main() -> ferrolink::Result<()> {
+/// let theirs = encode(0x0bad, &Frame::Bye)?;
+/// let mut dec = Decoder::new(0x5eed);
+/// let err = dec.decode(&mut &theirs[..]).unwrap_err();
+/// assert_eq!(err, DecodeError::WrongMagic { got: 0x0bad });
+/// // The decoder stays failed, even on this job's frames.
+/// assert_eq!(dec.decode(&mut &encode(0x5eed, &Frame::Bye)?[..]), Err(err));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DecodeError {
     /// The header's magic is not the job's: a stranger, or garbage.
@@ -524,6 +724,20 @@ fn parse_payload(h: Header, payload: Vec<u8>) -> std::result::Result<Frame, Deco
 /// fed, it never panics and never holds a payload buffer larger than its cap: the header is
 /// checked (magic, kind, length against the cap) before any payload byte is stored, and the
 /// buffer grows with the bytes that actually arrive.
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # fn main() -> ferrolink::Result<()> {
+/// let bytes = encode_msg(0x5eed, 2, 7, b"hello")?;
+/// let mut dec = Decoder::new(0x5eed);
+/// // Fed one byte at a time: nothing until the last byte of the frame.
+/// for b in &bytes[..bytes.len() - 1] {
+///     assert_eq!(dec.decode(&mut &[*b][..]), Ok(None));
+/// }
+/// let last = dec.decode(&mut &bytes[bytes.len() - 1..]).unwrap();
+/// assert_eq!(last, Some(Frame::Msg { from: 2, tag: 7, data: b"hello".to_vec() }));
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Decoder {
     magic: u64,
@@ -541,12 +755,28 @@ const FIRST_CHUNK: usize = 16 << 10;
 
 impl Decoder {
     /// A decoder for the job of `magic`, accepting payloads up to [`MAX_PAYLOAD`].
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// assert_eq!(Decoder::new(0x5eed).max_payload(), MAX_PAYLOAD);
+    /// ```
     pub fn new(magic: u64) -> Decoder {
         Decoder::with_max_payload(magic, MAX_PAYLOAD)
     }
 
     /// A decoder accepting payloads up to `max_payload` bytes (a listener uses
     /// [`HANDSHAKE_MAX_PAYLOAD`] until the handshake is done; tests use small caps).
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let mut dec = Decoder::with_max_payload(0x5eed, 10);
+    /// let msg = encode_msg(0x5eed, 0, 0, &[0; 11])?;
+    /// // Refused at the header: the payload is never buffered.
+    /// let err = dec.decode(&mut &msg[..HEADER_LEN]).unwrap_err();
+    /// assert_eq!(err, DecodeError::TooLong { len: 11, max: 10 });
+    /// # Ok(()) }
+    /// ```
     pub fn with_max_payload(magic: u64, max_payload: usize) -> Decoder {
         Decoder {
             magic,
@@ -560,22 +790,61 @@ impl Decoder {
     }
 
     /// Changes the cap, for the frames whose header has not been read yet (after a handshake).
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let mut dec = Decoder::with_max_payload(0x5eed, HANDSHAKE_MAX_PAYLOAD);
+    /// // ... the handshake is done: accept full-size messages.
+    /// dec.set_max_payload(MAX_PAYLOAD);
+    /// let msg = encode_msg(0x5eed, 1, 0, &[1; 2048])?;
+    /// assert!(matches!(dec.decode(&mut &msg[..]), Ok(Some(Frame::Msg { .. }))));
+    /// # Ok(()) }
+    /// ```
     pub fn set_max_payload(&mut self, max_payload: usize) {
         self.max_payload = max_payload;
     }
 
     /// The cap.
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// assert_eq!(Decoder::with_max_payload(0x5eed, 100).max_payload(), 100);
+    /// ```
     pub fn max_payload(&self) -> usize {
         self.max_payload
     }
 
     /// The bytes the decoder holds allocated for a payload now (never over the cap).
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let mut dec = Decoder::with_max_payload(0x5eed, 1024);
+    /// assert_eq!(dec.buffered_capacity(), 0);
+    /// let msg = encode_msg(0x5eed, 0, 0, &[1; 100])?;
+    /// assert_eq!(dec.decode(&mut &msg[..HEADER_LEN + 10]), Ok(None)); // a frame half in
+    /// assert!(dec.buffered_capacity() >= 10 && dec.buffered_capacity() <= dec.max_payload());
+    /// # Ok(()) }
+    /// ```
     pub fn buffered_capacity(&self) -> usize {
         self.payload.capacity()
     }
 
     /// Whether a frame has been started and not finished (bytes were consumed that belong to
     /// a frame still incomplete): at the end of a stream, that is a truncated frame.
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// let bytes = encode(0x5eed, &Frame::Bye)?;
+    /// let mut dec = Decoder::new(0x5eed);
+    /// assert_eq!(dec.decode(&mut &bytes[..10]), Ok(None));
+    /// assert!(dec.in_frame(), "a stream ending here is truncated");
+    /// assert_eq!(dec.decode(&mut &bytes[10..]), Ok(Some(Frame::Bye)));
+    /// assert!(!dec.in_frame());
+    /// # Ok(()) }
+    /// ```
     pub fn in_frame(&self) -> bool {
         self.head_len > 0 || self.current.is_some()
     }
@@ -590,6 +859,22 @@ impl Decoder {
     /// Consumes bytes from the front of `input` up to the end of the next frame, and returns
     /// that frame; `Ok(None)` when `input` ran out first (all of it consumed and kept). Call
     /// it again while `input` is not empty. An error is final: every later call returns it.
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// # fn main() -> ferrolink::Result<()> {
+    /// // Two frames and the start of a third arrive in one read.
+    /// let mut bytes = encode_msg(0x5eed, 1, 0, b"a")?;
+    /// bytes.extend(encode_msg(0x5eed, 1, 0, b"b")?);
+    /// bytes.extend(&encode(0x5eed, &Frame::Bye)?[..3]);
+    /// let mut dec = Decoder::new(0x5eed);
+    /// let mut input = &bytes[..];
+    /// assert!(matches!(dec.decode(&mut input), Ok(Some(Frame::Msg { .. }))));
+    /// assert!(matches!(dec.decode(&mut input), Ok(Some(Frame::Msg { .. }))));
+    /// assert_eq!(dec.decode(&mut input), Ok(None)); // the rest is kept for the next call
+    /// assert!(input.is_empty() && dec.in_frame());
+    /// # Ok(()) }
+    /// ```
     pub fn decode(&mut self, input: &mut &[u8]) -> std::result::Result<Option<Frame>, DecodeError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
@@ -654,6 +939,15 @@ impl Decoder {
 
 /// Why a rank or a connection was refused; the text goes to the refused rank in a
 /// [`Frame::Refuse`] and to the log.
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+/// let mut hello = Hello::new(&id, 1, 4, "10.0.0.2:40001".parse().unwrap());
+/// hello.secret[0] ^= 1;
+/// let refusal = check_hello(&id, &hello).unwrap_err();
+/// assert_eq!(refusal.to_string(), "wrong secret");
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal(pub String);
 
@@ -674,12 +968,32 @@ fn check_credentials(id: &UniqueId, magic: u64, secret: &[u8; 16]) -> std::resul
 }
 
 /// The root's check of a [`Hello`]: the magic, then the secret in constant time.
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+/// let hello = Hello::new(&id, 1, 4, "10.0.0.2:40001".parse().unwrap());
+/// assert_eq!(check_hello(&id, &hello), Ok(()));
+/// let stranger = ferrolink::UniqueId::from_parts(id.root(), id.magic(), [8; 16]);
+/// let forged = Hello::new(&stranger, 1, 4, "10.0.0.2:40001".parse().unwrap());
+/// assert_eq!(check_hello(&id, &forged), Err(Refusal("wrong secret".into())));
+/// ```
 pub fn check_hello(id: &UniqueId, hello: &Hello) -> std::result::Result<(), Refusal> {
     check_credentials(id, hello.magic, &hello.secret)
 }
 
 /// A rank's check of an incoming connection's [`PeerHello`] in a job of `nranks` ranks:
 /// magic, secret (constant time), and a sender inside the job. Returns the sender.
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+/// assert_eq!(check_peer_hello(&id, &PeerHello::new(&id, 3), 4), Ok(3));
+/// assert_eq!(
+///     check_peer_hello(&id, &PeerHello::new(&id, 4), 4),
+///     Err(Refusal("rank 4 is outside 0..4".into()))
+/// );
+/// ```
 pub fn check_peer_hello(id: &UniqueId, hello: &PeerHello, nranks: usize) -> std::result::Result<usize, Refusal> {
     check_credentials(id, hello.magic, &hello.secret)?;
     let from = hello.from as usize;
@@ -691,6 +1005,18 @@ pub fn check_peer_hello(id: &UniqueId, hello: &PeerHello, nranks: usize) -> std:
 
 /// The root's rendezvous, sans IO: which ranks have said hello, where they listen, and the
 /// table once everyone is in. A refused hello changes nothing: the job goes on.
+///
+/// ```
+/// # use ferrolink::comm::bootstrap::proto::*;
+/// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+/// let addr = |r: u16| std::net::SocketAddr::from(([10, 0, 0, 1], 40_000 + r));
+/// let mut rv = Rendezvous::new(2);
+/// // Hellos come in any order; the table is ready once every rank is in.
+/// rv.on_hello(&Hello::new(&id, 1, 2, addr(1))).unwrap();
+/// assert_eq!(rv.table(), None);
+/// rv.on_hello(&Hello::new(&id, 0, 2, addr(0))).unwrap();
+/// assert_eq!(rv.table(), Some(vec![addr(0), addr(1)]));
+/// ```
 #[derive(Clone, Debug)]
 pub struct Rendezvous {
     addrs: Vec<Option<SocketAddr>>,
@@ -698,17 +1024,39 @@ pub struct Rendezvous {
 
 impl Rendezvous {
     /// A rendezvous for a job of `nranks` ranks.
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// let rv = Rendezvous::new(4);
+    /// assert_eq!(rv.missing(), [0, 1, 2, 3]);
+    /// ```
     pub fn new(nranks: usize) -> Rendezvous {
         Rendezvous { addrs: vec![None; nranks] }
     }
 
     /// Ranks in the job.
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// assert_eq!(Rendezvous::new(4).nranks(), 4);
+    /// ```
     pub fn nranks(&self) -> usize {
         self.addrs.len()
     }
 
     /// Takes a hello (already checked by [`check_hello`]). Refuses a rank of a job of
     /// another size, a rank outside the job, and a rank that already joined.
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+    /// let listen = "10.0.0.2:40001".parse().unwrap();
+    /// let mut rv = Rendezvous::new(4);
+    /// assert_eq!(rv.on_hello(&Hello::new(&id, 1, 4, listen)), Ok(()));
+    /// assert_eq!(rv.on_hello(&Hello::new(&id, 1, 4, listen)), Err(Refusal("rank 1 joined twice".into())));
+    /// let wrong_size = rv.on_hello(&Hello::new(&id, 2, 8, listen)).unwrap_err();
+    /// assert_eq!(wrong_size.0, "rank 2 says this job has 8 ranks, the root expects 4");
+    /// ```
     pub fn on_hello(&mut self, hello: &Hello) -> std::result::Result<(), Refusal> {
         let n = self.addrs.len();
         let rank = hello.rank as usize;
@@ -727,6 +1075,15 @@ impl Rendezvous {
 
     /// Rank `rank`'s connection to the root closed before the table was sent: it is missing
     /// again.
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+    /// let mut rv = Rendezvous::new(2);
+    /// rv.on_hello(&Hello::new(&id, 1, 2, "10.0.0.2:40001".parse().unwrap())).unwrap();
+    /// rv.on_leave(1);
+    /// assert!(!rv.has_joined(1));
+    /// ```
     pub fn on_leave(&mut self, rank: usize) {
         if let Some(a) = self.addrs.get_mut(rank) {
             *a = None;
@@ -734,22 +1091,59 @@ impl Rendezvous {
     }
 
     /// Whether rank `rank` has joined.
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+    /// let mut rv = Rendezvous::new(2);
+    /// rv.on_hello(&Hello::new(&id, 1, 2, "10.0.0.2:40001".parse().unwrap())).unwrap();
+    /// assert!(rv.has_joined(1) && !rv.has_joined(0) && !rv.has_joined(5));
+    /// ```
     pub fn has_joined(&self, rank: usize) -> bool {
         self.addrs.get(rank).is_some_and(Option::is_some)
     }
 
     /// The ranks not in yet, in order.
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+    /// let mut rv = Rendezvous::new(3);
+    /// rv.on_hello(&Hello::new(&id, 1, 3, "10.0.0.2:40001".parse().unwrap())).unwrap();
+    /// assert_eq!(rv.missing(), [0, 2]);
+    /// ```
     pub fn missing(&self) -> Vec<usize> {
         (0..self.addrs.len()).filter(|&r| self.addrs[r].is_none()).collect()
     }
 
     /// Every rank's listen address, once all are in.
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+    /// let listen = "10.0.0.1:40000".parse().unwrap();
+    /// let mut rv = Rendezvous::new(1);
+    /// assert_eq!(rv.table(), None);
+    /// rv.on_hello(&Hello::new(&id, 0, 1, listen)).unwrap();
+    /// assert_eq!(rv.table(), Some(vec![listen]));
+    /// ```
     pub fn table(&self) -> Option<Vec<SocketAddr>> {
         self.addrs.iter().copied().collect()
     }
 
     /// The refusal sent to everyone when `timeout` passed before all ranks came: "ranks 2
     /// and 5 never joined within 30s".
+    ///
+    /// ```
+    /// # use ferrolink::comm::bootstrap::proto::*;
+    /// # let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 0x5eed, [7; 16]);
+    /// let mut rv = Rendezvous::new(6);
+    /// for r in [0, 1, 3, 4] {
+    ///     rv.on_hello(&Hello::new(&id, r, 6, std::net::SocketAddr::from(([10, 0, 0, 1], 40_000)))).unwrap();
+    /// }
+    /// let refusal = rv.timed_out(std::time::Duration::from_secs(30));
+    /// assert_eq!(refusal.0, "ranks 2 and 5 never joined within 30s");
+    /// ```
     pub fn timed_out(&self, timeout: Duration) -> Refusal {
         Refusal(format!("{} never joined within {timeout:?}", ranks_phrase(&self.missing())))
     }

@@ -119,6 +119,28 @@ impl Shared {
 }
 
 /// One rank of a job whose ranks find each other over TCP (see the module docs).
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::UniqueId;
+/// use ferrolink::comm::bootstrap::{Bootstrap, tcp::TcpBootstrap};
+/// use std::time::Duration;
+/// // A free loopback port for the root.
+/// let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+/// let id = UniqueId::new(([127, 0, 0, 1], port).into())?;
+/// // Two ranks as threads of this process (normally one process each, on any machines).
+/// let gathered = std::thread::scope(|s| {
+///     let ranks: Vec<_> = (0..2)
+///         .map(|r| {
+///             let id = &id;
+///             s.spawn(move || TcpBootstrap::init(id, r, 2, Duration::from_secs(20))?.all_gather(&[r as u8]))
+///         })
+///         .collect();
+///     ranks.into_iter().map(|h| h.join().unwrap()).collect::<ferrolink::Result<Vec<_>>>()
+/// })?;
+/// assert_eq!(gathered, vec![vec![vec![0], vec![1]]; 2]);
+/// # Ok(()) }
+/// ```
 pub struct TcpBootstrap {
     shared: Arc<Shared>,
     /// Where this rank listens for its peers.
@@ -137,6 +159,15 @@ impl TcpBootstrap {
     /// root refuses this rank (the error says why: a duplicate rank, another job size, …),
     /// when ranks did not all join within `timeout` (the error names them), or when the root
     /// cannot be reached within `timeout`.
+    ///
+    /// ```
+    /// use ferrolink::comm::bootstrap::tcp::TcpBootstrap;
+    /// use std::time::Duration;
+    /// let id = ferrolink::UniqueId::from_parts("127.0.0.1:29500".parse().unwrap(), 1, [7; 16]);
+    /// // Bad arguments are refused before any socket is opened.
+    /// let err = TcpBootstrap::init(&id, 4, 4, Duration::from_secs(1)).err().unwrap();
+    /// assert!(err.to_string().contains("rank 4 is outside 0..4"), "{err}");
+    /// ```
     pub fn init(id: &UniqueId, rank: usize, nranks: usize, timeout: Duration) -> Result<Arc<TcpBootstrap>> {
         if nranks == 0 || u32::try_from(nranks).is_err() {
             return Err(Error::InvalidArgument(format!("a TCP bootstrap of {nranks} ranks")));
@@ -207,6 +238,18 @@ impl TcpBootstrap {
     }
 
     /// Where this rank listens for its peers.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::comm::bootstrap::tcp::TcpBootstrap;
+    /// # let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    /// let id = ferrolink::UniqueId::new(([127, 0, 0, 1], port).into())?;
+    /// let b = TcpBootstrap::init(&id, 0, 1, std::time::Duration::from_secs(10))?;
+    /// // A loopback root: the rank listens on loopback too, on a port of its own.
+    /// assert!(b.listen_addr().ip().is_loopback());
+    /// assert_ne!(b.listen_addr(), id.root());
+    /// # Ok(()) }
+    /// ```
     pub fn listen_addr(&self) -> SocketAddr {
         self.listen
     }
@@ -843,6 +886,15 @@ fn run_root(
 /// teardown is not counted). Every rank connects to every other, so this needs about 2·n²
 /// file descriptors (8 200 for 64 ranks): the soft limit is raised to the hard one if that is
 /// too low, and an error says so if even that is not enough.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::comm::bootstrap::tcp::bootstrap_bench;
+/// let elapsed = bootstrap_bench(2)?;
+/// assert!(elapsed > std::time::Duration::ZERO);
+/// assert!(bootstrap_bench(0).is_err());
+/// # Ok(()) }
+/// ```
 pub fn bootstrap_bench(nranks: usize) -> Result<Duration> {
     if nranks == 0 {
         return Err(Error::InvalidArgument("a bootstrap of 0 ranks".into()));

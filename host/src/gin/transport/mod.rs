@@ -120,6 +120,20 @@ pub(crate) trait Deliver: Send + Sync {
 }
 
 /// The transports (`FERROLINK_GIN_TRANSPORT`).
+///
+/// ```
+/// # use ferrolink::{CommConfig, Communicator, DevCommRequirements, Device, LsaMode, TransportKind};
+/// # fn main() -> ferrolink::Result<()> {
+/// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// // Two LSA domains of one rank each: neither rank's memory is mapped on the other's side.
+/// let config = CommConfig { lsa: LsaMode::Size(1), ..CommConfig::from_env(dev.backend()) };
+/// let comms = Communicator::init_all_with(&[dev.clone(), dev], config)?;
+/// let ce = Some(TransportKind::CopyEngine);
+/// let reqs = DevCommRequirements { gin_signal_count: 1, gin_transport: ce, ..Default::default() };
+/// let err = ferrolink::run_ranks(&comms, |c| c.create_dev_comm(&reqs)).unwrap_err();
+/// assert!(err.to_string().contains("cannot reach rank")); // the copy engine needs a mapping
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TransportKind {
     /// The copy engine into the peer's memory mapped here (LSA peers reached through the
@@ -135,8 +149,19 @@ pub enum TransportKind {
 }
 
 impl TransportKind {
-    /// `FERROLINK_GIN_TRANSPORT`: `ce`, `tcp`, or unset (the copy engine where the peer's
-    /// memory is mapped here, else TCP).
+    /// `FERROLINK_GIN_TRANSPORT`: `ce`, `tcp` (`verbs` with the cargo feature `verbs`), or
+    /// `auto` or unset (the copy engine where the peer's memory is mapped here, else TCP).
+    ///
+    /// ```
+    /// use ferrolink::TransportKind;
+    /// // SAFETY: no other thread of this program reads or writes the environment meanwhile.
+    /// unsafe { std::env::set_var("FERROLINK_GIN_TRANSPORT", "tcp") };
+    /// assert_eq!(TransportKind::from_env()?, Some(TransportKind::Tcp));
+    /// // SAFETY: as above.
+    /// unsafe { std::env::remove_var("FERROLINK_GIN_TRANSPORT") };
+    /// assert_eq!(TransportKind::from_env()?, None); // chosen per peer
+    /// # Ok::<(), ferrolink::Error>(())
+    /// ```
     pub fn from_env() -> Result<Option<TransportKind>> {
         match std::env::var("FERROLINK_GIN_TRANSPORT").as_deref() {
             Err(_) | Ok("") | Ok("auto") => Ok(None),

@@ -267,7 +267,7 @@ impl DeviceBackend for CudaDevice {
             Ok(())
         } else {
             Err(Error::InvalidArgument(format!(
-                "several processes share GPU {} ({}), but no MPS control daemon was found (no {dir}/control):                  without MPS their kernels time-slice and a kernel waiting for another process's never sees it                  arrive. Start MPS (as root: `nvidia-cuda-mps-control -d`, with CUDA_MPS_PIPE_DIRECTORY set the                  same in every process), or run one process per GPU",
+                "several processes share GPU {} ({}), but no MPS control daemon was found (no {dir}/control): without MPS their kernels time-slice and a kernel waiting for another process's never sees it arrive. Start MPS (as root: `nvidia-cuda-mps-control -d`, with CUDA_MPS_PIPE_DIRECTORY set the same in every process), or run one process per GPU",
                 self.ordinal, self.name
             )))
         }
