@@ -240,7 +240,7 @@ fn comms_of(dev: &Device, n: usize) -> ferrolink::Result<Vec<Communicator>> {
 
 /// `n` ranks on `dev` in LSA domains of `domain` ranks (checked).
 fn comms_in_domains(dev: &Device, n: usize, domain: usize) -> ferrolink::Result<Vec<Communicator>> {
-    let mut config = ferrolink::CommConfig::from_env(dev.backend());
+    let mut config = ferrolink::CommConfig::from_env(dev.backend()).unwrap();
     config.lsa = ferrolink::LsaMode::Size(domain);
     let comms = Communicator::init_all_with(&vec![dev.clone(); n], config)?;
     check(comms[0].lsa_size() == domain, || format!("LSA domains of {domain} asked, {} made", comms[0].lsa_size()))?;
@@ -851,7 +851,7 @@ fn a_rank_whose_gpu_partner_never_calls_times_out_naming_it() {
     ferrolink::testing::for_each_backend("shared_gpu_timeout", |dev| {
         let config = ferrolink::CommConfig {
             timeout: Some(std::time::Duration::from_millis(300)),
-            ..ferrolink::CommConfig::from_env(dev.backend())
+            ..ferrolink::CommConfig::from_env(dev.backend()).unwrap()
         };
         let comms = Communicator::init_all_with(&[dev.clone(), dev.clone()], config)?;
         let send = dev.alloc_from(&[1.0f32; 16])?;
@@ -1042,7 +1042,7 @@ fn an_ll_call_a_peer_never_joins_times_out_naming_it() {
         let Some(second) = second_device(dev, "ll_timeout") else { return Ok(()) };
         let config = ferrolink::CommConfig {
             timeout: Some(std::time::Duration::from_millis(500)),
-            ..ferrolink::CommConfig::from_env(dev.backend())
+            ..ferrolink::CommConfig::from_env(dev.backend()).unwrap()
         };
         let comms = Communicator::init_all_with(&[dev.clone(), second], config)?;
         let ll_sum = Collective { proto: Some(proto::LL), ..Collective::new(CollKind::AllReduce, 16) };
@@ -1076,7 +1076,7 @@ fn an_ll_graph_replayed_after_recover_takes_no_stale_lines() {
         let Some(second) = second_device(dev, "ll_graph_after_recover") else { return Ok(()) };
         let config = ferrolink::CommConfig {
             timeout: Some(std::time::Duration::from_millis(500)),
-            ..ferrolink::CommConfig::from_env(dev.backend())
+            ..ferrolink::CommConfig::from_env(dev.backend()).unwrap()
         };
         let comms = Communicator::init_all_with(&[dev.clone(), second], config)?;
         let ll_sum =

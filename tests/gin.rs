@@ -136,7 +136,7 @@ fn gin_suite(comm: &Communicator, path: Path) -> ferrolink::Result<()> {
 
 /// Every rank of an `n`-rank job on virtual ranks of `dev`, with `path`'s LSA domains.
 fn in_process(dev: &Device, n: usize, path: Path) -> ferrolink::Result<()> {
-    let mut config = CommConfig::from_env(dev.backend());
+    let mut config = CommConfig::from_env(dev.backend()).unwrap();
     if let Some(k) = path.lsa {
         config.lsa = LsaMode::Size(k);
     }

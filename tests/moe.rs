@@ -570,7 +570,7 @@ fn dispatch_and_combine_on_two_three_and_four_ranks() {
 fn dispatch_and_combine_across_lsa_domains() {
     ferrolink::testing::for_each_backend("moe_across_lsa_domains", |dev| {
         for (n, domain) in domain_configs(&[(3, 1), (4, 2), (6, 2)]) {
-            let mut config = CommConfig::from_env(dev.backend());
+            let mut config = CommConfig::from_env(dev.backend()).unwrap();
             config.lsa = LsaMode::Size(domain);
             let comms = Communicator::init_all_with(&vec![dev.clone(); n], config)?;
             check(comms[0].lsa_size() == domain, || format!("LSA domains of {domain} asked, {}", comms[0].lsa_size()))?;
@@ -797,7 +797,7 @@ fn a_fused_call_whose_expert_skips_rows_times_out() {
     ferrolink::testing::for_each_backend("a_fused_call_whose_expert_skips_rows_times_out", |dev| {
         let config = ferrolink::CommConfig {
             timeout: Some(std::time::Duration::from_millis(500)),
-            ..ferrolink::CommConfig::from_env(dev.backend())
+            ..ferrolink::CommConfig::from_env(dev.backend()).unwrap()
         };
         let comms = Communicator::init_all_with(&[dev.clone(), dev.clone()], config)?;
         let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 1, max_tokens: 2, capacity: None };

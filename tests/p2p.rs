@@ -191,7 +191,7 @@ fn groups_single_calls_and_all_to_allv_on_two_three_and_four_ranks() {
 #[test]
 fn across_lsa_domains_through_the_gin_proxy() {
     ferrolink::testing::for_each_backend("p2p_across_lsa_domains", |dev| {
-        let mut config = CommConfig::from_env(dev.backend());
+        let mut config = CommConfig::from_env(dev.backend()).unwrap();
         config.lsa = LsaMode::Size(2);
         let comms = Communicator::init_all_with(&vec![dev.clone(); 4], config)?;
         check(comms[0].lsa_size() == 2, || format!("LSA domains of 2 asked, {} made", comms[0].lsa_size()))?;

@@ -124,7 +124,7 @@ pub fn virtual_job(
     window_bytes: usize,
     reqs: &DevCommRequirements,
 ) -> Result<(Vec<Communicator>, Vec<Window>, Vec<DevCommHandle>)> {
-    virtual_job_with(dev, nranks, window_bytes, reqs, CommConfig::from_env(dev.backend()))
+    virtual_job_with(dev, nranks, window_bytes, reqs, CommConfig::from_env(dev.backend())?)
 }
 
 /// [`virtual_job`] with explicit watchdog settings.
@@ -134,7 +134,7 @@ pub fn virtual_job(
 /// use ferrolink::{Backend, CommConfig, DevCommRequirements, Device, testing::virtual_job_with};
 /// use std::time::Duration;
 /// let dev = Device::open_with(Backend::Cpu, 0)?;
-/// let config = CommConfig { timeout: Some(Duration::from_secs(5)), ..CommConfig::from_env(Backend::Cpu) };
+/// let config = CommConfig { timeout: Some(Duration::from_secs(5)), ..CommConfig::from_env(Backend::Cpu)? };
 /// let (comms, _windows, _handles) = virtual_job_with(&dev, 2, 4096, &DevCommRequirements::default(), config)?;
 /// assert_eq!(comms[0].config().timeout, Some(Duration::from_secs(5)));
 /// # Ok(()) }

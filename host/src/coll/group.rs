@@ -2317,7 +2317,7 @@ mod tests {
     use super::*;
 
     fn control() -> Arc<CommControl> {
-        Arc::new(CommControl::new(7, crate::CommConfig::from_env(crate::Backend::Cpu)))
+        Arc::new(CommControl::new(7, crate::CommConfig::from_env(crate::Backend::Cpu).unwrap()))
     }
 
     /// Part `part`'s arrival with nothing in it but `control` (to tell meetings apart).
@@ -2420,7 +2420,7 @@ mod tests {
 
     #[test]
     fn a_member_runs_at_most_run_ahead_calls_beyond_the_meetings_over() {
-        let mut config = crate::CommConfig::from_env(crate::Backend::Cpu);
+        let mut config = crate::CommConfig::from_env(crate::Backend::Cpu).unwrap();
         config.timeout = Some(Duration::from_millis(100));
         let control = Arc::new(CommControl::new(7, config));
         let g = Arc::new(GpuGroup::new(vec![0, 1], control.clone()));
@@ -2453,7 +2453,7 @@ mod tests {
 
     #[test]
     fn a_pending_launch_past_the_timeout_is_given_up_naming_the_missing_ranks() {
-        let mut config = crate::CommConfig::from_env(crate::Backend::Cpu);
+        let mut config = crate::CommConfig::from_env(crate::Backend::Cpu).unwrap();
         config.timeout = Some(Duration::from_millis(50));
         let control = Arc::new(CommControl::new(7, config));
         let g = Arc::new(GpuGroup::new(vec![0, 1, 2], control.clone()));

@@ -47,28 +47,59 @@ pub struct CommConfig {
 }
 
 impl CommConfig {
-    /// The defaults for `backend`, with the environment's overrides.
+    /// The defaults for `backend`, with the environment's overrides: `FERROLINK_TIMEOUT`,
+    /// `FERROLINK_PROGRESS_SECS` and `FERROLINK_LSA`. A value that is not what the variable
+    /// takes is an error naming it (a typo must not silently leave a 600 s timeout).
     ///
     /// ```
     /// use ferrolink::{Backend, CommConfig};
     /// use std::time::Duration;
-    /// let cpu = CommConfig::from_env(Backend::Cpu);
+    /// let cpu = CommConfig::from_env(Backend::Cpu)?;
     /// if std::env::var_os("FERROLINK_TIMEOUT").is_none() {
     ///     assert_eq!(cpu.timeout, Some(Duration::from_secs(60)));
-    ///     assert_eq!(CommConfig::from_env(Backend::Cuda).timeout, Some(Duration::from_secs(600)));
+    ///     assert_eq!(CommConfig::from_env(Backend::Cuda)?.timeout, Some(Duration::from_secs(600)));
     /// }
+    /// // SAFETY: no other thread of this program reads or writes the environment meanwhile.
+    /// unsafe { std::env::set_var("FERROLINK_TIMEOUT", "10s") };
+    /// let err = CommConfig::from_env(Backend::Cpu).unwrap_err().to_string();
+    /// assert!(err.contains("FERROLINK_TIMEOUT=\"10s\""), "{err}");
+    /// # Ok::<(), ferrolink::Error>(())
     /// ```
-    pub fn from_env(backend: crate::Backend) -> CommConfig {
-        let secs = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<f64>().ok());
+    pub fn from_env(backend: crate::Backend) -> Result<CommConfig> {
         let default_timeout = crate::runtime::backend::launch_profile(backend).default_timeout_secs;
-        let timeout = match secs("FERROLINK_TIMEOUT").unwrap_or(default_timeout) {
-            t if t > 0.0 => Some(Duration::from_secs_f64(t)),
-            _ => None,
+        let timeout = match env_secs("FERROLINK_TIMEOUT", "a number of seconds, 0 for none")? {
+            None => Some(Duration::from_secs_f64(default_timeout)),
+            Some(t) if t > 0.0 => Some(Duration::from_secs_f64(t)),
+            Some(_) => None,
         };
-        let progress_interval = Duration::from_secs_f64(secs("FERROLINK_PROGRESS_SECS").unwrap_or(10.0).max(0.01));
-        let lsa = crate::comm::topology::LsaMode::from_env().unwrap_or(crate::comm::topology::LsaMode::Node);
-        CommConfig { timeout, progress_interval, lsa }
+        let progress = match env_secs("FERROLINK_PROGRESS_SECS", "a number of seconds above 0")? {
+            Some(p) if p <= 0.0 => {
+                return Err(env_error("FERROLINK_PROGRESS_SECS", "0", "a number of seconds above 0"));
+            }
+            p => p.unwrap_or(10.0),
+        };
+        let progress_interval = Duration::from_secs_f64(progress.max(0.01));
+        let lsa = crate::comm::topology::LsaMode::from_env()?;
+        Ok(CommConfig { timeout, progress_interval, lsa })
     }
+}
+
+/// `name` as seconds: `None` when unset or empty; an error when it is not a finite number of
+/// seconds, at least 0 (`takes` says what it takes, for the message).
+pub(crate) fn env_secs(name: &str, takes: &str) -> Result<Option<f64>> {
+    match std::env::var(name) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(env_error(name, &v.to_string_lossy(), takes)),
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if (0.0..1e9).contains(&s) => Ok(Some(s)),
+            _ => Err(env_error(name, &v, takes)),
+        },
+    }
+}
+
+fn env_error(name: &str, value: &str, takes: &str) -> Error {
+    Error::InvalidArgument(format!("{name}={value:?}: it takes {takes}"))
 }
 
 /// A device wait that has not finished, as the watchdog sees it.
@@ -443,7 +474,7 @@ mod tests {
         let config = CommConfig {
             timeout: Some(Duration::from_secs(5)),
             progress_interval: Duration::from_secs(1),
-            ..CommConfig::from_env(crate::Backend::Cpu)
+            ..CommConfig::from_env(crate::Backend::Cpu).unwrap()
         };
         let control = CommControl::new(1, config);
         let source: std::sync::Arc<dyn ControlSource> = std::sync::Arc::new(Stalled);

@@ -117,6 +117,8 @@ impl LaunchEnv {
         let mut found = None;
         for (name, [r, n, lr, ln]) in launchers {
             if let (Some(rank), Some(nranks)) = (num(r)?, num(n)?) {
+                // The local size is only a hint, and Slurm writes it as a list where nodes
+                // differ (SLURM_NTASKS_PER_NODE="4(x2),3"): one that is not a number is unknown.
                 found = Some((name, rank, nranks, num(lr)?, num(ln).unwrap_or(None)));
                 break;
             }

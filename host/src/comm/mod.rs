@@ -94,23 +94,26 @@ impl std::fmt::Debug for Communicator {
 }
 
 /// How long bootstrap exchanges wait for the slowest rank: `FERROLINK_BOOTSTRAP_TIMEOUT`
-/// seconds, default 120.
+/// seconds, default 120; any other value than a number of seconds above 0 is an error.
 ///
 /// ```
 /// use std::time::Duration;
-/// let t = ferrolink::comm::bootstrap_timeout();
+/// let t = ferrolink::comm::bootstrap_timeout()?;
 /// if std::env::var_os("FERROLINK_BOOTSTRAP_TIMEOUT").is_none() {
 ///     assert_eq!(t, Duration::from_secs(120));
 /// }
 /// assert!(t > Duration::ZERO);
+/// # Ok::<(), ferrolink::Error>(())
 /// ```
-pub fn bootstrap_timeout() -> Duration {
-    std::env::var("FERROLINK_BOOTSTRAP_TIMEOUT")
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| *s > 0.0)
-        .map(Duration::from_secs_f64)
-        .unwrap_or(Duration::from_secs(120))
+pub fn bootstrap_timeout() -> Result<Duration> {
+    let secs = crate::comm::control::env_secs("FERROLINK_BOOTSTRAP_TIMEOUT", "a number of seconds above 0")?;
+    match secs {
+        Some(s) if s <= 0.0 => {
+            Err(Error::InvalidArgument("FERROLINK_BOOTSTRAP_TIMEOUT=0: it takes a number of seconds above 0".into()))
+        }
+        Some(s) => Ok(Duration::from_secs_f64(s)),
+        None => Ok(Duration::from_secs(120)),
+    }
 }
 
 /// Runs `f(rank)` for every rank on threads of this process and returns the results in rank
@@ -178,7 +181,7 @@ impl Communicator {
     /// ```
     pub fn init_all(devices: &[Device]) -> Result<Vec<Communicator>> {
         let backend = devices.first().map_or(Backend::Cpu, Device::backend);
-        Communicator::init_all_with(devices, CommConfig::from_env(backend))
+        Communicator::init_all_with(devices, CommConfig::from_env(backend)?)
     }
 
     /// [`Communicator::init_all`] with explicit watchdog settings.
@@ -188,7 +191,7 @@ impl Communicator {
     /// # use std::time::Duration;
     /// # fn main() -> ferrolink::Result<()> {
     /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
-    /// let config = CommConfig { timeout: Some(Duration::from_secs(5)), ..CommConfig::from_env(dev.backend()) };
+    /// let config = CommConfig { timeout: Some(Duration::from_secs(5)), ..CommConfig::from_env(dev.backend())? };
     /// let comms = Communicator::init_all_with(&[dev.clone(), dev], config)?;
     /// assert_eq!(comms[1].config().timeout, Some(Duration::from_secs(5)));
     /// # Ok(()) }
@@ -197,7 +200,7 @@ impl Communicator {
         if devices.is_empty() {
             return Err(Error::InvalidArgument("init_all needs at least one device".into()));
         }
-        let group = InProcessBootstrap::group(devices.len(), bootstrap_timeout());
+        let group = InProcessBootstrap::group(devices.len(), bootstrap_timeout()?);
         on_rank_threads(devices.len(), |r| {
             Communicator::from_bootstrap(group[r].clone() as Arc<dyn Bootstrap>, &devices[r], config)
         })
@@ -228,7 +231,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn init_rank(id: &UniqueId, nranks: usize, rank: usize, device: &Device) -> Result<Communicator> {
-        Communicator::init_rank_with(id, nranks, rank, device, CommConfig::from_env(device.backend()))
+        Communicator::init_rank_with(id, nranks, rank, device, CommConfig::from_env(device.backend())?)
     }
 
     /// [`Communicator::init_rank`] with explicit watchdog settings.
@@ -239,7 +242,7 @@ impl Communicator {
     /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
     /// # let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     /// let id = UniqueId::new(([127, 0, 0, 1], port).into())?;
-    /// let config = CommConfig { timeout: None, ..CommConfig::from_env(dev.backend()) }; // no watchdog
+    /// let config = CommConfig { timeout: None, ..CommConfig::from_env(dev.backend())? }; // no watchdog
     /// assert!(Communicator::init_rank_with(&id, 1, 1, &dev, config).is_err()); // rank 1 of 1
     /// let comm = Communicator::init_rank_with(&id, 1, 0, &dev, config)?; // a job of one rank
     /// assert_eq!(comm.config().timeout, None);
@@ -255,7 +258,7 @@ impl Communicator {
         if rank >= nranks {
             return Err(Error::InvalidArgument(format!("init_rank: rank {rank} is outside 0..{nranks}")));
         }
-        let b = bootstrap::tcp::TcpBootstrap::init(id, rank, nranks, bootstrap_timeout())?;
+        let b = bootstrap::tcp::TcpBootstrap::init(id, rank, nranks, bootstrap_timeout()?)?;
         Communicator::from_bootstrap(b, device, config)
     }
 
@@ -295,8 +298,8 @@ impl Communicator {
     /// # fn main() -> ferrolink::Result<()> {
     /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
     /// // What init_all does: a bootstrap per rank, each rank on a thread.
-    /// let group = InProcessBootstrap::group(2, ferrolink::comm::bootstrap_timeout());
-    /// let config = CommConfig::from_env(dev.backend());
+    /// let group = InProcessBootstrap::group(2, ferrolink::comm::bootstrap_timeout()?);
+    /// let config = CommConfig::from_env(dev.backend())?;
     /// let comms = std::thread::scope(|s| {
     ///     let ranks: Vec<_> = group
     ///         .iter()
@@ -618,7 +621,7 @@ impl Communicator {
     /// # fn main() -> ferrolink::Result<()> {
     /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
     /// let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
-    /// assert_eq!(comms[0].config(), CommConfig::from_env(dev.backend())); // init_all's settings
+    /// assert_eq!(comms[0].config(), CommConfig::from_env(dev.backend())?); // init_all's settings
     /// # Ok(()) }
     /// ```
     pub fn config(&self) -> CommConfig {
@@ -639,7 +642,7 @@ impl Communicator {
     /// let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
     /// comms[0].set_timeout(Some(Duration::from_secs(1)));
     /// assert_eq!(comms[1].config().timeout, Some(Duration::from_secs(1))); // one process: both ranks
-    /// comms[0].set_timeout(CommConfig::from_env(dev.backend()).timeout);
+    /// comms[0].set_timeout(CommConfig::from_env(dev.backend())?.timeout);
     /// # Ok(()) }
     /// ```
     pub fn set_timeout(&self, timeout: Option<std::time::Duration>) {
@@ -653,7 +656,7 @@ impl Communicator {
     /// # fn main() -> ferrolink::Result<()> {
     /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
     /// // Four ranks in LSA domains of two: {0, 1} and {2, 3}.
-    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend()) };
+    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend())? };
     /// let comms = Communicator::init_all_with(&vec![dev; 4], config)?;
     /// assert_eq!(comms[3].lsa_size(), 2);
     /// # Ok(()) }
@@ -669,7 +672,7 @@ impl Communicator {
     /// # fn main() -> ferrolink::Result<()> {
     /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
     /// // Four ranks in LSA domains of two: {0, 1} and {2, 3}.
-    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend()) };
+    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend())? };
     /// let comms = Communicator::init_all_with(&vec![dev; 4], config)?;
     /// assert_eq!(comms.iter().map(|c| c.lsa_rank()).collect::<Vec<_>>(), [0, 1, 0, 1]);
     /// # Ok(()) }
@@ -700,7 +703,7 @@ impl Communicator {
     /// # fn main() -> ferrolink::Result<()> {
     /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
     /// // Four ranks in LSA domains of two: {0, 1} and {2, 3}.
-    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend()) };
+    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend())? };
     /// let comms = Communicator::init_all_with(&vec![dev; 4], config)?;
     /// use ferrolink::device_api::Team;
     /// assert_eq!(comms[3].lsa_team(), Team { rank: 1, size: 2, stride: 1 });
@@ -717,7 +720,7 @@ impl Communicator {
     /// # fn main() -> ferrolink::Result<()> {
     /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
     /// // Four ranks in LSA domains of two: {0, 1} and {2, 3}.
-    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend()) };
+    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend())? };
     /// let comms = Communicator::init_all_with(&vec![dev; 4], config)?;
     /// use ferrolink::device_api::Team;
     /// // Ranks 1 and 3 (LSA rank 1 of each domain), two world ranks apart.
@@ -736,7 +739,7 @@ impl Communicator {
     /// # fn main() -> ferrolink::Result<()> {
     /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
     /// // Four ranks in LSA domains of two: {0, 1} and {2, 3}.
-    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend()) };
+    /// let config = CommConfig { lsa: LsaMode::Size(2), ..CommConfig::from_env(dev.backend())? };
     /// let comms = Communicator::init_all_with(&vec![dev; 4], config)?;
     /// assert_eq!(comms[3].lsa_peers(), 2..4);
     /// # Ok(()) }

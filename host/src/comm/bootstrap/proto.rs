@@ -623,6 +623,20 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
+/// A bootstrap frame that could not be decoded is a bootstrap failure (so `?` works in
+/// functions returning [`crate::Result`]).
+///
+/// ```
+/// use ferrolink::comm::bootstrap::proto::DecodeError;
+/// let e: ferrolink::Error = DecodeError::UnknownKind(99).into();
+/// assert!(matches!(e, ferrolink::Error::Bootstrap(ref m) if m.contains("unknown frame kind 99")));
+/// ```
+impl From<DecodeError> for crate::Error {
+    fn from(e: DecodeError) -> Self {
+        crate::Error::Bootstrap(format!("bootstrap frame: {e}"))
+    }
+}
+
 /// Reads fields from a payload; any shortfall is an error, never a panic.
 struct Fields<'a> {
     buf: &'a [u8],

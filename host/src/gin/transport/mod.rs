@@ -126,7 +126,7 @@ pub(crate) trait Deliver: Send + Sync {
 /// # fn main() -> ferrolink::Result<()> {
 /// let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
 /// // Two LSA domains of one rank each: neither rank's memory is mapped on the other's side.
-/// let config = CommConfig { lsa: LsaMode::Size(1), ..CommConfig::from_env(dev.backend()) };
+/// let config = CommConfig { lsa: LsaMode::Size(1), ..CommConfig::from_env(dev.backend())? };
 /// let comms = Communicator::init_all_with(&[dev.clone(), dev], config)?;
 /// let ce = Some(TransportKind::CopyEngine);
 /// let reqs = DevCommRequirements { gin_signal_count: 1, gin_transport: ce, ..Default::default() };
