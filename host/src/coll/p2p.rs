@@ -55,6 +55,22 @@ use ferrolink_device::window::DevWindow;
 
 /// The most operations one group holds (the device table is made up front: making memory
 /// while peers' kernels run may wait for them).
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::coll::MAX_GROUP_OPS;
+/// # use ferrolink::{Communicator, Device};
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let comm = Communicator::init_all(&[dev.clone()])?.remove(0);
+/// let buf = dev.alloc::<u8>(1)?;
+/// let mut g = comm.p2p_group();
+/// for _ in 0..MAX_GROUP_OPS {
+///     g.send(&buf, 0)?;
+/// }
+/// // One more is refused as it is queued (the group is dropped unlaunched: nothing ran).
+/// assert!(g.send(&buf, 0).is_err());
+/// # Ok(()) }
+/// ```
 pub const MAX_GROUP_OPS: usize = 4096;
 
 /// The shape of the point-to-point channels (the same on every rank).
@@ -62,6 +78,19 @@ pub const MAX_GROUP_OPS: usize = 4096;
 /// Memory per rank: two windows of `nranks × slots × chunk_bytes` (receive slots, and
 /// staging for peers reached through the GIN proxy), the first with the group table after
 /// its slots.
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::coll::P2pConfig;
+/// # use ferrolink::{Communicator, Device};
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let comm = Communicator::init_all(&[dev])?.remove(0);
+/// // 1000-byte slots do not split into 3 channels of 16-byte vectors.
+/// let bad = P2pConfig { channels: 3, slots: 2, chunk_bytes: 1000 };
+/// assert!(comm.enable_p2p(Some(bad)).is_err());
+/// comm.enable_p2p(Some(P2pConfig { channels: 3, slots: 2, chunk_bytes: 48 << 10 }))?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct P2pConfig {
     /// Channels per pair of ranks: each moves its part of every chunk on a CTA of its own.
@@ -78,6 +107,15 @@ impl P2pConfig {
     /// 64 MiB (and 8 MiB per peer when there are few); measured on two H200s (docs/PERF.md),
     /// 128 KiB per channel and step is where sendrecv reaches NVLink's rate. The CPU
     /// emulator: 2 channels of 4 slots of 16 KiB (small, so that tests cross many chunks).
+    ///
+    /// ```
+    /// use ferrolink::{Backend, coll::P2pConfig};
+    /// let cpu = P2pConfig::default_for(Backend::Cpu, 2);
+    /// assert_eq!((cpu.channels, cpu.slots, cpu.chunk_bytes), (2, 4, 16 << 10));
+    /// // CUDA: 4 MiB slots for 2 ranks, 512 KiB for 64.
+    /// assert_eq!(P2pConfig::default_for(Backend::Cuda, 2).chunk_bytes, 4 << 20);
+    /// assert_eq!(P2pConfig::default_for(Backend::Cuda, 64).chunk_bytes, 512 << 10);
+    /// ```
     pub fn default_for(backend: Backend, nranks: usize) -> P2pConfig {
         let profile = crate::runtime::backend::launch_profile(backend);
         let chunk_bytes = profile.p2p_chunk_bytes.unwrap_or_else(|| {
@@ -89,6 +127,18 @@ impl P2pConfig {
     /// [`P2pConfig::default_for`] with `FERROLINK_P2P_CHANNELS`, `FERROLINK_P2P_SLOTS` and
     /// `FERROLINK_P2P_CHUNK` (bytes, `K`/`M` suffixes) applied where set (every rank must see
     /// the same values).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::{Backend, coll::P2pConfig};
+    /// // SAFETY: a doctest runs in a process of its own, and no other thread of it runs yet.
+    /// unsafe { std::env::set_var("FERROLINK_P2P_CHUNK", "64K") };
+    /// assert_eq!(P2pConfig::from_env(Backend::Cpu, 2)?.chunk_bytes, 64 << 10);
+    /// // SAFETY: as above.
+    /// unsafe { std::env::set_var("FERROLINK_P2P_SLOTS", "many") };
+    /// assert!(P2pConfig::from_env(Backend::Cpu, 2).is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn from_env(backend: Backend, nranks: usize) -> Result<P2pConfig> {
         let mut c = P2pConfig::default_for(backend, nranks);
         let get = |name: &str| -> Result<Option<u32>> {
@@ -153,6 +203,26 @@ pub(crate) struct P2pState {
 }
 
 /// Sends and receives queued together (NCCL's group): see the [module docs](self).
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// # use ferrolink::{Communicator, Device, run_ranks};
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// let comms = Communicator::init_all(&[dev.clone(), dev.clone(), dev.clone()])?;
+/// let got = run_ranks(&comms, |c| {
+///     c.enable_p2p(None)?;
+///     let (me, n) = (c.rank(), c.nranks());
+///     let send = c.device().alloc_from(&[me as u32; 4])?;
+///     let mut recv = c.device().alloc::<u32>(4)?;
+///     // A ring shift: to the next rank and from the previous one, in one group.
+///     let mut g = c.p2p_group();
+///     g.send(&send, (me + 1) % n)?.recv(&mut recv, (me + n - 1) % n)?;
+///     g.launch()?;
+///     recv.to_vec()
+/// })?;
+/// assert_eq!(got, [[2; 4], [0; 4], [1; 4]]);
+/// # Ok(()) }
+/// ```
 pub struct P2pGroup<'a> {
     comm: &'a Communicator,
     ops: Vec<P2pOp>,
@@ -173,11 +243,59 @@ impl<'a> P2pGroup<'a> {
 
     /// Queues a send of all of `buf` to rank `peer` (which must queue a receive of the same
     /// length from this rank).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let got = run_ranks(&comms, |c| {
+    ///     c.enable_p2p(None)?;
+    ///     let data = c.device().alloc_from(&[1.5f32, 2.5])?;
+    ///     let mut buf = c.device().alloc::<f32>(2)?;
+    ///     let mut g = c.p2p_group();
+    ///     // There is no rank 2 of 2.
+    ///     assert!(g.send(&data, 2).is_err());
+    ///     if c.rank() == 0 {
+    ///         g.send(&data, 1)?;
+    ///     } else {
+    ///         g.recv(&mut buf, 0)?;
+    ///     }
+    ///     g.launch()?;
+    ///     buf.to_vec()
+    /// })?;
+    /// assert_eq!(got[1], [1.5, 2.5]);
+    /// # Ok(()) }
+    /// ```
     pub fn send<T: Pod>(&mut self, buf: &'a DeviceBuffer<T>, peer: usize) -> Result<&mut Self> {
         self.send_slice(buf, 0, buf.len(), peer)
     }
 
     /// Queues a receive of all of `buf` from rank `peer`.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let got = run_ranks(&comms, |c| {
+    ///     c.enable_p2p(None)?;
+    ///     let dev = c.device();
+    ///     let (first, second) = (dev.alloc_from(&[1u64; 3])?, dev.alloc_from(&[2u64; 5])?);
+    ///     let (mut a, mut b) = (dev.alloc::<u64>(3)?, dev.alloc::<u64>(5)?);
+    ///     let mut g = c.p2p_group();
+    ///     if c.rank() == 0 {
+    ///         g.send(&first, 1)?.send(&second, 1)?;
+    ///     } else {
+    ///         // Messages from one peer match in the order each side queued them.
+    ///         g.recv(&mut a, 0)?.recv(&mut b, 0)?;
+    ///     }
+    ///     g.launch()?;
+    ///     Ok((a.to_vec()?, b.to_vec()?))
+    /// })?;
+    /// assert_eq!(got[1], (vec![1; 3], vec![2; 5]));
+    /// # Ok(()) }
+    /// ```
     pub fn recv<T: Pod>(&mut self, buf: &'a mut DeviceBuffer<T>, peer: usize) -> Result<&mut Self> {
         let len = buf.len();
         self.recv_slice(buf, 0, len, peer)
@@ -185,6 +303,30 @@ impl<'a> P2pGroup<'a> {
 
     /// Queues a send of `count` elements of `buf` from element `offset` to rank `peer`
     /// (NCCL's pointer and count).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let got = run_ranks(&comms, |c| {
+    ///     c.enable_p2p(None)?;
+    ///     let data = c.device().alloc_from(&[0u16, 1, 2, 3, 4, 5, 6, 7])?;
+    ///     let mut buf = c.device().alloc::<u16>(3)?;
+    ///     let mut g = c.p2p_group();
+    ///     // Elements 6..9 are not all in the buffer.
+    ///     assert!(g.send_slice(&data, 6, 3, 1).is_err());
+    ///     if c.rank() == 0 {
+    ///         g.send_slice(&data, 2, 3, 1)?;
+    ///     } else {
+    ///         g.recv(&mut buf, 0)?;
+    ///     }
+    ///     g.launch()?;
+    ///     buf.to_vec()
+    /// })?;
+    /// assert_eq!(got[1], [2, 3, 4]);
+    /// # Ok(()) }
+    /// ```
     pub fn send_slice<T: Pod>(
         &mut self,
         buf: &'a DeviceBuffer<T>,
@@ -202,6 +344,29 @@ impl<'a> P2pGroup<'a> {
     }
 
     /// Queues a receive of `count` elements into `buf` from element `offset`, from rank `peer`.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let got = run_ranks(&comms, |c| {
+    ///     c.enable_p2p(None)?;
+    ///     let data = c.device().alloc_from(&[5i32, 6])?;
+    ///     let mut buf = c.device().alloc_from(&[-1i32; 4])?;
+    ///     let mut g = c.p2p_group();
+    ///     if c.rank() == 0 {
+    ///         g.send(&data, 1)?;
+    ///     } else {
+    ///         // Into elements 2 and 3; the others stay as they were.
+    ///         g.recv_slice(&mut buf, 2, 2, 0)?;
+    ///     }
+    ///     g.launch()?;
+    ///     buf.to_vec()
+    /// })?;
+    /// assert_eq!(got[1], [-1, -1, 5, 6]);
+    /// # Ok(()) }
+    /// ```
     pub fn recv_slice<T: Pod>(
         &mut self,
         buf: &'a mut DeviceBuffer<T>,
@@ -233,6 +398,21 @@ impl<'a> P2pGroup<'a> {
 
     /// Queues the group on the rank's stream as one kernel (NCCL's `ncclGroupEnd`); returns
     /// when it is queued. An empty group queues nothing.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::{Communicator, Device};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comm = Communicator::init_all(&[dev.clone()])?.remove(0);
+    /// let buf = dev.alloc::<u32>(4)?;
+    /// // An empty group queues nothing (and needs no resources).
+    /// comm.p2p_group().launch()?;
+    /// // Any other needs Communicator::enable_p2p first.
+    /// let mut g = comm.p2p_group();
+    /// g.send(&buf, 0)?;
+    /// assert!(g.launch().is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn launch(self) -> Result<()> {
         let P2pGroup { comm, mut ops, reads, writes } = self;
         if ops.is_empty() {
@@ -367,6 +547,23 @@ impl Communicator {
     /// Makes this rank's point-to-point resources (collective: every rank calls it, with the
     /// same configuration; `None`: [`P2pConfig::from_env`] for the device's backend). A second
     /// call with the same configuration does nothing; another configuration is an error.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::coll::P2pConfig;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = P2pConfig { channels: 2, slots: 2, chunk_bytes: 8 << 10 };
+    /// let refused = run_ranks(&comms, |c| {
+    ///     c.enable_p2p(Some(cfg))?;
+    ///     // Again with the same configuration: nothing to do. Another one is an error.
+    ///     c.enable_p2p(Some(cfg))?;
+    ///     Ok(c.enable_p2p(Some(P2pConfig { slots: 4, ..cfg })).is_err())
+    /// })?;
+    /// assert_eq!(refused, [true, true]);
+    /// # Ok(()) }
+    /// ```
     pub fn enable_p2p(&self, cfg: Option<P2pConfig>) -> Result<()> {
         let cfg = match cfg {
             Some(c) => c,
@@ -429,12 +626,46 @@ impl Communicator {
     }
 
     /// A group of sends and receives to queue together: see [`P2pGroup`].
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::{Communicator, Device};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comm = Communicator::init_all(&[dev.clone()])?.remove(0);
+    /// comm.enable_p2p(None)?;
+    /// let (src, mut dst) = (dev.alloc_from(&[7u32; 4])?, dev.alloc::<u32>(4)?);
+    /// let mut g = comm.p2p_group();
+    /// // A message to itself (rank 0 of 1).
+    /// g.send(&src, 0)?.recv(&mut dst, 0)?;
+    /// g.launch()?;
+    /// assert_eq!(dst.to_vec()?, [7; 4]);
+    /// # Ok(()) }
+    /// ```
     pub fn p2p_group(&self) -> P2pGroup<'_> {
         P2pGroup { comm: self, ops: Vec::new(), reads: Vec::new(), writes: Vec::new() }
     }
 
     /// Sends all of `buf` to rank `peer` (a group of one: the peer's matching receive may be
     /// in any group). Needs [`Communicator::enable_p2p`].
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let got = run_ranks(&comms, |c| {
+    ///     c.enable_p2p(None)?;
+    ///     let mut buf = c.device().alloc_from(&[c.rank() as u8 + 5; 64])?;
+    ///     if c.rank() == 0 {
+    ///         c.send(&buf, 1)?;
+    ///     } else {
+    ///         c.recv(&mut buf, 0)?;
+    ///     }
+    ///     buf.to_vec()
+    /// })?;
+    /// assert_eq!(got[1], [5; 64]);
+    /// # Ok(()) }
+    /// ```
     pub fn send<T: Pod>(&self, buf: &DeviceBuffer<T>, peer: usize) -> Result<()> {
         let mut g = self.p2p_group();
         g.send(buf, peer)?;
@@ -442,6 +673,29 @@ impl Communicator {
     }
 
     /// Receives all of `buf` from rank `peer` (a group of one).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let got = run_ranks(&comms, |c| {
+    ///     c.enable_p2p(None)?;
+    ///     let x = c.device().alloc_from(&[c.rank() as u32 + 1; 8])?;
+    ///     let mut y = c.device().alloc::<u32>(8)?;
+    ///     if c.rank() == 0 {
+    ///         c.send(&x, 1)?;
+    ///         c.recv(&mut y, 1)?;
+    ///     } else {
+    ///         // A ping-pong: rank 0's message goes back to it.
+    ///         c.recv(&mut y, 0)?;
+    ///         c.send(&y, 0)?;
+    ///     }
+    ///     y.to_vec()
+    /// })?;
+    /// assert_eq!(got, [[1; 8], [1; 8]]);
+    /// # Ok(()) }
+    /// ```
     pub fn recv<T: Pod>(&self, buf: &mut DeviceBuffer<T>, peer: usize) -> Result<()> {
         let mut g = self.p2p_group();
         g.recv(buf, peer)?;
@@ -454,6 +708,27 @@ impl Communicator {
     /// resources on first use. Rank `p`'s `recv_counts[q]` must equal rank `q`'s
     /// `send_counts[p]` (checked across ranks in debug builds or with
     /// `FERROLINK_COLL_CHECK=1`); receive ranges must not overlap.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let got = run_ranks(&comms, |c| {
+    ///     let (r, n) = (c.rank(), c.nranks());
+    ///     // Rank r sends r + 1 elements to each rank p, all 10 r + p ...
+    ///     let send: Vec<u32> = (0..n).flat_map(|p| vec![(10 * r + p) as u32; r + 1]).collect();
+    ///     let (send_counts, send_displs) = (vec![r + 1; n], [0, r + 1]);
+    ///     // ... so it receives q + 1 elements from rank q.
+    ///     let (recv_counts, recv_displs) = ([1, 2], [0, 1]);
+    ///     let mut recv = c.device().alloc::<u32>(3)?;
+    ///     let send = c.device().alloc_from(&send)?;
+    ///     c.all_to_allv(&send, &send_counts, &send_displs, &mut recv, &recv_counts, &recv_displs)?;
+    ///     recv.to_vec()
+    /// })?;
+    /// assert_eq!(got, [[0, 10, 10], [1, 11, 11]]);
+    /// # Ok(()) }
+    /// ```
     #[allow(clippy::too_many_arguments)]
     pub fn all_to_allv<T: Pod>(
         &self,

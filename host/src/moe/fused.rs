@@ -21,6 +21,42 @@ use std::sync::atomic::Ordering;
 /// What the caller's expert kernel gets for the fused combine of one call (a launch argument:
 /// the kernel parameter `FusedCombineArgs`, with the windows and counts it names tracked).
 /// Made by [`Moe::fused_target`].
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// # use ferrolink::moe::{MoeConfig, bf16};
+/// # use ferrolink::{Communicator, Device, LaunchConfig, run_ranks};
+/// use ferrolink_device::kernels::moe::moe_expert_mlp_fused;
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+/// let cfg = MoeConfig { num_experts: 2, hidden: 8, top_k: 1, max_tokens: 1, capacity: None };
+/// let outs = run_ranks(&comms, |c| {
+///     let mut moe = c.moe(cfg)?;
+///     moe.enable_fused()?;
+///     let dev = c.device();
+///     // Rank r's token (all 1) goes to expert r with weight 0.25.
+///     let x = dev.alloc_from(&[bf16::ONE; 8])?;
+///     let (idx, w) = (dev.alloc_from(&[c.rank() as i32])?, dev.alloc_from(&[0.25f32])?);
+///     moe.dispatch_with_sources(&x, &idx, &w)?;
+///     let target = moe.fused_target()?;
+///     // One target per call: the expert launch takes it by value.
+///     assert!(moe.fused_target().is_err());
+///     // y = W2 relu(W1 x) with one hidden unit and every weight 1: 8 in every channel.
+///     let ones = dev.alloc_from(&[1f32; 8])?;
+///     let launch = LaunchConfig::linear(1, 32).with_shared_mem(4);
+///     // SAFETY: the kernel's contract: this call's target and the Moe's device communicator,
+///     // the weights of one local expert of 1 x 8 (tracked), a warp with 4 bytes of shared memory.
+///     unsafe {
+///         let args = (moe.dev_comm(), target, &ones, &ones, 1u32);
+///         c.stream().launch(dev.builtin_module()?, &moe_expert_mlp_fused, launch, args)?;
+///     }
+///     let mut out = dev.alloc::<bf16>(8)?;
+///     moe.finish_fused(&mut out)?;
+///     out.to_vec()
+/// })?;
+/// assert!(outs.iter().flatten().all(|v| v.to_f32() == 2.0));
+/// # Ok(()) }
+/// ```
 pub struct FusedTarget<'a> {
     args: FusedCombineArgs,
     recv: &'a Window,
@@ -67,6 +103,29 @@ impl Moe {
     /// `f32 [max_tokens * top_k][hidden]` per rank, and staging rows of `f32 [(nranks -
     /// direct ranks) * max_tokens * top_k][hidden]` (every entry of every such rank may name
     /// an expert here). Results inside the domain are added in place and need neither.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 2, hidden: 8, top_k: 1, max_tokens: 1, capacity: None };
+    /// let refused = run_ranks(&comms, |c| {
+    ///     let mut moe = c.moe(cfg)?;
+    ///     moe.enable_fused()?;
+    ///     // Once is enough: again, it does nothing.
+    ///     moe.enable_fused()?;
+    ///     let dev = c.device();
+    ///     moe.dispatch(&dev.alloc::<bf16>(8)?, &dev.alloc_from(&[0i32])?)?;
+    ///     // Not while a dispatch waits for its combine.
+    ///     let refused = moe.enable_fused().is_err();
+    ///     moe.combine(None, &dev.alloc::<f32>(1)?, &mut dev.alloc::<bf16>(8)?)?;
+    ///     Ok(refused)
+    /// })?;
+    /// assert_eq!(refused, [true, true]);
+    /// # Ok(()) }
+    /// ```
     pub fn enable_fused(&mut self) -> Result<()> {
         if self.pending.is_some() {
             return Err(Error::InvalidArgument(
@@ -99,6 +158,18 @@ impl Moe {
 
     /// The device communicator of this `Moe`'s kernels: the expert kernel of the fused
     /// combine takes it beside [`Moe::fused_target`] (it raises the `FUSED` signal on it).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::MoeConfig;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// # let cfg = MoeConfig { num_experts: 2, hidden: 8, top_k: 1, max_tokens: 1, capacity: None };
+    /// let moes = run_ranks(&comms, |c| c.moe(cfg))?;
+    /// assert_eq!(moes[1].dev_comm().rank(), 1);
+    /// # Ok(()) }
+    /// ```
     pub fn dev_comm(&self) -> &DevCommHandle {
         &self.handle
     }
@@ -191,6 +262,31 @@ impl Moe {
     /// `f32` in arrival order and rounded once. Dropped entries and `-1` add nothing. A wait
     /// that cannot finish (an expert kernel that skipped rows) is a timeout naming the signal.
     /// Needs [`Moe::fused_target`] taken for this dispatch (for the expert kernel).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 2, hidden: 8, top_k: 1, max_tokens: 1, capacity: None };
+    /// let outs = run_ranks(&comms, |c| {
+    ///     let mut moe = c.moe(cfg)?;
+    ///     moe.enable_fused()?;
+    ///     let dev = c.device();
+    ///     let x = dev.alloc_from(&[bf16::from_f32(3.0); 8])?;
+    ///     let (idx, w) = (dev.alloc_from(&[1i32])?, dev.alloc_from(&[0.5f32])?);
+    ///     moe.dispatch_with_sources(&x, &idx, &w)?;
+    ///     // No expert kernel took fused_target() for this dispatch: nothing to wait for.
+    ///     let mut out = dev.alloc::<bf16>(8)?;
+    ///     assert!(moe.finish_fused(&mut out).is_err());
+    ///     // The call ends with the plain combine instead (the identity experts: 0.5 x 3).
+    ///     moe.combine(None, &w, &mut out)?;
+    ///     out.to_vec()
+    /// })?;
+    /// assert_eq!(outs[0][0].to_f32(), 1.5);
+    /// # Ok(()) }
+    /// ```
     pub fn finish_fused(&mut self, out: &mut DeviceBuffer<bf16>) -> Result<()> {
         let acc = self.fused_ready("finish_fused")?.clone();
         if !*self.expert_launched.get_mut() {

@@ -93,6 +93,22 @@ impl Communicator {
     /// has `max_tokens` rows). Memory per rank, in rows of `2 * hidden` bytes: `max_tokens`
     /// (sources), `2 * num_experts * max_tokens` (received, two buffers of
     /// `experts_per_rank * nranks * max_tokens`), `num_experts * max_tokens` (results).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::moe::MoeConfig;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 2, capacity: None };
+    /// let made = run_ranks(&comms, |c| {
+    ///     // Every (expert, source) pair has max_tokens rows: there is no capacity to choose.
+    ///     assert!(c.moe_low_latency(MoeConfig { capacity: Some(4), ..cfg }).is_err());
+    ///     Ok(c.moe_low_latency(cfg).is_ok())
+    /// })?;
+    /// assert_eq!(made, [true, true]);
+    /// # Ok(()) }
+    /// ```
     pub fn moe_low_latency(&self, cfg: MoeConfig) -> Result<MoeLowLatency> {
         if cfg.capacity.is_some() {
             return Err(Error::InvalidArgument(format!(
@@ -132,11 +148,35 @@ impl Communicator {
 
 impl MoeLowLatency {
     /// The configuration.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::MoeConfig;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 2, capacity: None };
+    /// let same = run_ranks(&comms, |c| Ok(c.moe_low_latency(cfg)?.config() == cfg))?;
+    /// assert_eq!(same, [true, true]);
+    /// # Ok(()) }
+    /// ```
     pub fn config(&self) -> MoeConfig {
         self.cfg
     }
 
     /// Experts on each rank.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::MoeConfig;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 2, capacity: None };
+    /// let per = run_ranks(&comms, |c| Ok(c.moe_low_latency(cfg)?.experts_per_rank()))?;
+    /// assert_eq!(per, [2, 2]);
+    /// # Ok(()) }
+    /// ```
     pub fn experts_per_rank(&self) -> usize {
         self.cfg.num_experts / self.comm.nranks()
     }
@@ -144,12 +184,64 @@ impl MoeLowLatency {
     /// The receive window: two buffers of `[experts_per_rank][nranks][max_tokens][hidden]`
     /// bf16, used by alternate dispatches; a kernel may write the experts' results over the
     /// rows (then pass `None` to the combine). See [`MoeLowLatency::region`].
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # use std::sync::Mutex;
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 2, capacity: None };
+    /// let lls = run_ranks(&comms, |c| {
+    ///     let mut ll = c.moe_low_latency(cfg)?;
+    ///     // One token per rank, all `rank + 1`, to experts 0 (on rank 0) and 3 (on rank 1).
+    ///     let x = c.device().alloc_from(&[bf16::from_f32(c.rank() as f32 + 1.0); 8])?;
+    ///     ll.dispatch(&x, &c.device().alloc_from(&[0i32, 3])?)?;
+    ///     Ok(Mutex::new(ll))
+    /// })?;
+    /// // No rank has queued its combine: a host read (it waits for every rank's kernels) is safe.
+    /// let ll = lls[1].lock().unwrap();
+    /// // Rank 1's local expert 1 (expert 3), the row from rank 0.
+    /// let row: Vec<bf16> = ll.received().read(ll.region(1, 0)?, 8)?;
+    /// assert_eq!(row[0].to_f32(), 1.0);
+    /// # drop(ll);
+    /// # run_ranks(&comms, |c| {
+    /// #     let mut out = c.device().alloc::<bf16>(8)?;
+    /// #     lls[c.rank()].lock().unwrap().combine(None, &c.device().alloc_from(&[0.5f32; 2])?, &mut out)?;
+    /// #     c.synchronize()
+    /// # })?;
+    /// # Ok(()) }
+    /// ```
     pub fn received(&self) -> &Window {
         &self.recv
     }
 
     /// Byte offset in [`MoeLowLatency::received`] of the rows that the last dispatch
     /// received for local expert `l` from rank `src` (`recv_counts[l * nranks + src]` rows).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 2, capacity: None };
+    /// let steps = run_ranks(&comms, |c| {
+    ///     let mut ll = c.moe_low_latency(cfg)?;
+    ///     let dev = c.device();
+    ///     // Only after a dispatch, and only for local experts and ranks that exist.
+    ///     assert!(ll.region(0, 0).is_err());
+    ///     ll.dispatch(&dev.alloc::<bf16>(8)?, &dev.alloc_from(&[0i32, 3])?)?;
+    ///     assert!(ll.region(2, 0).is_err());
+    ///     let step = ll.region(0, 1)? - ll.region(0, 0)?;
+    ///     ll.combine(None, &dev.alloc::<f32>(2)?, &mut dev.alloc::<bf16>(8)?)?;
+    ///     Ok(step)
+    /// })?;
+    /// // Each source's region holds max_tokens rows of 2 * hidden bytes.
+    /// assert_eq!(steps, [2 * 2 * 8, 2 * 2 * 8]);
+    /// # Ok(()) }
+    /// ```
     pub fn region(&self, l: usize, src: usize) -> Result<usize> {
         let (per, n) = (self.experts_per_rank(), self.comm.nranks());
         if l >= per || src >= n || self.epoch == 0 {
@@ -166,12 +258,57 @@ impl MoeLowLatency {
     /// Rows received per (local expert, source rank) by the last dispatch: `i32
     /// [experts_per_rank][nranks]`. A host read waits for the receive but does not report its
     /// failure: call [`Communicator::synchronize`] first.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 1, capacity: None };
+    /// let counts = run_ranks(&comms, |c| {
+    ///     let mut ll = c.moe_low_latency(cfg)?;
+    ///     let dev = c.device();
+    ///     // Rank 0's token goes to experts 0 and 3, rank 1's to experts 1 and 3.
+    ///     let idx = if c.rank() == 0 { [0i32, 3] } else { [1, 3] };
+    ///     ll.dispatch(&dev.alloc::<bf16>(8)?, &dev.alloc_from(&idx)?)?;
+    ///     // The dispatch's errors first (a host read of the counts does not report them).
+    ///     c.synchronize()?;
+    ///     let counts = ll.recv_counts().to_vec()?;
+    ///     ll.combine(None, &dev.alloc::<f32>(2)?, &mut dev.alloc::<bf16>(8)?)?;
+    ///     Ok(counts)
+    /// })?;
+    /// // [local expert][source rank]: rank 0 holds experts 0 and 1, rank 1 experts 2 and 3.
+    /// assert_eq!(counts, [[1, 0, 0, 1], [0, 0, 1, 1]]);
+    /// # Ok(()) }
+    /// ```
     pub fn recv_counts(&self) -> &DeviceBuffer<i32> {
         &self.recv_counts
     }
 
     /// Rows this rank received in the last dispatch (waits for the rank's stream; its error,
     /// or the communicator's, if any).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 2, capacity: None };
+    /// let rows = run_ranks(&comms, |c| {
+    ///     let mut ll = c.moe_low_latency(cfg)?;
+    ///     let dev = c.device();
+    ///     // Rank 0 has two tokens, to experts (0, 2) and (1, 2); rank 1 none.
+    ///     let t = if c.rank() == 0 { 2 } else { 0 };
+    ///     ll.dispatch(&dev.alloc::<bf16>(t * 8)?, &dev.alloc_from(&[0i32, 2, 1, 2][..t * 2])?)?;
+    ///     let rows = ll.received_rows()?;
+    ///     ll.combine(None, &dev.alloc::<f32>(t * 2)?, &mut dev.alloc::<bf16>(t * 8)?)?;
+    ///     Ok(rows)
+    /// })?;
+    /// assert_eq!(rows, [2, 2]);
+    /// # Ok(()) }
+    /// ```
     pub fn received_rows(&self) -> Result<u64> {
         self.comm.synchronize()?;
         let words = self.state.to_vec()?;
@@ -182,6 +319,31 @@ impl MoeLowLatency {
 
     /// Copies the last dispatch's buffer (`experts_per_rank * nranks * max_tokens * hidden`
     /// bf16, as [`MoeLowLatency::region`] lays it out) into `dst`, on the rank's stream.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 1, capacity: None };
+    /// let received = run_ranks(&comms, |c| {
+    ///     let mut ll = c.moe_low_latency(cfg)?;
+    ///     let dev = c.device();
+    ///     // One token per rank, all `rank + 1`, to experts 0 (on rank 0) and 3 (on rank 1).
+    ///     let x = dev.alloc_from(&[bf16::from_f32(c.rank() as f32 + 1.0); 8])?;
+    ///     ll.dispatch(&x, &dev.alloc_from(&[0i32, 3])?)?;
+    ///     // [experts_per_rank][nranks][max_tokens][hidden], copied in stream order.
+    ///     let mut rows = dev.alloc::<bf16>(2 * 2 * 1 * 8)?;
+    ///     ll.copy_received(&mut rows)?;
+    ///     ll.combine(None, &dev.alloc_from(&[0.5f32; 2])?, &mut dev.alloc::<bf16>(8)?)?;
+    ///     rows.to_vec()
+    /// })?;
+    /// // Rank 1's local expert 1 (expert 3): rank 0's row, then rank 1's.
+    /// let row = |src: usize| received[1][(2 + src) * 8].to_f32();
+    /// assert_eq!((row(0), row(1)), (1.0, 2.0));
+    /// # Ok(()) }
+    /// ```
     pub fn copy_received(&self, dst: &mut DeviceBuffer<bf16>) -> Result<()> {
         let bytes = self.half_bytes();
         if dst.len() * 2 != bytes || self.epoch == 0 {
@@ -199,6 +361,29 @@ impl MoeLowLatency {
     }
 
     /// [`MoeLowLatency::dispatch_send`] and [`MoeLowLatency::dispatch_recv`] in one kernel.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 2, capacity: None };
+    /// let outs = run_ranks(&comms, |c| {
+    ///     let mut ll = c.moe_low_latency(cfg)?;
+    ///     let dev = c.device();
+    ///     // Two tokens per rank, all 1 and all 2; -1 names no expert.
+    ///     let x: Vec<bf16> = (0..2 * 8).map(|i| bf16::from_f32((1 + i / 8) as f32)).collect();
+    ///     ll.dispatch(&dev.alloc_from(&x)?, &dev.alloc_from(&[1i32, 3, 2, -1])?)?;
+    ///     // The experts would run here; the identity leaves the rows as they are.
+    ///     let mut out = dev.alloc::<bf16>(2 * 8)?;
+    ///     ll.combine(None, &dev.alloc_from(&[0.25f32, 0.5, 0.5, 9.0])?, &mut out)?;
+    ///     out.to_vec()
+    /// })?;
+    /// // Token 0: (0.25 + 0.5) x 1; token 1: 0.5 x 2, its -1 entry adds nothing.
+    /// assert_eq!((outs[1][0].to_f32(), outs[1][8].to_f32()), (0.75, 1.0));
+    /// # Ok(()) }
+    /// ```
     pub fn dispatch<'t>(&mut self, x: impl Into<Tokens<'t>>, topk_idx: &DeviceBuffer<i32>) -> Result<()> {
         self.send_dispatch(x.into(), topk_idx, phase::BOTH)
     }
@@ -207,12 +392,59 @@ impl MoeLowLatency {
     /// rows with their scales, [`Tokens::fp8`]; `topk_idx`: `T * top_k` experts, `-1`: none)
     /// to their experts' ranks, and its counts; returns when queued. The rows land while the
     /// stream runs other work; [`MoeLowLatency::dispatch_recv`] waits for them.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 1, capacity: None };
+    /// let outs = run_ranks(&comms, |c| {
+    ///     let mut ll = c.moe_low_latency(cfg)?;
+    ///     let dev = c.device();
+    ///     let (x, idx) = (dev.alloc_from(&[bf16::from_f32(2.0); 8])?, dev.alloc_from(&[0i32, 2])?);
+    ///     let (w, mut out) = (dev.alloc_from(&[0.5f32; 2])?, dev.alloc::<bf16>(8)?);
+    ///     ll.dispatch_send(&x, &idx)?;
+    ///     // The rows are on their way: no combine before the receive.
+    ///     assert!(ll.combine(None, &w, &mut out).is_err());
+    ///     ll.dispatch_recv()?;
+    ///     ll.combine(None, &w, &mut out)?;
+    ///     out.to_vec()
+    /// })?;
+    /// assert_eq!(outs[0][0].to_f32(), 2.0);
+    /// # Ok(()) }
+    /// ```
     pub fn dispatch_send<'t>(&mut self, x: impl Into<Tokens<'t>>, topk_idx: &DeviceBuffer<i32>) -> Result<()> {
         self.send_dispatch(x.into(), topk_idx, phase::SEND)
     }
 
     /// The receive hook: waits (on the stream) for every rank's rows of this dispatch and
     /// writes [`MoeLowLatency::recv_counts`].
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 1, capacity: None };
+    /// let counts = run_ranks(&comms, |c| {
+    ///     let mut ll = c.moe_low_latency(cfg)?;
+    ///     let dev = c.device();
+    ///     // Nothing to receive before a dispatch_send.
+    ///     assert!(ll.dispatch_recv().is_err());
+    ///     // Every rank's token goes to experts 0 and 1 (both on rank 0).
+    ///     ll.dispatch_send(&dev.alloc::<bf16>(8)?, &dev.alloc_from(&[0i32, 1])?)?;
+    ///     ll.dispatch_recv()?;
+    ///     c.synchronize()?;
+    ///     let counts = ll.recv_counts().to_vec()?;
+    ///     ll.combine(None, &dev.alloc::<f32>(2)?, &mut dev.alloc::<bf16>(8)?)?;
+    ///     Ok(counts)
+    /// })?;
+    /// assert_eq!(counts, [[1, 1, 1, 1], [0, 0, 0, 0]]);
+    /// # Ok(()) }
+    /// ```
     pub fn dispatch_recv(&mut self) -> Result<()> {
         let Stage::DispatchSent(tokens) = self.stage else {
             return Err(self.out_of_order("dispatch_recv", "after dispatch_send"));
@@ -223,6 +455,33 @@ impl MoeLowLatency {
     }
 
     /// [`MoeLowLatency::combine_send`] and [`MoeLowLatency::combine_recv`] in one kernel.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 1, capacity: None };
+    /// let outs = run_ranks(&comms, |c| {
+    ///     let mut ll = c.moe_low_latency(cfg)?;
+    ///     let dev = c.device();
+    ///     // One token per rank, all `rank + 1`, to experts 0 and 3 with weights 0.25 and 0.5.
+    ///     let x = dev.alloc_from(&[bf16::from_f32(c.rank() as f32 + 1.0); 8])?;
+    ///     let (idx, w) = (dev.alloc_from(&[0i32, 3])?, dev.alloc_from(&[0.25f32, 0.5])?);
+    ///     ll.dispatch(&x, &idx)?;
+    ///     // The experts (here on the host) double their rows, into a buffer of the same shape.
+    ///     let mut rows = dev.alloc::<bf16>(2 * 2 * 1 * 8)?;
+    ///     ll.copy_received(&mut rows)?;
+    ///     let y: Vec<bf16> = rows.to_vec()?.iter().map(|v| bf16::from_f32(2.0 * v.to_f32())).collect();
+    ///     let mut out = dev.alloc::<bf16>(8)?;
+    ///     ll.combine(Some(&dev.alloc_from(&y)?), &w, &mut out)?;
+    ///     out.to_vec()
+    /// })?;
+    /// // (0.25 + 0.5) x 2 x (rank + 1).
+    /// assert_eq!((outs[0][0].to_f32(), outs[1][0].to_f32()), (1.5, 3.0));
+    /// # Ok(()) }
+    /// ```
     pub fn combine(
         &mut self,
         expert_out: Option<&DeviceBuffer<bf16>>,
@@ -240,6 +499,30 @@ impl MoeLowLatency {
 
     /// Sends the experts' results back (`expert_out` in the shape of
     /// [`MoeLowLatency::copy_received`], or `None`: written over [`MoeLowLatency::received`]).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 1, capacity: None };
+    /// let outs = run_ranks(&comms, |c| {
+    ///     let mut ll = c.moe_low_latency(cfg)?;
+    ///     let dev = c.device();
+    ///     let x = dev.alloc_from(&[bf16::from_f32(c.rank() as f32 + 1.0); 8])?;
+    ///     ll.dispatch(&x, &dev.alloc_from(&[1i32, 2])?)?;
+    ///     // The experts ran over the received rows (here: the identity); send their results.
+    ///     ll.combine_send(None)?;
+    ///     // ... work that does not need the results runs here ...
+    ///     let mut out = dev.alloc::<bf16>(8)?;
+    ///     ll.combine_recv(&dev.alloc_from(&[0.5f32, 0.25])?, &mut out)?;
+    ///     out.to_vec()
+    /// })?;
+    /// // (0.5 + 0.25) x (rank + 1).
+    /// assert_eq!((outs[0][0].to_f32(), outs[1][0].to_f32()), (0.75, 1.5));
+    /// # Ok(()) }
+    /// ```
     pub fn combine_send(&mut self, expert_out: Option<&DeviceBuffer<bf16>>) -> Result<()> {
         let Stage::Received(tokens) = self.stage else {
             return Err(self.out_of_order("combine_send", "after the dispatch's receive"));
@@ -252,6 +535,28 @@ impl MoeLowLatency {
 
     /// The combine's receive hook: waits for this rank's results and writes `out` (`T` rows
     /// of `hidden` bf16) as the weighted sums with `topk_weights` (`f32`, `T * top_k`).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 1, capacity: None };
+    /// let outs = run_ranks(&comms, |c| {
+    ///     let mut ll = c.moe_low_latency(cfg)?;
+    ///     let dev = c.device();
+    ///     let (w, mut out) = (dev.alloc_from(&[1f32, 1.0])?, dev.alloc::<bf16>(8)?);
+    ///     ll.dispatch(&dev.alloc_from(&[bf16::from_f32(3.0); 8])?, &dev.alloc_from(&[0i32, 3])?)?;
+    ///     // Nothing to receive before combine_send.
+    ///     assert!(ll.combine_recv(&w, &mut out).is_err());
+    ///     ll.combine_send(None)?;
+    ///     ll.combine_recv(&w, &mut out)?;
+    ///     out.to_vec()
+    /// })?;
+    /// assert_eq!(outs[1][0].to_f32(), 6.0);
+    /// # Ok(()) }
+    /// ```
     pub fn combine_recv(&mut self, topk_weights: &DeviceBuffer<f32>, out: &mut DeviceBuffer<bf16>) -> Result<()> {
         let Stage::CombineSent(tokens) = self.stage else {
             return Err(self.out_of_order("combine_recv", "after combine_send"));

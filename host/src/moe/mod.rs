@@ -78,6 +78,23 @@ pub use low_latency::MoeLowLatency;
 pub use tokens::{FP8_SCALE_BLOCK, Tokens, fp8_row_bytes};
 
 /// The shape of a [`Moe`]: the same on every rank (checked when it is made).
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// use ferrolink::moe::MoeConfig;
+/// # use ferrolink::{Communicator, Device, run_ranks};
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+/// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 3, capacity: Some(2) };
+/// let made = run_ranks(&comms, |c| {
+///     // 3 experts do not split over 2 ranks; rows move as 16-byte vectors (12 bf16 are not).
+///     assert!(c.moe(MoeConfig { num_experts: 3, ..cfg }).is_err());
+///     assert!(c.moe(MoeConfig { hidden: 12, ..cfg }).is_err());
+///     Ok(c.moe(cfg).is_ok())
+/// })?;
+/// assert_eq!(made, [true, true]);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MoeConfig {
     /// Experts in all: a multiple of the ranks (`num_experts / nranks` per rank, expert `e`
@@ -97,6 +114,30 @@ pub struct MoeConfig {
 
 /// The resources and the state of MoE dispatch and combine on one rank: see the
 /// [module docs](self).
+///
+/// ```
+/// # fn main() -> ferrolink::Result<()> {
+/// # use ferrolink::moe::{MoeConfig, bf16};
+/// # use ferrolink::{Communicator, Device, run_ranks};
+/// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+/// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+/// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 1, capacity: None };
+/// run_ranks(&comms, |c| {
+///     let mut moe = c.moe(cfg)?;
+///     let dev = c.device();
+///     let (x, idx) = (dev.alloc::<bf16>(8)?, dev.alloc_from(&[0i32, 2])?);
+///     let (w, mut out) = (dev.alloc_from(&[0.5f32; 2])?, dev.alloc::<bf16>(8)?);
+///     // Calls alternate: no combine without a dispatch, no dispatch before the last combine.
+///     assert!(moe.combine(None, &w, &mut out).is_err());
+///     moe.dispatch(&x, &idx)?;
+///     assert!(moe.dispatch(&x, &idx).is_err());
+///     moe.combine(None, &w, &mut out)?;
+///     moe.dispatch(&x, &idx)?;
+///     moe.combine(None, &w, &mut out)?;
+///     c.synchronize()
+/// })?;
+/// # Ok(()) }
+/// ```
 pub struct Moe {
     comm: Communicator,
     cfg: MoeConfig,
@@ -144,6 +185,24 @@ impl Communicator {
     /// configuration, checked). Memory per rank, in token rows of `2 * hidden` bytes:
     /// `max_tokens` (sources), `capacity * num_experts / nranks` (received, and 16 bytes
     /// more per row for its source), `max_tokens * top_k` (results coming back).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::moe::MoeConfig;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 3, capacity: None };
+    /// let refused = run_ranks(&comms, |c| {
+    ///     // Rank 1 asks for another top_k: both ranks get an error naming the difference.
+    ///     let top_k = if c.rank() == 0 { 2 } else { 1 };
+    ///     Ok(c.moe(MoeConfig { top_k, ..cfg }).is_err())
+    /// })?;
+    /// assert_eq!(refused, [true, true]);
+    /// let moes = run_ranks(&comms, |c| c.moe(cfg))?;
+    /// assert_eq!(moes[1].experts_per_rank(), 2);
+    /// # Ok(()) }
+    /// ```
     pub fn moe(&self, cfg: MoeConfig) -> Result<Moe> {
         let n = self.nranks();
         let capacity = cfg.capacity.unwrap_or(cfg.max_tokens * n);
@@ -217,6 +276,19 @@ const SHARED_LIMIT: usize = 48 << 10;
 
 impl Moe {
     /// The configuration (with [`MoeConfig::capacity`] as used).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::MoeConfig;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 3, capacity: None };
+    /// let caps = run_ranks(&comms, |c| Ok(c.moe(cfg)?.config().capacity))?;
+    /// // None became the default, max_tokens * nranks.
+    /// assert_eq!(caps, [Some(6), Some(6)]);
+    /// # Ok(()) }
+    /// ```
     pub fn config(&self) -> MoeConfig {
         MoeConfig { capacity: Some(self.capacity), ..self.cfg }
     }
@@ -225,16 +297,57 @@ impl Moe {
     /// to its relay there, which copies it to the experts' ranks of that domain), or 0 when
     /// every row goes straight to its expert's rank: one domain, domains of one rank, every
     /// peer through the proxy (`FERROLINK_GIN=proxy`), or `FERROLINK_MOE_RELAY=0`.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::MoeConfig;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// # let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 3, capacity: None };
+    /// // Two ranks of one device are one LSA domain: every row goes straight to its expert.
+    /// let relays = run_ranks(&comms, |c| Ok(c.moe(cfg)?.relay_domains()))?;
+    /// assert_eq!(relays, [0, 0]);
+    /// # Ok(()) }
+    /// ```
     pub fn relay_domains(&self) -> usize {
         self.relay_domains
     }
 
     /// Experts on each rank.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::MoeConfig;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 3, capacity: None };
+    /// // Experts 0 and 1 on rank 0, 2 and 3 on rank 1.
+    /// let per = run_ranks(&comms, |c| Ok(c.moe(cfg)?.experts_per_rank()))?;
+    /// assert_eq!(per, [2, 2]);
+    /// # Ok(()) }
+    /// ```
     pub fn experts_per_rank(&self) -> usize {
         self.cfg.num_experts / self.comm.nranks()
     }
 
     /// Rows per local expert in the receive buffer.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::MoeConfig;
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 3, capacity: None };
+    /// let caps = run_ranks(&comms, |c| {
+    ///     Ok((c.moe(cfg)?.capacity(), c.moe(MoeConfig { capacity: Some(2), ..cfg })?.capacity()))
+    /// })?;
+    /// // By default, room for every token of both ranks.
+    /// assert_eq!(caps, [(6, 2), (6, 2)]);
+    /// # Ok(()) }
+    /// ```
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -248,12 +361,64 @@ impl Moe {
     /// [`Window::read`], waits for every kernel of this process that uses the window, the
     /// other ranks' too: with ranks on threads of one process it can wait for a peer's combine
     /// that waits for this rank.)
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # use std::sync::Mutex;
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 1, capacity: None };
+    /// let moes = run_ranks(&comms, |c| {
+    ///     let mut moe = c.moe(cfg)?;
+    ///     // One token per rank, all `rank + 1`, to experts 0 (on rank 0) and 3 (on rank 1).
+    ///     let x = c.device().alloc_from(&[bf16::from_f32(c.rank() as f32 + 1.0); 8])?;
+    ///     moe.dispatch(&x, &c.device().alloc_from(&[0i32, 3])?)?;
+    ///     Ok(Mutex::new(moe))
+    /// })?;
+    /// // No rank has queued its combine: a host read (it waits for every rank's kernels) is safe.
+    /// let rows: Vec<bf16> = moes[0].lock().unwrap().received().read(0, 2 * 8)?;
+    /// // Rank 0's local expert 0 (expert 0): rank 0's token in row 0, rank 1's in row 1.
+    /// assert_eq!((rows[0].to_f32(), rows[8].to_f32()), (1.0, 2.0));
+    /// # run_ranks(&comms, |c| {
+    /// #     let mut out = c.device().alloc::<bf16>(8)?;
+    /// #     moes[c.rank()].lock().unwrap().combine(None, &c.device().alloc_from(&[0.5f32; 2])?, &mut out)?;
+    /// #     c.synchronize()
+    /// # })?;
+    /// # Ok(()) }
+    /// ```
     pub fn received(&self) -> &Window {
         &self.recv
     }
 
     /// Copies the receive buffer (`experts_per_rank * capacity * hidden` bf16) into `dst`,
     /// on the rank's stream (after the dispatch, before the combine's sends read it).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 1, capacity: None };
+    /// let received = run_ranks(&comms, |c| {
+    ///     let mut moe = c.moe(cfg)?;
+    ///     let dev = c.device();
+    ///     // One token per rank, all `rank + 1`, to experts 0 (on rank 0) and 3 (on rank 1).
+    ///     let x = dev.alloc_from(&[bf16::from_f32(c.rank() as f32 + 1.0); 8])?;
+    ///     moe.dispatch(&x, &dev.alloc_from(&[0i32, 3])?)?;
+    ///     // [experts_per_rank][capacity][hidden], copied in stream order.
+    ///     let mut rows = dev.alloc::<bf16>(moe.experts_per_rank() * moe.capacity() * 8)?;
+    ///     moe.copy_received(&mut rows)?;
+    ///     moe.combine(None, &dev.alloc_from(&[0.5f32; 2])?, &mut dev.alloc::<bf16>(8)?)?;
+    ///     rows.to_vec()
+    /// })?;
+    /// // Rank 1's local expert 1 (expert 3): rank 0's token in row 0, rank 1's in row 1.
+    /// let row = |i: usize| received[1][(2 + i) * 8].to_f32();
+    /// assert_eq!((row(0), row(1)), (1.0, 2.0));
+    /// # Ok(()) }
+    /// ```
     pub fn copy_received(&self, dst: &mut DeviceBuffer<bf16>) -> Result<()> {
         let bytes = self.experts_per_rank() * self.capacity * 2 * self.cfg.hidden;
         if dst.len() * 2 != bytes {
@@ -278,17 +443,84 @@ impl Moe {
     /// them, at most the capacity each). A host read of the buffer waits for the dispatch but
     /// does not report its failure: call [`Communicator::synchronize`] first (an aborted or
     /// timed-out dispatch leaves the counts of the call before).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 2, capacity: None };
+    /// let counts = run_ranks(&comms, |c| {
+    ///     let mut moe = c.moe(cfg)?;
+    ///     let dev = c.device();
+    ///     // Two tokens per rank, to experts (0, 1) and (0, 2).
+    ///     moe.dispatch(&dev.alloc::<bf16>(2 * 8)?, &dev.alloc_from(&[0i32, 1, 0, 2])?)?;
+    ///     // The dispatch's errors first (a host read of the counts does not report them).
+    ///     c.synchronize()?;
+    ///     let counts = moe.recv_counts().to_vec()?;
+    ///     moe.combine(None, &dev.alloc::<f32>(4)?, &mut dev.alloc::<bf16>(2 * 8)?)?;
+    ///     Ok(counts)
+    /// })?;
+    /// // Experts 0, 1, 2 and 3 got 4, 2, 2 and 0 rows.
+    /// assert_eq!(counts, [[4, 2], [2, 0]]);
+    /// # Ok(()) }
+    /// ```
     pub fn recv_counts(&self) -> &DeviceBuffer<i32> {
         &self.recv_counts
     }
 
     /// Entries (token, expert pairs) of this rank that the last dispatch dropped at capacity
     /// (waits for the rank's stream; its error, or the communicator's, if any).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 2, hidden: 8, top_k: 1, max_tokens: 1, capacity: Some(1) };
+    /// let got = run_ranks(&comms, |c| {
+    ///     let mut moe = c.moe(cfg)?;
+    ///     let dev = c.device();
+    ///     // Both ranks' tokens (all 1) go to expert 0, which has one row: rank 0's is kept.
+    ///     moe.dispatch(&dev.alloc_from(&[bf16::ONE; 8])?, &dev.alloc_from(&[0i32])?)?;
+    ///     let dropped = moe.dropped()?;
+    ///     let mut out = dev.alloc::<bf16>(8)?;
+    ///     moe.combine(None, &dev.alloc_from(&[1f32])?, &mut out)?;
+    ///     Ok((dropped, out.to_vec()?[0].to_f32()))
+    /// })?;
+    /// // Rank 1's entry was dropped: it adds nothing to its token's sum.
+    /// assert_eq!(got, [(0, 1.0), (1, 0.0)]);
+    /// # Ok(()) }
+    /// ```
     pub fn dropped(&self) -> Result<u64> {
         Ok(self.read_state()?.dropped)
     }
 
     /// Rows this rank received in the last dispatch (waits as [`Moe::dropped`]).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 1, capacity: None };
+    /// let rows = run_ranks(&comms, |c| {
+    ///     let mut moe = c.moe(cfg)?;
+    ///     let dev = c.device();
+    ///     // Rank 0's token goes to experts 0 and 1, rank 1's to expert 0 only (-1: none).
+    ///     let idx = if c.rank() == 0 { [0i32, 1] } else { [0, -1] };
+    ///     moe.dispatch(&dev.alloc::<bf16>(8)?, &dev.alloc_from(&idx)?)?;
+    ///     let rows = moe.received_rows()?;
+    ///     moe.combine(None, &dev.alloc::<f32>(2)?, &mut dev.alloc::<bf16>(8)?)?;
+    ///     Ok(rows)
+    /// })?;
+    /// // Experts 0 and 1 are rank 0's.
+    /// assert_eq!(rows, [3, 0]);
+    /// # Ok(()) }
+    /// ```
     pub fn received_rows(&self) -> Result<u64> {
         Ok(self.read_state()?.received)
     }
@@ -305,6 +537,32 @@ impl Moe {
     /// `topk_idx` `T * top_k` experts (`-1`: none). Returns when the work is queued on the
     /// rank's stream; [`Moe::received`] and [`Moe::recv_counts`] are then filled in stream
     /// order (the kernel reads `x` itself: no copy before it).
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 2, capacity: None };
+    /// let outs = run_ranks(&comms, |c| {
+    ///     let mut moe = c.moe(cfg)?;
+    ///     let dev = c.device();
+    ///     // Rank 0 has two tokens, all 1 and all 2; rank 1 none.
+    ///     let t = if c.rank() == 0 { 2 } else { 0 };
+    ///     let x: Vec<bf16> = (0..t * 8).map(|i| bf16::from_f32((1 + i / 8) as f32)).collect();
+    ///     let (idx, w) = ([1i32, 3, 2, -1], [0.25f32, 0.5, 0.5, 9.0]);
+    ///     moe.dispatch(&dev.alloc_from(&x)?, &dev.alloc_from(&idx[..t * 2])?)?;
+    ///     // The experts would run here (on rank 0 and 1); the identity leaves the rows as they are.
+    ///     let mut out = dev.alloc::<bf16>(t * 8)?;
+    ///     moe.combine(None, &dev.alloc_from(&w[..t * 2])?, &mut out)?;
+    ///     out.to_vec()
+    /// })?;
+    /// // Token 0: (0.25 + 0.5) x 1; token 1: 0.5 x 2, its -1 entry adds nothing.
+    /// assert_eq!((outs[0][0].to_f32(), outs[0][8].to_f32()), (0.75, 1.0));
+    /// assert!(outs[1].is_empty());
+    /// # Ok(()) }
+    /// ```
     pub fn dispatch<'t>(&mut self, x: impl Into<Tokens<'t>>, topk_idx: &DeviceBuffer<i32>) -> Result<()> {
         self.dispatch_routed(x.into(), topk_idx, None)
     }
@@ -314,6 +572,28 @@ impl Moe {
     /// rows (`ferrolink_device::moe::fused::RowSource`). For experts that send their results
     /// back themselves: the fused combine ([`Moe::fused_target`], [`Moe::finish_fused`]).
     /// The [`Moe::combine`] may follow it as after a dispatch.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 1, capacity: None };
+    /// let outs = run_ranks(&comms, |c| {
+    ///     let mut moe = c.moe(cfg)?;
+    ///     let dev = c.device();
+    ///     let x = dev.alloc_from(&[bf16::from_f32(4.0); 8])?;
+    ///     let (idx, w) = (dev.alloc_from(&[0i32, 3])?, dev.alloc_from(&[0.25f32, 0.5])?);
+    ///     moe.dispatch_with_sources(&x, &idx, &w)?;
+    ///     // No expert kernel took the fused target: the plain combine ends the call.
+    ///     let mut out = dev.alloc::<bf16>(8)?;
+    ///     moe.combine(None, &w, &mut out)?;
+    ///     out.to_vec()
+    /// })?;
+    /// assert_eq!(outs[0][0].to_f32(), 3.0);
+    /// # Ok(()) }
+    /// ```
     pub fn dispatch_with_sources<'t>(
         &mut self,
         x: impl Into<Tokens<'t>>,
@@ -454,6 +734,33 @@ impl Moe {
     /// `out` gets `T` rows of `hidden` bf16 (`T` of the last dispatch), each the sum over its
     /// entries of `topk_weights[t, k]` (`f32`, `T * top_k`) times the result; dropped entries
     /// and `-1` add nothing.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::moe::{MoeConfig, bf16};
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone()])?;
+    /// let cfg = MoeConfig { num_experts: 4, hidden: 8, top_k: 2, max_tokens: 1, capacity: None };
+    /// let outs = run_ranks(&comms, |c| {
+    ///     let mut moe = c.moe(cfg)?;
+    ///     let dev = c.device();
+    ///     // One token per rank, all `rank + 1`, to experts 0 and 3 with weights 0.25 and 0.5.
+    ///     let x = dev.alloc_from(&[bf16::from_f32(c.rank() as f32 + 1.0); 8])?;
+    ///     let (idx, w) = (dev.alloc_from(&[0i32, 3])?, dev.alloc_from(&[0.25f32, 0.5])?);
+    ///     moe.dispatch(&x, &idx)?;
+    ///     // The experts (here on the host) double their rows, into a buffer of the same shape.
+    ///     let mut rows = dev.alloc::<bf16>(moe.experts_per_rank() * moe.capacity() * 8)?;
+    ///     moe.copy_received(&mut rows)?;
+    ///     let y: Vec<bf16> = rows.to_vec()?.iter().map(|v| bf16::from_f32(2.0 * v.to_f32())).collect();
+    ///     let mut out = dev.alloc::<bf16>(8)?;
+    ///     moe.combine(Some(&dev.alloc_from(&y)?), &w, &mut out)?;
+    ///     out.to_vec()
+    /// })?;
+    /// // (0.25 + 0.5) x 2 x (rank + 1).
+    /// assert_eq!((outs[0][0].to_f32(), outs[1][0].to_f32()), (1.5, 3.0));
+    /// # Ok(()) }
+    /// ```
     pub fn combine(
         &mut self,
         expert_out: Option<&DeviceBuffer<bf16>>,

@@ -6,6 +6,13 @@ use crate::runtime::memory::{DeviceBuffer, TrackedPtr};
 use crate::{Error, Result};
 
 /// Channels that share one scale in an fp8 row.
+///
+/// ```
+/// use ferrolink::moe::{FP8_SCALE_BLOCK, fp8_row_bytes};
+/// // A row of 7168 channels has 56 scales, 4 bytes each, after its 7168 fp8 bytes.
+/// assert_eq!(7168 / FP8_SCALE_BLOCK, 56);
+/// assert_eq!(fp8_row_bytes(7168), 7168 + 7168 / FP8_SCALE_BLOCK * 4);
+/// ```
 pub const FP8_SCALE_BLOCK: usize = 128;
 
 /// Bytes of an fp8 token row as a dispatch moves it and as it lies at the start of its row
@@ -86,6 +93,25 @@ pub(crate) struct RowShape {
 
 impl<'a> Tokens<'a> {
     /// fp8 rows with their scales.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// use ferrolink::moe::{MoeConfig, Tokens, bf16};
+    /// # use ferrolink::{Communicator, Device};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comm = Communicator::init_all(&[dev.clone()])?.remove(0);
+    /// let cfg = MoeConfig { num_experts: 1, hidden: 512, top_k: 1, max_tokens: 2, capacity: None };
+    /// let mut moe = comm.moe(cfg)?;
+    /// let (x, idx) = (dev.alloc::<u8>(2 * 512)?, dev.alloc_from(&[0i32, 0])?);
+    /// // Two rows of 512 channels need 2 x 4 scales (one per 128 channels), not 3.
+    /// let few = dev.alloc::<f32>(3)?;
+    /// assert!(moe.dispatch(Tokens::fp8(&x, &few), &idx).is_err());
+    /// let scales = dev.alloc_from(&[1f32; 8])?;
+    /// moe.dispatch(Tokens::fp8(&x, &scales), &idx)?;
+    /// # moe.combine(None, &dev.alloc_from(&[1f32; 2])?, &mut dev.alloc::<bf16>(2 * 512)?)?;
+    /// # comm.synchronize()?;
+    /// # Ok(()) }
+    /// ```
     pub fn fp8(x: &'a DeviceBuffer<u8>, scales: &'a DeviceBuffer<f32>) -> Tokens<'a> {
         Tokens::Fp8 { x, scales }
     }
