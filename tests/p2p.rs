@@ -1,6 +1,6 @@
 //! Point-to-point (issue 12): groups of sends and receives (to the next rank, from the
-//! previous one, to itself, several to one peer in order), single sends and receives, and
-//! all-to-all-v with uneven and empty blocks — at sizes 0, 1, odd and many chunks, on every
+//! previous one, to itself, several to one peer in order), single sends and receives, a
+//! gather into slices of one buffer, and all-to-all-v with uneven and empty blocks — at sizes 0, 1, odd and many chunks, on every
 //! backend; across LSA domains through the GIN proxy; and as jobs of one process per rank.
 
 use ferrolink::{Backend, CommConfig, Communicator, Device, LsaMode};
@@ -168,9 +168,54 @@ fn all_to_allv(c: &Communicator, scale: usize) -> ferrolink::Result<()> {
     quiesce(c)
 }
 
+/// A gather into one buffer (`recv_slices`): the root receives every other rank's message
+/// into its own slice, out of rank order, plus an empty slice; slices of one buffer that
+/// overlap are refused.
+fn gather(c: &Communicator, len: usize) -> ferrolink::Result<()> {
+    let (me, n) = (c.rank(), c.nranks());
+    let root = n - 1;
+    let mine = c.device().alloc_from(&message(me, root, 9, len))?;
+    let mut all = c.device().alloc_from(&vec![u32::MAX; n * len])?;
+    c.barrier()?;
+    let mut g = c.p2p_group();
+    if me == root {
+        // Rank s lands at slice (s + 1) % n; the root's own slice stays as it was.
+        let mut parts: Vec<(usize, usize, usize)> =
+            (0..n).filter(|&s| s != root).map(|s| ((s + 1) % n * len, len, s)).rev().collect();
+        parts.push((0, 0, 0)); // an empty receive matches rank 0's empty send below
+        if len > 0 {
+            let overlapping = [(0, len, 0), (len - 1, 1, 1)];
+            let err =
+                c.p2p_group().recv_slices(&mut all, &overlapping).err().map(|e| e.to_string()).unwrap_or_default();
+            check(err.contains("overlaps"), || format!("overlapping slices accepted: {err:?}"))?;
+        }
+        g.recv_slices(&mut all, &parts)?;
+    } else {
+        g.send(&mine, root)?;
+        if me == 0 {
+            g.send_slice(&mine, 0, 0, root)?;
+        }
+    }
+    g.launch()?;
+    if me == root {
+        let got = all.to_vec()?;
+        let mut want = vec![u32::MAX; n * len];
+        for s in (0..n).filter(|&s| s != root) {
+            want[(s + 1) % n * len..][..len].copy_from_slice(&message(s, root, 9, len));
+        }
+        check(got == want, || {
+            format!("gather of {len} words differs at {:?}", ferrolink_tests::first_mismatch(&got, &want))
+        })?;
+    }
+    quiesce(c)
+}
+
 fn every_case(c: &Communicator) -> ferrolink::Result<()> {
     ring_group(c)?;
     single_calls(c)?;
+    for len in [0, 1, 37, 5000] {
+        gather(c, len)?;
+    }
     let scale = if c.device().backend() == Backend::Cuda { 100_000 } else { 3000 };
     all_to_allv(c, 1)?;
     all_to_allv(c, scale)

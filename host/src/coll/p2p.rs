@@ -383,6 +383,76 @@ impl<'a> P2pGroup<'a> {
         Ok(self)
     }
 
+    /// Queues receives into several slices of one buffer, each `(offset, count, peer)`: `count`
+    /// elements from element `offset`, from rank `peer` (NCCL's receives into pointers within
+    /// one buffer, such as a gather from several peers, which [`P2pGroup::recv_slice`] cannot
+    /// express: it borrows its buffer for the whole group). The slices must lie in the buffer
+    /// and not overlap (empty ones may lie anywhere in it); each is matched with its peer's send
+    /// as a [`P2pGroup::recv_slice`] queued in this order would be.
+    ///
+    /// ```
+    /// # fn main() -> ferrolink::Result<()> {
+    /// # use ferrolink::{Communicator, Device, run_ranks};
+    /// # let dev = Device::open_with(ferrolink::Backend::Cpu, 0)?;
+    /// # let comms = Communicator::init_all(&[dev.clone(), dev.clone(), dev.clone()])?;
+    /// // Rank 0 gathers two elements from each of ranks 1 and 2 into one buffer.
+    /// let got = run_ranks(&comms, |c| {
+    ///     c.enable_p2p(None)?;
+    ///     let mine = c.device().alloc_from(&[10 * c.rank() as u32, 10 * c.rank() as u32 + 1])?;
+    ///     let mut all = c.device().alloc::<u32>(4)?;
+    ///     let mut g = c.p2p_group();
+    ///     if c.rank() == 0 {
+    ///         g.recv_slices(&mut all, &[(0, 2, 1), (2, 2, 2)])?;
+    ///     } else {
+    ///         g.send(&mine, 0)?;
+    ///     }
+    ///     g.launch()?;
+    ///     all.to_vec()
+    /// })?;
+    /// assert_eq!(got[0], [10, 11, 20, 21]);
+    /// # let c = &comms[0];
+    /// # c.enable_p2p(None)?;
+    /// # let mut buf = c.device().alloc::<u32>(4)?;
+    /// let mut g = comms[0].p2p_group();
+    /// assert!(g.recv_slices(&mut buf, &[(0, 3, 1), (2, 2, 2)]).is_err()); // elements 2 and 3 twice
+    /// # Ok(()) }
+    /// ```
+    pub fn recv_slices<T: Pod>(
+        &mut self,
+        buf: &'a mut DeviceBuffer<T>,
+        parts: &[(usize, usize, usize)],
+    ) -> Result<&mut Self> {
+        if self.ops.len() + parts.len() > MAX_GROUP_OPS {
+            return Err(Error::InvalidArgument(format!(
+                "recv_slices: {} more operations would pass the group's {MAX_GROUP_OPS}",
+                parts.len()
+            )));
+        }
+        let mut ranges = Vec::with_capacity(parts.len());
+        for &(offset, count, peer) in parts {
+            self.check_peer(peer, "recv_slices")?;
+            check_slice(buf.len(), offset, count, "recv_slices")?;
+            if count > 0 {
+                ranges.push((offset, offset + count, peer));
+            }
+        }
+        ranges.sort_unstable();
+        if let Some(w) = ranges.windows(2).find(|w| w[1].0 < w[0].1) {
+            return Err(Error::InvalidArgument(format!(
+                "recv_slices: the slice from rank {} (elements {}..{}) overlaps the one from rank {} (elements {}..{})",
+                w[0].2, w[0].0, w[0].1, w[1].2, w[1].0, w[1].1
+            )));
+        }
+        let size = std::mem::size_of::<T>();
+        let ptr = buf.bytes_at_mut(0)?;
+        let base = ptr.param() as u64;
+        for &(offset, count, peer) in parts {
+            self.push(op_kind::RECV, peer, base + (offset * size) as u64, count * size);
+        }
+        self.writes.push(ptr);
+        Ok(self)
+    }
+
     fn push(&mut self, kind: u32, peer: usize, addr: u64, bytes: usize) {
         let after = self.ops.iter().rposition(|o| o.kind == kind && o.peer as usize == peer).map_or(0, |i| i + 1);
         self.ops.push(P2pOp {
@@ -417,6 +487,14 @@ impl<'a> P2pGroup<'a> {
         let P2pGroup { comm, mut ops, reads, writes } = self;
         if ops.is_empty() {
             return Ok(());
+        }
+        // The kernel's table and scratch hold MAX_GROUP_OPS operations (every way of queuing
+        // checks it; this keeps the table's bound next to the launch).
+        if ops.len() > MAX_GROUP_OPS {
+            return Err(Error::InvalidArgument(format!(
+                "a group of {} operations: at most {MAX_GROUP_OPS}",
+                ops.len()
+            )));
         }
         if comm.stream().is_capturing() {
             return Err(Error::InvalidArgument(
@@ -763,12 +841,6 @@ impl Communicator {
         };
         in_bounds(send_counts, send_displs, send.len(), "send")?;
         in_bounds(recv_counts, recv_displs, recv.len(), "receive")?;
-        let mut blocks: Vec<(usize, usize)> =
-            (0..n).filter(|&p| recv_counts[p] > 0).map(|p| (recv_displs[p], recv_displs[p] + recv_counts[p])).collect();
-        blocks.sort_unstable();
-        if blocks.windows(2).any(|w| w[1].0 < w[0].1) {
-            return Err(Error::InvalidArgument("all_to_allv: receive blocks overlap".into()));
-        }
         if super::check_calls() {
             let mine: Vec<u8> = send_counts.iter().flat_map(|c| (*c as u64).to_le_bytes()).collect();
             let all = self.all_gather_bytes(&mine)?;
@@ -786,27 +858,28 @@ impl Communicator {
         self.enable_p2p(None)?;
         let size = std::mem::size_of::<T>();
         let mut g = self.p2p_group();
-        let sptr = send.bytes_at(0)?;
-        let base_s = sptr.param() as u64;
-        let rptr = recv.bytes_at_mut(0)?;
-        let base_r = rptr.param() as u64;
         // Receives first, then sends, each from the next rank on: every rank starts with a
         // different peer (the kernel progresses all of them anyway).
         let me = self.rank();
-        for k in 0..n {
-            let p = (me + n - k) % n;
-            if recv_counts[p] > 0 {
-                g.push(op_kind::RECV, p, base_r + (recv_displs[p] * size) as u64, recv_counts[p] * size);
-            }
-        }
+        let receives: Vec<(usize, usize, usize)> = (0..n)
+            .map(|k| (me + n - k) % n)
+            .filter(|&p| recv_counts[p] > 0)
+            .map(|p| (recv_displs[p], recv_counts[p], p))
+            .collect();
+        g.recv_slices(recv, &receives).map_err(|e| match e {
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.replacen("recv_slices", "all_to_allv", 1)),
+            e => e,
+        })?;
+        let sptr = send.bytes_at(0)?;
+        let base_s = sptr.param() as u64;
         for k in 0..n {
             let p = (me + k) % n;
             if send_counts[p] > 0 {
+                g.check_peer(p, "all_to_allv")?;
                 g.push(op_kind::SEND, p, base_s + (send_displs[p] * size) as u64, send_counts[p] * size);
             }
         }
         g.reads.push(sptr);
-        g.writes.push(rptr);
         g.launch()
     }
 }
