@@ -71,16 +71,35 @@ use crate::coop::{Coop, CoopWarp};
 
 /// Bytes of one barrier's inbox row: a word per peer, padded to 128 bytes so barriers of
 /// different CTAs do not share a cache line.
+///
+/// ```
+/// use ferrolink_device::barrier::inbox_row_bytes;
+/// assert_eq!(inbox_row_bytes(8), 128); // 8 words, padded to a cache line
+/// assert_eq!(inbox_row_bytes(40), 256);
+/// ```
 pub const fn inbox_row_bytes(lsa_size: u32) -> usize {
     (lsa_size as usize * 4).next_multiple_of(128)
 }
 
 /// Bytes of the barrier window per rank for `count` barriers in an LSA domain of `lsa_size`.
+///
+/// ```
+/// use ferrolink_device::barrier::inbox_bytes;
+/// // The default 32 barriers in an LSA domain of 8: 4 KiB of barrier window per rank.
+/// assert_eq!(inbox_bytes(32, 8), 4096);
+/// ```
 pub const fn inbox_bytes(count: u32, lsa_size: u32) -> usize {
     count as usize * inbox_row_bytes(lsa_size)
 }
 
 /// `a >= b` for sequence numbers that may wrap around `u32`.
+///
+/// ```
+/// use ferrolink_device::barrier::seq_reached;
+/// assert!(seq_reached(5, 5) && !seq_reached(4, 5));
+/// assert!(seq_reached(0, u32::MAX)); // one past the wrap
+/// assert!(!seq_reached(u32::MAX, 0));
+/// ```
 #[inline(always)]
 pub const fn seq_reached(value: u32, target: u32) -> bool {
     (value.wrapping_sub(target) as i32) >= 0
@@ -101,6 +120,33 @@ const SPINS_PER_CHECK: u32 = if cfg!(target_arch = "nvptx64") { 64 } else { 1 };
 pub(crate) const BACKOFFS_PER_ABORT_CHECK: u32 = if cfg!(target_arch = "nvptx64") { 32 } else { 8 };
 
 /// Why a barrier wait returned without every peer's arrival.
+///
+/// ```no_run
+/// use ferrolink_device::{arch, kernel, BarrierError, CoopCta, DevComm, LsaBarrierSession};
+/// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+/// kernel! {
+///     /// CTA `b` meets the other ranks at barrier `b` and writes to `status[b]`: 0 (all
+///     /// arrived), 1 (timed out) or 2 (the communicator was aborted).
+///     ///
+///     /// # Safety
+///     /// `comm` from a live handle with at least `grid` barriers; `status` holds `grid` words.
+///     pub unsafe fn checked_sync(comm: DevComm, timeout_ns: u64, status: *mut u32) {
+///         let b = arch::block_idx_x();
+///         // SAFETY: one barrier per CTA (kernel contract).
+///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+///         // The same result in every thread of the CTA.
+///         let s = match bar.sync_timeout(timeout_ns) {
+///             Ok(()) => 0,
+///             Err(BarrierError::Timeout) => 1,
+///             Err(BarrierError::Aborted) => 2,
+///         };
+///         if arch::thread_rank_in_block() == 0 {
+///             // SAFETY: `status` holds one word per CTA.
+///             unsafe { status.add(b).write(s) };
+///         }
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BarrierError {
     /// The wait's own timeout passed ([`LsaBarrierSession::wait_timeout`]).
@@ -127,6 +173,33 @@ enum PollEnd {
 /// gives both. Weaker orders skip a fence (the release's `MEMBAR`) or the acquire's cache
 /// invalidation; use them only when something else orders the data (for instance, a barrier
 /// that only separates two phases of control flags that are themselves released/acquired).
+///
+/// ```no_run
+/// use ferrolink_device::{arch, kernel, BarrierOrder, CoopCta, DevComm, LsaBarrierSession};
+/// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+/// kernel! {
+///     /// CTA `b` of every rank notes `%globaltimer` before and after a barrier that shares
+///     /// no memory (control only), in `times[2b]` and `times[2b + 1]`.
+///     ///
+///     /// # Safety
+///     /// `comm` from a live handle with at least `grid` barriers; `times` holds `2 * grid` words.
+///     pub unsafe fn start_together(comm: DevComm, times: *mut u64) {
+///         let b = arch::block_idx_x();
+///         // SAFETY: one barrier per CTA (kernel contract).
+///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+///         let arrived = arch::global_timer_ns();
+///         bar.sync_with(BarrierOrder::Relaxed);
+///         let left = arch::global_timer_ns();
+///         if arch::thread_rank_in_block() == 0 {
+///             // SAFETY: `times` holds two words per CTA.
+///             unsafe {
+///                 times.add(2 * b).write(arrived);
+///                 times.add(2 * b + 1).write(left);
+///             }
+///         }
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BarrierOrder {
     /// Control only: no memory ordering between ranks.
@@ -141,17 +214,36 @@ pub enum BarrierOrder {
 
 impl BarrierOrder {
     /// Whether `arrive` with this order releases.
+    ///
+    /// ```
+    /// use ferrolink_device::BarrierOrder;
+    /// assert!(BarrierOrder::AcqRel.releases() && BarrierOrder::Release.releases());
+    /// assert!(!BarrierOrder::Acquire.releases());
+    /// ```
     pub const fn releases(self) -> bool {
         matches!(self, BarrierOrder::Release | BarrierOrder::AcqRel)
     }
 
     /// Whether `wait` with this order acquires.
+    ///
+    /// ```
+    /// use ferrolink_device::BarrierOrder;
+    /// assert!(BarrierOrder::AcqRel.acquires() && BarrierOrder::Acquire.acquires());
+    /// assert!(!BarrierOrder::Release.acquires());
+    /// ```
     pub const fn acquires(self) -> bool {
         matches!(self, BarrierOrder::Acquire | BarrierOrder::AcqRel)
     }
 
     /// The order as a `u32` for kernel arguments: `0` relaxed, `1` acquire, `2` release,
     /// `3` acq_rel.
+    ///
+    /// ```
+    /// use ferrolink_device::BarrierOrder;
+    /// // The host passes an order to a kernel as its code.
+    /// assert_eq!(BarrierOrder::Relaxed.code(), 0);
+    /// assert_eq!(BarrierOrder::from_code(BarrierOrder::Release.code()), BarrierOrder::Release);
+    /// ```
     pub const fn code(self) -> u32 {
         match self {
             BarrierOrder::Relaxed => 0,
@@ -162,6 +254,12 @@ impl BarrierOrder {
     }
 
     /// Decodes [`BarrierOrder::code`]; unknown codes mean [`BarrierOrder::AcqRel`], the strongest.
+    ///
+    /// ```
+    /// use ferrolink_device::BarrierOrder;
+    /// assert_eq!(BarrierOrder::from_code(1), BarrierOrder::Acquire);
+    /// assert_eq!(BarrierOrder::from_code(7), BarrierOrder::AcqRel); // unknown: the strongest
+    /// ```
     pub const fn from_code(code: u32) -> BarrierOrder {
         match code {
             0 => BarrierOrder::Relaxed,
@@ -176,6 +274,38 @@ impl BarrierOrder {
 /// [`sync`](Self::sync) (or [`arrive`](Self::arrive) then [`wait`](Self::wait)) as many
 /// times as needed; dropping it saves the epoch for the next session (every thread of the
 /// coop stores the same value, so the next session needs no extra barrier to read it).
+///
+/// ```no_run
+/// use ferrolink_device::{arch, kernel, CoopCta, DevComm, DevWindow, LsaBarrierSession};
+/// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+/// kernel! {
+///     /// CTA `b` stores `value` into word `b` of the next LSA rank's slot of `win`, and copies
+///     /// word `b` of its own slot (the previous rank's value) to `out[b]`.
+///     ///
+///     /// # Safety
+///     /// `comm`, `win` from live handles; `grid <= lsa_barrier_count`; `win` holds one word
+///     /// per CTA; `out` one.
+///     pub unsafe fn pass_along(comm: DevComm, win: DevWindow, value: u32, out: *mut u32) {
+///         let b = arch::block_idx_x();
+///         let leader = arch::thread_rank_in_block() == 0;
+///         let next = (comm.lsa_rank + 1) % comm.lsa_size;
+///         // SAFETY: the handle is alive; barrier b belongs to this CTA alone.
+///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+///         if leader {
+///             // SAFETY: word b lies in the next rank's slot.
+///             unsafe { win.lsa_ptr::<u32>(4 * b, next).write(value) };
+///         }
+///         bar.arrive(); // publishes the store above to every LSA peer
+///         // ... work that touches no window memory may overlap the wait here ...
+///         bar.wait(); // every peer's store into this rank's slot is visible
+///         if leader {
+///             // SAFETY: word b lies in this rank's slot; `out` holds one word per CTA.
+///             unsafe { out.add(b).write(win.local_ptr::<u32>(4 * b).read()) };
+///         }
+///         bar.sync(); // closing: no rank overwrites word b (say, next launch) before it is read
+///     } // dropping the session saves the epoch for the next launch
+/// }
+/// ```
 pub struct LsaBarrierSession<'a, C: Coop> {
     coop: C,
     comm: &'a DevComm,
@@ -216,6 +346,30 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     /// # Safety
     /// The `DevCommHandle` behind `comm` must be alive, and no other coop may use the same
     /// barrier while this session exists.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, CoopCta, DevComm, DevWindow, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// Every thread of the grid stores `value` into the next LSA rank's slot of `win`
+    ///     /// (word per thread), then CTA `b` meets the other ranks at barrier `b`.
+    ///     ///
+    ///     /// # Safety
+    ///     /// `comm`, `win` from live handles; `grid <= lsa_barrier_count`; `win` holds a word per
+    ///     /// thread of the grid.
+    ///     pub unsafe fn put_next(comm: DevComm, win: DevWindow, value: u32) {
+    ///         let next = (comm.lsa_rank + 1) % comm.lsa_size;
+    ///         let i = arch::global_thread_idx_x();
+    ///         // SAFETY: word i lies in the next rank's slot; only this thread writes it.
+    ///         unsafe { win.lsa_ptr::<u32>(4 * i, next).write(value) };
+    ///         // SAFETY: the handle is alive; barrier b of the default set belongs to this CTA alone.
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, arch::block_idx_x() as u32) };
+    ///         bar.sync();
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub unsafe fn new(coop: C, comm: &'a DevComm, index: u32) -> Self {
         // SAFETY: forwarded contract.
@@ -228,6 +382,39 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     ///
     /// # Safety
     /// As [`Self::new`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, CoopCta, DevComm, LsaBarrierHandle, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// A library's device function: a barrier among the LSA ranks for CTA `b`, on barrier `b`
+    /// /// of the library's own set, so it never collides with a session of its caller.
+    /// ///
+    /// /// # Safety
+    /// /// `comm` from a live handle and `set` from that handle; `grid <= set.count`; every
+    /// /// thread of the CTA calls it.
+    /// unsafe fn lib_sync(comm: &DevComm, set: LsaBarrierHandle) {
+    ///     // SAFETY: the handle is alive; barrier b of the library's set belongs to this CTA alone.
+    ///     let mut bar = unsafe { LsaBarrierSession::with_set(CoopCta, comm, set, arch::block_idx_x() as u32) };
+    ///     bar.sync();
+    /// }
+    ///
+    /// kernel! {
+    ///     /// Calls the library while the CTA's own session on the default set is open.
+    ///     ///
+    ///     /// # Safety
+    ///     /// As `lib_sync`, and `grid <= lsa_barrier_count`.
+    ///     pub unsafe fn user_calls_library(comm: DevComm, set: LsaBarrierHandle) {
+    ///         // SAFETY: the handle is alive; barrier b of the default set belongs to this CTA alone.
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, arch::block_idx_x() as u32) };
+    ///         bar.arrive();
+    ///         // SAFETY: the kernel's contract.
+    ///         unsafe { lib_sync(&comm, set) };
+    ///         bar.wait();
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub unsafe fn with_set(coop: C, comm: &'a DevComm, set: LsaBarrierHandle, index: u32) -> Self {
         comm.check_header();
@@ -278,6 +465,40 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     }
 
     /// Signals this rank's arrival to every LSA peer with [`BarrierOrder::AcqRel`]'s release.
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, CoopCta, DevComm, DevWindow, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// CTA `b` stores `value` into word `[b][me]` of every LSA peer's slot of `win`, then
+    ///     /// sums row `b` of its own slot (a word from each peer) into `out[b]`.
+    ///     ///
+    ///     /// # Safety
+    ///     /// `comm`, `win` from live handles; `grid <= lsa_barrier_count`; `win` holds
+    ///     /// `grid * lsa_size` words; `out` one per CTA.
+    ///     pub unsafe fn gather_sum(comm: DevComm, win: DevWindow, value: u32, out: *mut u32) {
+    ///         let (b, t) = (arch::block_idx_x(), arch::thread_rank_in_block());
+    ///         let (me, n) = (comm.lsa_rank as usize, comm.lsa_size as usize);
+    ///         // SAFETY: one barrier per CTA (kernel contract).
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+    ///         bar.sync(); // no peer still reads row b of an earlier launch
+    ///         let mut p = t;
+    ///         while p < n {
+    ///             // SAFETY: word [b][me] lies in peer p's slot; only this thread writes it.
+    ///             unsafe { win.lsa_ptr::<u32>(4 * (b * n + me), p as u32).write(value) };
+    ///             p += arch::block_size();
+    ///         }
+    ///         bar.arrive(); // releases the stores above to every peer
+    ///         bar.wait();
+    ///         if t == 0 {
+    ///             // SAFETY: row b lies in this rank's slot.
+    ///             let sum = (0..n).map(|q| unsafe { win.local_ptr::<u32>(4 * (b * n + q)).read() }).sum();
+    ///             // SAFETY: `out` holds one word per CTA.
+    ///             unsafe { out.add(b).write(sum) };
+    ///         }
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn arrive(&mut self) {
         self.arrive_with(BarrierOrder::AcqRel)
@@ -286,6 +507,35 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     /// Signals this rank's arrival to every LSA peer: meets the coop, then stores the new
     /// epoch into each peer's inbox at the LSA scope, as a **release** if `order` releases
     /// (publishing every write the coop made before this call), else relaxed.
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, BarrierOrder, CoopCta, DevComm, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// CTA `b` notes `%globaltimer` after its arrival and after its wait on barrier `b`,
+    ///     /// a barrier that shares no memory (control only), in `times[2b]` and `times[2b + 1]`.
+    ///     ///
+    ///     /// # Safety
+    ///     /// `comm` from a live handle with at least `grid` barriers; `times` holds `2 * grid` words.
+    ///     pub unsafe fn arrive_then_wait(comm: DevComm, times: *mut u64) {
+    ///         let b = arch::block_idx_x();
+    ///         // SAFETY: one barrier per CTA (kernel contract).
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+    ///         // Relaxed on every arrival of this index (one order per index).
+    ///         bar.arrive_with(BarrierOrder::Relaxed);
+    ///         let arrived = arch::global_timer_ns();
+    ///         bar.wait_with(BarrierOrder::Relaxed);
+    ///         let left = arch::global_timer_ns();
+    ///         if arch::thread_rank_in_block() == 0 {
+    ///             // SAFETY: `times` holds two words per CTA.
+    ///             unsafe {
+    ///                 times.add(2 * b).write(arrived);
+    ///                 times.add(2 * b + 1).write(left);
+    ///             }
+    ///         }
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn arrive_with(&mut self, order: BarrierOrder) {
         if self.one_warp { self.arrive_by(CoopWarp, order) } else { self.arrive_by(self.coop, order) }
@@ -330,12 +580,56 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     /// meets the coop. If the communicator is aborted meanwhile it returns without them (the
     /// barrier then orders nothing; later operations of the session return at once); use
     /// [`try_wait`](Self::try_wait) to learn which happened.
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, CoopCta, DevComm, DevWindow, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// CTA `b` reads word `b` of its slot of `win` once every LSA peer has arrived at
+    ///     /// barrier `b` (a peer wrote it before its arrival), into `out[b]`.
+    ///     ///
+    ///     /// # Safety
+    ///     /// `comm`, `win` from live handles; `grid <= lsa_barrier_count`; `out` holds a word per CTA.
+    ///     pub unsafe fn read_after(comm: DevComm, win: DevWindow, out: *mut u32) {
+    ///         let b = arch::block_idx_x();
+    ///         // SAFETY: one barrier per CTA (kernel contract).
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+    ///         bar.arrive();
+    ///         bar.wait(); // acquires every peer's arrival (unless the communicator was aborted)
+    ///         if arch::thread_rank_in_block() == 0 {
+    ///             // SAFETY: word b lies in this rank's slot; `out` holds a word per CTA.
+    ///             unsafe { out.add(b).write(win.local_ptr::<u32>(4 * b).read()) };
+    ///         }
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn wait(&mut self) {
         let _ = self.wait_until(BarrierOrder::AcqRel, None, false);
     }
 
     /// [`wait`](Self::wait) that acquires only if `order` acquires.
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, BarrierOrder, CoopCta, DevComm, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// `rounds` barrier rounds on barrier `b` with the order of code `order` (the same
+    ///     /// order on every round: one order per index).
+    ///     ///
+    ///     /// # Safety
+    ///     /// `comm` from a live handle with at least `grid` barriers.
+    ///     pub unsafe fn rounds_with(comm: DevComm, rounds: u32, order: u32) {
+    ///         let order = BarrierOrder::from_code(order);
+    ///         // SAFETY: one barrier per CTA (kernel contract).
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, arch::block_idx_x() as u32) };
+    ///         for _ in 0..rounds {
+    ///             bar.arrive_with(order);
+    ///             bar.wait_with(order);
+    ///         }
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn wait_with(&mut self, order: BarrierOrder) {
         let _ = self.wait_until(order, None, false);
@@ -344,12 +638,60 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     /// [`wait`](Self::wait) that says whether every peer arrived (`Ok`) or the communicator
     /// was aborted (`Err(BarrierError::Aborted)`); the result is the same for every thread of
     /// the coop.
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, CoopCta, DevComm, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// CTA `b` meets the other ranks at barrier `b` and writes 1 to `status[b]` if they all
+    ///     /// arrived, 0 if the communicator was aborted (a rank failed).
+    ///     ///
+    ///     /// # Safety
+    ///     /// `comm` from a live handle with at least `grid` barriers; `status` holds `grid` words.
+    ///     pub unsafe fn sync_or_abort(comm: DevComm, status: *mut u32) {
+    ///         let b = arch::block_idx_x();
+    ///         // SAFETY: one barrier per CTA (kernel contract).
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+    ///         bar.arrive();
+    ///         let ok = bar.try_wait().is_ok(); // the same in every thread of the CTA
+    ///         if arch::thread_rank_in_block() == 0 {
+    ///             // SAFETY: `status` holds one word per CTA.
+    ///             unsafe { status.add(b).write(u32::from(ok)) };
+    ///         }
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn try_wait(&mut self) -> Result<(), BarrierError> {
         self.wait_until(BarrierOrder::AcqRel, None, true)
     }
 
     /// Whether this thread has seen the communicator aborted in this session.
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, CoopCta, DevComm, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// `rounds` barrier rounds on barrier `b`; thread 0 then writes 1 to `status[b]` if it
+    ///     /// saw the communicator aborted (the later rounds then returned at once).
+    ///     ///
+    ///     /// # Safety
+    ///     /// `comm` from a live handle with at least `grid` barriers; `status` holds `grid` words.
+    ///     pub unsafe fn sync_rounds(comm: DevComm, rounds: u32, status: *mut u32) {
+    ///         let b = arch::block_idx_x();
+    ///         // SAFETY: one barrier per CTA (kernel contract).
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+    ///         for _ in 0..rounds {
+    ///             bar.sync();
+    ///         }
+    ///         if arch::thread_rank_in_block() == 0 {
+    ///             // This thread's view (`try_sync` gives every thread of the coop one answer).
+    ///             // SAFETY: `status` holds one word per CTA.
+    ///             unsafe { status.add(b).write(u32::from(bar.aborted())) };
+    ///         }
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn aborted(&self) -> bool {
         self.aborted
@@ -360,6 +702,34 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     /// rank already signalled the epoch): abandon the kernel's protocol, report the error to
     /// the host, and have the host recover the communicator (`ferrolink::recover`) before the
     /// barriers are used again. `Err(BarrierError::Aborted)` if the communicator was aborted.
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, BarrierError, CoopCta, DevComm, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// CTA `b` arrives at barrier `b`, then waits at most `timeout_ns`; `status[b]` is 0
+    ///     /// (all arrived), 1 (timed out: the host recovers the communicator) or 2 (aborted).
+    ///     ///
+    ///     /// # Safety
+    ///     /// `comm` from a live handle with at least `grid` barriers; `status` holds `grid` words.
+    ///     pub unsafe fn bounded_wait(comm: DevComm, timeout_ns: u64, status: *mut u32) {
+    ///         let b = arch::block_idx_x();
+    ///         // SAFETY: one barrier per CTA (kernel contract).
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+    ///         bar.arrive();
+    ///         let s = match bar.wait_timeout(timeout_ns) {
+    ///             Ok(()) => 0,
+    ///             // Out of step: abandon the protocol and report.
+    ///             Err(BarrierError::Timeout) => 1,
+    ///             Err(BarrierError::Aborted) => 2,
+    ///         };
+    ///         if arch::thread_rank_in_block() == 0 {
+    ///             // SAFETY: `status` holds one word per CTA.
+    ///             unsafe { status.add(b).write(s) };
+    ///         }
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn wait_timeout(&mut self, timeout_ns: u64) -> Result<(), BarrierError> {
         // Each thread reads the clock itself, so deadlines differ slightly between threads;
@@ -543,12 +913,53 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     }
 
     /// `arrive` then `wait`: a full barrier among the LSA domain's ranks (acquire-release).
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, lsa, CoopCta, DevComm, DevWindow, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// Copies `bytes` bytes of `src` into the next LSA rank's slot of `win`, CTA `b` taking
+    ///     /// part `b`, then meets the other ranks at barrier `b`: when the kernel ends, this
+    ///     /// rank's slot holds the previous rank's bytes.
+    ///     ///
+    ///     /// # Safety
+    ///     /// `comm`, `win` from live handles; `src` holds `bytes <= win.size` bytes;
+    ///     /// `grid <= lsa_barrier_count`.
+    ///     pub unsafe fn ring_copy(comm: DevComm, win: DevWindow, src: *const u8, bytes: usize) {
+    ///         let (b, grid) = (arch::block_idx_x(), arch::grid_dim_x());
+    ///         let next = (comm.lsa_rank + 1) % comm.lsa_size;
+    ///         // SAFETY: one barrier per CTA (kernel contract).
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+    ///         // SAFETY: the range lies in the next rank's slot (kernel contract).
+    ///         unsafe { lsa::copy(CoopCta, win.lsa_ptr(0, next), src, bytes, b, grid) };
+    ///         bar.sync();
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn sync(&mut self) {
         self.sync_with(BarrierOrder::AcqRel);
     }
 
     /// `arrive_with(order)` then `wait_with(order)`.
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, BarrierOrder, CoopCta, DevComm, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// CTA `b` of every rank starts its phase together with the others: a barrier that
+    ///     /// shares no memory, so `Relaxed` (control only) suffices.
+    ///     ///
+    ///     /// # Safety
+    ///     /// `comm` from a live handle with at least `grid` barriers.
+    ///     pub unsafe fn start_together(comm: DevComm) {
+    ///         // SAFETY: one barrier per CTA (kernel contract).
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, arch::block_idx_x() as u32) };
+    ///         bar.sync_with(BarrierOrder::Relaxed);
+    ///         // ... the phase ...
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn sync_with(&mut self, order: BarrierOrder) {
         self.arrive_with(order);
@@ -556,6 +967,28 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     }
 
     /// `arrive` then [`try_wait`](Self::try_wait).
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, CoopCta, DevComm, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// One barrier round on barrier `b`; `status[b]` is 1 if every rank arrived, 0 if the
+    ///     /// communicator was aborted (a failed rank must never let the others pass).
+    ///     ///
+    ///     /// # Safety
+    ///     /// `comm` from a live handle with at least `grid` barriers; `status` holds `grid` words.
+    ///     pub unsafe fn guarded_sync(comm: DevComm, status: *mut u32) {
+    ///         let b = arch::block_idx_x();
+    ///         // SAFETY: one barrier per CTA (kernel contract).
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+    ///         let ok = bar.try_sync().is_ok();
+    ///         if arch::thread_rank_in_block() == 0 {
+    ///             // SAFETY: `status` holds one word per CTA.
+    ///             unsafe { status.add(b).write(u32::from(ok)) };
+    ///         }
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn try_sync(&mut self) -> Result<(), BarrierError> {
         self.arrive();
@@ -563,6 +996,28 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     }
 
     /// `arrive` then `wait_timeout`.
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, CoopCta, DevComm, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// One barrier round on barrier `b` that gives up after `timeout_ns`: a rank that never
+    ///     /// arrives makes the others report (1 in `status[b]`) instead of hanging.
+    ///     ///
+    ///     /// # Safety
+    ///     /// `comm` from a live handle with at least `grid` barriers; `status` holds `grid` words.
+    ///     pub unsafe fn sync_or_time_out(comm: DevComm, timeout_ns: u64, status: *mut u32) {
+    ///         let b = arch::block_idx_x();
+    ///         // SAFETY: one barrier per CTA (kernel contract).
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+    ///         let failed = bar.sync_timeout(timeout_ns).is_err();
+    ///         if arch::thread_rank_in_block() == 0 {
+    ///             // SAFETY: `status` holds one word per CTA.
+    ///             unsafe { status.add(b).write(u32::from(failed)) };
+    ///         }
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn sync_timeout(&mut self, timeout_ns: u64) -> Result<(), BarrierError> {
         self.arrive();
@@ -570,6 +1025,28 @@ impl<'a, C: Coop> LsaBarrierSession<'a, C> {
     }
 
     /// The epoch of the last arrival.
+    ///
+    /// ```no_run
+    /// use ferrolink_device::{arch, kernel, CoopCta, DevComm, LsaBarrierSession};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// One barrier round on barrier `b`; `epochs[b]` gets the epoch after it (one more per
+    ///     /// round, carried across launches).
+    ///     ///
+    ///     /// # Safety
+    ///     /// `comm` from a live handle with at least `grid` barriers; `epochs` holds `grid` words.
+    ///     pub unsafe fn note_epoch(comm: DevComm, epochs: *mut u32) {
+    ///         let b = arch::block_idx_x();
+    ///         // SAFETY: one barrier per CTA (kernel contract).
+    ///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+    ///         bar.sync();
+    ///         if arch::thread_rank_in_block() == 0 {
+    ///             // SAFETY: `epochs` holds one word per CTA.
+    ///             unsafe { epochs.add(b).write(bar.epoch()) };
+    ///         }
+    ///     }
+    /// }
+    /// ```
     pub fn epoch(&self) -> u32 {
         self.epoch
     }

@@ -35,6 +35,13 @@ pub mod ll;
 pub use ll::proto;
 
 /// Element types (NCCL's `ncclDataType_t`, the subset we support).
+///
+/// ```
+/// use ferrolink_device::coll::DataType;
+/// let t = DataType::Bf16;
+/// assert_eq!(DataType::from_code(t as u32), Some(t)); // `CollArgs::dtype` carries the code
+/// assert_eq!((t.size(), t.name()), (2, "bfloat16"));
+/// ```
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DataType {
@@ -58,6 +65,11 @@ pub enum DataType {
 
 impl DataType {
     /// Every type, in code order.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::DataType;
+    /// assert!(DataType::ALL.iter().enumerate().all(|(code, &t)| t as usize == code));
+    /// ```
     pub const ALL: [DataType; 8] = [
         DataType::F32,
         DataType::F16,
@@ -70,11 +82,23 @@ impl DataType {
     ];
 
     /// The type of code `code` (`DataType as u32`).
+    ///
+    /// ```
+    /// use ferrolink_device::coll::DataType;
+    /// assert_eq!(DataType::from_code(3), Some(DataType::F64));
+    /// assert_eq!(DataType::from_code(8), None);
+    /// ```
     pub fn from_code(code: u32) -> Option<DataType> {
         DataType::ALL.get(code as usize).copied()
     }
 
     /// Bytes per element.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::DataType;
+    /// assert_eq!(DataType::F16.size(), 2);
+    /// assert_eq!(1000 * DataType::I64.size(), 8000); // bytes of 1000 elements
+    /// ```
     pub const fn size(self) -> usize {
         match self {
             DataType::F32 | DataType::I32 | DataType::U32 => 4,
@@ -85,6 +109,11 @@ impl DataType {
     }
 
     /// Its name as nccl-tests prints it.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::DataType;
+    /// assert_eq!(DataType::F32.name(), "float");
+    /// ```
     pub const fn name(self) -> &'static str {
         match self {
             DataType::F32 => "float",
@@ -104,6 +133,13 @@ impl DataType {
 /// (wrapping) and divides, rounding toward zero. `Min` and `Max` of floats ignore a NaN
 /// beside a number (as `fminf` / `fmaxf`): NaN only when both are NaN. Sum and product
 /// propagate NaN.
+///
+/// ```
+/// use ferrolink_device::coll::RedOp;
+/// let op = RedOp::Avg;
+/// assert_eq!(RedOp::from_code(op as u32), Some(op)); // `CollArgs::op` carries the code
+/// assert_eq!(op.name(), "avg");
+/// ```
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RedOp {
@@ -121,14 +157,30 @@ pub enum RedOp {
 
 impl RedOp {
     /// Every reduction, in code order.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::RedOp;
+    /// assert!(RedOp::ALL.iter().enumerate().all(|(code, &op)| op as usize == code));
+    /// ```
     pub const ALL: [RedOp; 5] = [RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max, RedOp::Avg];
 
     /// The reduction of code `code` (`RedOp as u32`).
+    ///
+    /// ```
+    /// use ferrolink_device::coll::RedOp;
+    /// assert_eq!(RedOp::from_code(2), Some(RedOp::Min));
+    /// assert_eq!(RedOp::from_code(5), None);
+    /// ```
     pub fn from_code(code: u32) -> Option<RedOp> {
         RedOp::ALL.get(code as usize).copied()
     }
 
     /// Its name as nccl-tests prints it.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::RedOp;
+    /// assert_eq!(RedOp::Prod.name(), "prod");
+    /// ```
     pub const fn name(self) -> &'static str {
         match self {
             RedOp::Sum => "sum",
@@ -141,6 +193,12 @@ impl RedOp {
 }
 
 /// Which collective a [`CollArgs`] runs. Counts follow NCCL: see [`CollArgs::count`].
+///
+/// ```
+/// use ferrolink_device::coll::{CollArgs, CollKind};
+/// let args = CollArgs { kind: CollKind::ReduceScatter as u32, count: 256, ..CollArgs::default() };
+/// assert_eq!(CollKind::from_code(args.kind), Some(CollKind::ReduceScatter));
+/// ```
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CollKind {
@@ -160,6 +218,11 @@ pub enum CollKind {
 
 impl CollKind {
     /// Every collective, in code order.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::CollKind;
+    /// assert!(CollKind::ALL.iter().enumerate().all(|(code, &k)| k as usize == code));
+    /// ```
     pub const ALL: [CollKind; 6] = [
         CollKind::AllReduce,
         CollKind::ReduceScatter,
@@ -170,6 +233,12 @@ impl CollKind {
     ];
 
     /// The collective of code `code`.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::CollKind;
+    /// assert_eq!(CollKind::from_code(5), Some(CollKind::AllToAll));
+    /// assert_eq!(CollKind::from_code(6), None);
+    /// ```
     pub fn from_code(code: u32) -> Option<CollKind> {
         CollKind::ALL.get(code as usize).copied()
     }
@@ -179,22 +248,44 @@ impl CollKind {
 pub mod algo {
     /// Every rank reads every peer's whole input and reduces it into its own output: one
     /// pass, `nranks` reads per element per rank. Best for small messages.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::{CollArgs, algo};
+    /// assert_eq!(CollArgs::default().algo, algo::ONE_SHOT);
+    /// ```
     pub const ONE_SHOT: u32 = 0;
     /// Rank `r` reduces part `r` of every peer's input and writes the result into every
     /// peer's output (reduce-scatter then all-gather in one kernel): each element is read
     /// `nranks` times in all. Best for large messages. Needs the output in a window.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::{CollArgs, CollKind, algo};
+    /// // Peers write the output: into every rank's slot of `recv_win` at `recv_offset`.
+    /// let args = CollArgs { kind: CollKind::AllReduce as u32, algo: algo::TWO_SHOT, recv_offset: 0, ..CollArgs::default() };
+    /// assert_eq!(algo::NAMES[args.algo as usize], "two_shot");
+    /// ```
     pub const TWO_SHOT: u32 = 1;
     /// Across LSA domains ([`super::run_gin`]), all-reduce, reduce-scatter and all-gather: a
     /// ring. Each rank puts only to the next rank, `nranks - 1` steps of one `1/nranks` chunk
     /// each per phase (reduce-scatter, then all-gather): `2 (nranks - 1) / nranks` of the
     /// data out of every rank for all-reduce, against `nranks - 1` times it one-shot. Inside
     /// one domain the tuner's algorithm runs instead.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::algo;
+    /// assert_eq!(algo::from_name("ring"), Some(algo::RING));
+    /// ```
     pub const RING: u32 = 2;
     /// Across LSA domains ([`super::run_gin`]), all-reduce: a binary tree over the ranks
     /// (rank `r`'s children are `2r + 1` and `2r + 2`). Partial results climb to rank 0, the
     /// result comes back down: `2 log2(nranks)` steps, each rank sending the data at most
     /// three times. Inside one domain, and for other collectives, the tuner's algorithm
     /// runs instead.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::algo;
+    /// assert_eq!(algo::from_name("tree"), Some(algo::TREE));
+    /// ```
     pub const TREE: u32 = 3;
     /// Across LSA domains ([`super::run_gin`]), all-reduce, reduce-scatter and all-gather
     /// when every domain holds two ranks or more: LSA inside the domains, GIN across them only
@@ -207,14 +298,35 @@ pub mod algo {
     /// along its rail, then copies every block from its domain peers: `domains - 1` blocks
     /// across domains per rank, against `nranks - L` one-shot. Elsewhere the tuner's
     /// algorithm runs instead.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::algo;
+    /// assert_eq!(algo::NAMES[algo::HIERARCHICAL as usize], "hierarchical");
+    /// ```
     pub const HIERARCHICAL: u32 = 4;
     /// The highest algorithm code.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::algo;
+    /// assert_eq!(algo::NAMES.len(), algo::LAST as usize + 1);
+    /// ```
     pub const LAST: u32 = HIERARCHICAL;
     /// Each algorithm's name, by code: how `FERROLINK_ALGO` and `ferrolink-perf --algo`
     /// spell it.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::algo;
+    /// assert_eq!(algo::NAMES[algo::ONE_SHOT as usize], "one_shot");
+    /// ```
     pub const NAMES: [&str; LAST as usize + 1] = ["one_shot", "two_shot", "ring", "tree", "hierarchical"];
 
     /// The code of the algorithm named `name` ([`NAMES`]), or `None`.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::algo;
+    /// assert_eq!(algo::from_name("two_shot"), Some(algo::TWO_SHOT));
+    /// assert_eq!(algo::from_name("two-shot"), None);
+    /// ```
     pub fn from_name(name: &str) -> Option<u32> {
         NAMES.iter().position(|&n| n == name).map(|i| i as u32)
     }
@@ -222,6 +334,24 @@ pub mod algo {
 
 /// What [`crate::kernels::coll::coll_lsa`] runs: the same on every rank. Plain numbers: the
 /// windows are separate kernel parameters (so that the host tracks them).
+///
+/// ```
+/// use ferrolink_device::coll::{CollArgs, CollKind, DataType, RedOp, algo, proto};
+/// // A one-shot f32 sum all-reduce of 1024 elements per rank: every rank's input at offset 0
+/// // of its slot of the send window, CTA `b` on LSA barrier `b`. The same on every rank.
+/// let args = CollArgs {
+///     kind: CollKind::AllReduce as u32,
+///     algo: algo::ONE_SHOT,
+///     dtype: DataType::F32 as u32,
+///     op: RedOp::Sum as u32,
+///     count: 1024,
+///     send_offset: 0,
+///     barrier: 0,
+///     ..CollArgs::default()
+/// };
+/// assert_eq!((args.proto, args.input), (proto::SIMPLE, 0)); // simple protocol, nothing to stage
+/// assert_eq!(args.count as usize * DataType::F32.size(), 4096); // bytes of each rank's input
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct CollArgs {
@@ -263,6 +393,19 @@ pub struct CollArgs {
 }
 
 /// An element type the collectives reduce.
+///
+/// ```
+/// use ferrolink_device::coll::{CollElem, DataType};
+/// assert_eq!(<half::bf16 as CollElem>::DTYPE, DataType::Bf16);
+/// assert_eq!(<u8 as CollElem>::sum(250, 10), 4); // integers wrap
+/// assert_eq!(<f32 as CollElem>::min(f32::NAN, 2.0), 2.0); // a NaN beside a number
+/// // Avg over 4 ranks: floats scale each input before the sum, integers divide the sum.
+/// assert_eq!(<f32 as CollElem>::avg_pre(8.0, 4), 2.0);
+/// assert_eq!(<i32 as CollElem>::avg_post(-7, 2), -3); // toward zero
+/// // Bit casts to and from the low bytes of a word.
+/// assert_eq!(<half::f16 as CollElem>::from_bits64(0x3c00), half::f16::ONE);
+/// assert_eq!(<i32 as CollElem>::to_bits64(-1), 0xffff_ffff);
+/// ```
 pub trait CollElem: Copy + Pod {
     /// Its [`DataType`].
     const DTYPE: DataType;
@@ -420,18 +563,49 @@ half_elem!(half::f16, DataType::F16);
 half_elem!(half::bf16, DataType::Bf16);
 
 /// A reduction as a type, so that the inner loops are specialized.
+///
+/// ```
+/// use ferrolink_device::coll::{CollElem, MaxOp, Op, ProdOp};
+/// fn fold<O: Op, T: CollElem>(xs: &[T]) -> T {
+///     xs[1..].iter().fold(xs[0], |acc, &x| O::apply(acc, x))
+/// }
+/// assert_eq!(fold::<ProdOp, u32>(&[2, 3, 4]), 24);
+/// assert_eq!(fold::<MaxOp, f64>(&[1.0, f64::NAN, 3.0]), 3.0);
+/// ```
 pub trait Op {
     /// `a ∘ b`.
     fn apply<T: CollElem>(a: T, b: T) -> T;
 }
 
 /// [`RedOp::Sum`] (and [`RedOp::Avg`] before its division).
+///
+/// ```
+/// use ferrolink_device::coll::{Op, SumOp};
+/// assert_eq!(SumOp::apply(2.5f32, 0.5), 3.0);
+/// assert_eq!(SumOp::apply(i32::MAX, 1), i32::MIN); // integers wrap
+/// ```
 pub struct SumOp;
 /// [`RedOp::Prod`].
+///
+/// ```
+/// use ferrolink_device::coll::{Op, ProdOp};
+/// assert_eq!(ProdOp::apply(6u8, 7), 42);
+/// ```
 pub struct ProdOp;
 /// [`RedOp::Min`].
+///
+/// ```
+/// use ferrolink_device::coll::{MinOp, Op};
+/// assert_eq!(MinOp::apply(-3i64, 2), -3);
+/// assert_eq!(MinOp::apply(f32::NAN, 1.0), 1.0); // as `fminf`
+/// ```
 pub struct MinOp;
 /// [`RedOp::Max`].
+///
+/// ```
+/// use ferrolink_device::coll::{MaxOp, Op};
+/// assert_eq!(MaxOp::apply(half::bf16::from_f32(1.5), half::bf16::from_f32(-2.0)).to_f32(), 1.5);
+/// ```
 pub struct MaxOp;
 
 impl Op for SumOp {
@@ -514,6 +688,29 @@ fn lanes<T: CollElem>(a: U32x4, b: U32x4, f: impl Fn(T, T) -> T) -> U32x4 {
 /// aligned to `T`; a destination overlaps no source or is one exactly (each element is read,
 /// then written, by one thread); nothing else writes them meanwhile; every thread of the coop
 /// calls with the same arguments.
+///
+/// ```
+/// use ferrolink_device::coll::{self, SumOp};
+/// use ferrolink_device::CoopCta;
+/// use ferrolink_device::emulator::{self, LaunchSpec};
+/// use std::time::Duration;
+///
+/// // Every thread of one CTA: out = a + b over `n` elements (the whole range: part 0 of 1).
+/// unsafe fn add(args: (*const f32, *const f32, *mut f32, usize)) {
+///     let (a, b, out, n) = args;
+///     let src = |s: usize| if s == 0 { a } else { b };
+///     // SAFETY: the launch passes `n` valid elements at each pointer; `out` overlaps no source.
+///     unsafe { coll::reduce::<f32, SumOp, _>(CoopCta, 1, |_| out, 2, src, n, 0, 1, |_, x| x, |x| x) };
+/// }
+/// let a = vec![1.0f32; 37];
+/// let b: Vec<f32> = (0..37).map(|i| i as f32).collect();
+/// let mut out = vec![0.0f32; 37];
+/// let spec = LaunchSpec { name: "add", grid: [1, 1, 1], block: [4, 1, 1], shared_mem_bytes: 0,
+///     timeout: Duration::from_secs(10) };
+/// // SAFETY: the buffers outlive the launch.
+/// unsafe { emulator::launch(&spec, add, (a.as_ptr(), b.as_ptr(), out.as_mut_ptr(), 37)) }.unwrap();
+/// assert!(out.iter().enumerate().all(|(i, &x)| x == 1.0 + i as f32));
+/// ```
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn reduce<T: CollElem, O: Op, C: Coop>(
@@ -605,6 +802,20 @@ fn parse_args(comm: &DevComm, args: &CollArgs, ranks: u32) -> (CollKind, DataTyp
 /// (in place) for all-reduce, all-gather, broadcast and reduce, whose CTA `b` writes of the
 /// input's bytes only those it staged itself; LSA barriers `args.barrier .. args.barrier +
 /// parts` are this call's.
+///
+/// ```no_run
+/// use ferrolink_device::coll::{self, CollArgs};
+/// use ferrolink_device::{DevComm, DevWindow, arch, kernel};
+/// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+/// kernel! {
+///     /// As the built-in `coll_lsa`: CTA `b` of the grid runs part `b` of `args`.
+///     pub unsafe fn my_coll(comm: DevComm, send: DevWindow, recv_win: DevWindow, args: CollArgs, recv: *mut u8) {
+///         // SAFETY: every rank launches this with the same `args` and grid, and LSA barriers
+///         // `args.barrier .. args.barrier + grid` are this call's (the kernel's contract).
+///         unsafe { coll::run_lsa(&comm, &send, &recv_win, &args, recv, arch::block_idx_x(), arch::grid_dim_x()) }
+///     }
+/// }
+/// ```
 pub unsafe fn run_lsa(
     comm: &DevComm,
     send_win: &DevWindow,
@@ -669,6 +880,21 @@ pub unsafe fn run_lsa(
 ///
 /// # Safety
 /// As [`run_lsa`] with `recv_win` the LL buffer (see [`ll`]'s `run`).
+///
+/// ```no_run
+/// use ferrolink_device::coll::{self, CollArgs};
+/// use ferrolink_device::{DevComm, DevWindow, arch, kernel};
+/// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+/// kernel! {
+///     /// An LL call (`args.proto == proto::LL`, the input at `args.input`), launched with
+///     /// `coll::ll::grid(count * size)` CTAs; `ll_win` at `args.recv_offset` is the LL buffer.
+///     pub unsafe fn my_ll(comm: DevComm, ll_win: DevWindow, args: CollArgs, recv: *mut u8) {
+///         // SAFETY: every rank launches this with the same `args` and grid; the LL buffer is
+///         // this communicator's, written only by LL calls of this stream (the kernel's contract).
+///         unsafe { coll::run_lsa_ll(&comm, &ll_win, &args, recv, arch::block_idx_x(), arch::grid_dim_x()) }
+///     }
+/// }
+/// ```
 #[inline(always)] // (so that the kernels read the call's fields where they lie, see `ll::run`)
 pub unsafe fn run_lsa_ll(
     comm: &DevComm,
@@ -984,6 +1210,21 @@ fn gin_sends(kind: CollKind, from: usize, to: usize, root: usize) -> bool {
 /// used by nothing else meanwhile; `recv` holds the output, overlaps no input, and is not
 /// touched by others meanwhile; GIN context 0, signals `0..parts` and hybrid barriers
 /// `0..parts` (LSA and GIN barriers of those indices) are this call's.
+///
+/// ```no_run
+/// use ferrolink_device::coll::{self, CollArgs};
+/// use ferrolink_device::{DevComm, DevWindow, arch, kernel};
+/// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+/// kernel! {
+///     /// As the built-in `coll_gin`: CTA `b` uses signal `b` and hybrid barrier `b`; `gather`
+///     /// holds `nranks * count` elements per rank.
+///     pub unsafe fn my_coll_gin(comm: DevComm, send: DevWindow, gather: DevWindow, args: CollArgs, recv: *mut u8) {
+///         // SAFETY: every rank of the communicator launches this with the same `args` (with
+///         // `input` 0: staged by the host) and grid (the kernel's contract).
+///         unsafe { coll::run_gin(&comm, &send, &gather, &args, recv, arch::block_idx_x(), arch::grid_dim_x()) }
+///     }
+/// }
+/// ```
 pub unsafe fn run_gin(
     comm: &DevComm,
     send_win: &DevWindow,
@@ -1604,12 +1845,46 @@ pub mod group {
     use bytemuck::{Pod, Zeroable};
 
     /// [`CollArgs::kind`] of the operation that ends the persistent kernel.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::{CollArgs, CollKind, group::{CollOp, SHUTDOWN}};
+    /// let stop = CollOp { args: CollArgs { kind: SHUTDOWN, ..CollArgs::default() }, ..CollOp::default() };
+    /// assert_eq!(CollKind::from_code(stop.args.kind), None); // no collective's code
+    /// ```
     pub const SHUTDOWN: u32 = 0xffff;
 
     /// What the completion word reads after an abort: every waiter's target is below it.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::group::ABORTED;
+    /// // A stream waits for operation `seq` until the completion word is at least `seq`.
+    /// let released = |completed: u64, seq: u64| completed >= seq;
+    /// assert!(released(ABORTED, 1 << 40));
+    /// ```
     pub const ABORTED: u64 = u64::MAX >> 1;
 
     /// One collective of one rank, as its kernel part runs it.
+    ///
+    /// ```
+    /// use ferrolink_device::DevWindow;
+    /// use ferrolink_device::coll::{CollArgs, CollKind, DataType, RedOp, group::CollOp};
+    /// # let (send, recv_win) = (DevWindow::default(), DevWindow::default());
+    /// # let out: u64 = 0;
+    /// let op = CollOp {
+    ///     args: CollArgs {
+    ///         kind: CollKind::AllReduce as u32,
+    ///         dtype: DataType::F32 as u32,
+    ///         op: RedOp::Sum as u32,
+    ///         count: 1024,
+    ///         ..CollArgs::default()
+    ///     },
+    ///     send,     // the window of the inputs
+    ///     recv_win, // two-shot outputs
+    ///     recv: out, // this rank's output (a device address)
+    ///     ..CollOp::default() // `gather`: unused inside one LSA domain
+    /// };
+    /// assert_eq!(op.args.barrier, 0); // ignored: CTA `b` of the rank's part uses barrier `b`
+    /// ```
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
     pub struct CollOp {
@@ -1627,6 +1902,14 @@ pub mod group {
     }
 
     /// One rank's entry of a ring slot: its operation and its device communicator.
+    ///
+    /// ```
+    /// use ferrolink_device::DevComm;
+    /// use ferrolink_device::coll::group::{CollOp, RANK_OP_STRIDE, RankOp};
+    /// # let (op, comm) = (CollOp::default(), DevComm::default());
+    /// let entry = RankOp { op, comm }; // `comm`: the rank's device communicator, from the host
+    /// assert_eq!(core::mem::size_of_val(&entry), RANK_OP_STRIDE);
+    /// ```
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
     pub struct RankOp {
@@ -1639,6 +1922,15 @@ pub mod group {
     /// Bytes between consecutive [`RankOp`]s in the ring (its size rounded up to 16, so that
     /// each entry is read with 16-byte loads); also the dynamic shared memory a CTA of the
     /// kernel needs.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::group::{RANK_OP_STRIDE, RankOp};
+    /// assert_eq!(RANK_OP_STRIDE % 16, 0);
+    /// assert!(RANK_OP_STRIDE >= core::mem::size_of::<RankOp>());
+    /// // Slot `s`'s entry of part `p` in a ring of `count` parts per slot:
+    /// let at = |s: usize, p: usize, count: usize| (s * count + p) * RANK_OP_STRIDE;
+    /// assert_eq!(at(1, 0, 2), 2 * RANK_OP_STRIDE);
+    /// ```
     pub const RANK_OP_STRIDE: usize = core::mem::size_of::<RankOp>().div_ceil(16) * 16;
     // `serve_own_ll` reads a `RankOp` parameter in 16-byte chunks: none past its end.
     const _: () = assert!(core::mem::size_of::<RankOp>() == RANK_OP_STRIDE);
@@ -1646,6 +1938,13 @@ pub mod group {
     /// The persistent kernel's words, in device memory: the sequence number of the last
     /// operation handed to it (written by a stream), a count of that operation's CTAs done,
     /// and the completion word that stream waits on.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::group::GroupSync;
+    /// let sync = GroupSync::default(); // zeroed when made: nothing handed over, nothing completed
+    /// assert_eq!((sync.seq, sync.completed), (0, 0));
+    /// assert_eq!(core::mem::size_of::<GroupSync>(), 64);
+    /// ```
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
     pub struct GroupSync {
@@ -1671,11 +1970,28 @@ pub mod group {
     }
 
     /// Byte offsets of [`GroupSync`]'s words.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::group::{COMPLETED_OFFSET, SEQ_OFFSET};
+    /// // The host hands operation `seq` over by writing `sync + SEQ_OFFSET`, and waits on
+    /// // `sync + COMPLETED_OFFSET` for it to complete.
+    /// assert_eq!((SEQ_OFFSET, COMPLETED_OFFSET), (0, 16));
+    /// ```
     pub const SEQ_OFFSET: usize = core::mem::offset_of!(GroupSync, seq);
     /// See [`SEQ_OFFSET`].
+    ///
+    /// ```
+    /// use ferrolink_device::coll::group::{COMPLETED_OFFSET, GroupSync};
+    /// assert_eq!(COMPLETED_OFFSET, core::mem::offset_of!(GroupSync, completed));
+    /// ```
     pub const COMPLETED_OFFSET: usize = core::mem::offset_of!(GroupSync, completed);
 
     /// The most ranks of one GPU that one kernel serves.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::group::{LocalRanks, MAX_LOCAL_RANKS};
+    /// assert_eq!(LocalRanks::default().controls.len(), MAX_LOCAL_RANKS); // a control block per rank
+    /// ```
     pub const MAX_LOCAL_RANKS: usize = 16;
 
     /// Entries of a shared launch's parameter ([`GroupLaunch::ops`]): one per served rank and
@@ -1683,14 +1999,36 @@ pub mod group {
     /// ranks). Every launch passes the whole parameter: with 64 entries (30 KB) a launch of
     /// one call took 2–3 times as long on the H200 as with 16 (7 KB), which more calls per
     /// launch did not make up for (PERF.md, issue 12 twentieth part).
+    ///
+    /// ```
+    /// use ferrolink_device::coll::group::{GroupLaunch, MAX_LAUNCH_ENTRIES};
+    /// assert_eq!(GroupLaunch::default().ops.len(), MAX_LAUNCH_ENTRIES);
+    /// assert_eq!(MAX_LAUNCH_ENTRIES / 8, 2); // operations per launch at 8 ranks, in the parameter
+    /// ```
     pub const MAX_LAUNCH_ENTRIES: usize = 16;
 
     /// The most operations one shared launch runs when its entries lie in device memory
     /// ([`GroupLaunch::entries`]): the launcher thread puts more calls in one launch than the
     /// parameter holds that way (at 8 ranks its 16 entries are 2 calls).
+    ///
+    /// ```
+    /// use ferrolink_device::coll::group::{MAX_LAUNCH_ENTRIES, MAX_LAUNCH_OPERATIONS};
+    /// // At 8 ranks: 2 operations in the parameter, up to 16 with the entries in device memory.
+    /// assert_eq!((MAX_LAUNCH_ENTRIES / 8, MAX_LAUNCH_OPERATIONS), (2, 16));
+    /// ```
     pub const MAX_LAUNCH_OPERATIONS: usize = 16;
 
     /// The kernel's parameter: where the ring is and how the grid is cut.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::group::LocalRanks;
+    /// # let (ring, sync): (u64, u64) = (0, 0);
+    /// // Two ranks of one GPU, 4 CTAs each, a ring of 8 slots; rank 1's part is served elsewhere.
+    /// let ranks = LocalRanks { ring, sync, slots: 8, count: 2, ctas_per_rank: 4, skip: 1 << 1, ..LocalRanks::default() };
+    /// let grid = ranks.count * ranks.ctas_per_rank; // CTAs of the kernel
+    /// // CTA `b` serves part `b / ctas_per_rank`:
+    /// assert_eq!((5 / ranks.ctas_per_rank, grid), (1, 8));
+    /// ```
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
     pub struct LocalRanks {
@@ -1719,6 +2057,16 @@ pub mod group {
     /// served rank's entry of one operation, or of several run one after the other, carried
     /// by the launch itself, so that no CTA reads host memory (a read of host memory from an
     /// SM took about 18 µs on the H200).
+    ///
+    /// ```
+    /// use ferrolink_device::coll::group::{GroupLaunch, RankOp};
+    /// # let (rank0, rank1) = (RankOp::default(), RankOp::default());
+    /// // One operation of two ranks, 2 CTAs each, carried in the parameter.
+    /// let mut launch = GroupLaunch { count: 2, ctas_per_rank: 2, operations: 1, ..GroupLaunch::default() };
+    /// launch.set(0, &rank0);
+    /// launch.set(1, &rank1);
+    /// assert!(core::mem::size_of::<GroupLaunch>() <= 32764); // a kernel parameter's limit
+    /// ```
     #[repr(C)]
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
     pub struct GroupLaunch {
@@ -1750,6 +2098,12 @@ pub mod group {
     /// ([`GroupLaunch::grid_sync`]): zeroed when made, and back to zero arrivals after
     /// every meeting, so one serves every launch of a group in turn (launches of a group run
     /// one at a time, on its launch stream).
+    ///
+    /// ```
+    /// use ferrolink_device::coll::group::GridSync;
+    /// let fresh = GridSync::default(); // zeroed: what a launch's `grid_sync` must point at
+    /// assert_eq!((fresh.arrived, fresh.generation), (0, 0));
+    /// ```
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
     pub struct GridSync {
@@ -1767,6 +2121,15 @@ pub mod group {
 
     impl GroupLaunch {
         /// Puts `op` as entry `index` (part `index % count` of operation `index / count`).
+        ///
+        /// ```
+        /// use ferrolink_device::coll::group::{GroupLaunch, RankOp};
+        /// let mut launch = GroupLaunch { count: 2, operations: 2, ..GroupLaunch::default() };
+        /// let mut op = RankOp::default();
+        /// op.op.args.count = 7;
+        /// launch.set(3, &op); // part 1 of operation 1
+        /// assert_eq!(launch.entry(3).op.args.count, 7);
+        /// ```
         pub fn set(&mut self, index: usize, op: &RankOp) {
             let words = &mut self.ops[index];
             bytemuck::cast_slice_mut::<u64, u8>(words)[..core::mem::size_of::<RankOp>()]
@@ -1774,6 +2137,15 @@ pub mod group {
         }
 
         /// Entry `index` of `ops` (as [`GroupLaunch::set`] put it), where it lies.
+        ///
+        /// ```
+        /// use ferrolink_device::coll::group::{GroupLaunch, RankOp};
+        /// let mut launch = GroupLaunch { count: 1, ..GroupLaunch::default() };
+        /// let mut op = RankOp::default();
+        /// op.comm.rank = 5;
+        /// launch.set(0, &op);
+        /// assert_eq!(*launch.entry(0), op);
+        /// ```
         pub fn entry(&self, index: usize) -> &RankOp {
             // (RankOp's alignment, 8, is the words'.)
             bytemuck::from_bytes(&bytemuck::cast_slice::<u64, u8>(&self.ops[index])[..core::mem::size_of::<RankOp>()])
@@ -1781,6 +2153,21 @@ pub mod group {
 
         /// Whether every served entry in `ops` is an LL call inside one LSA domain: then
         /// [`crate::kernels::coll::coll_ll_group_launch`] runs them.
+        ///
+        /// ```
+        /// use ferrolink_device::coll::{group::{GroupLaunch, RankOp}, proto};
+        /// let entry = |proto: u32, lsa_size: u32, nranks: u32| {
+        ///     let mut e = RankOp::default();
+        ///     (e.op.args.proto, e.comm.lsa_size, e.comm.nranks) = (proto, lsa_size, nranks);
+        ///     e
+        /// };
+        /// let mut launch = GroupLaunch { count: 2, ctas_per_rank: 1, ..GroupLaunch::default() };
+        /// launch.set(0, &entry(proto::LL, 2, 2));
+        /// launch.set(1, &entry(proto::LL, 2, 2));
+        /// assert!(launch.ll_only());
+        /// launch.set(1, &entry(proto::LL, 1, 2)); // across LSA domains: not the LL kernel's
+        /// assert!(!launch.ll_only());
+        /// ```
         pub fn ll_only(&self) -> bool {
             let count = self.count as usize;
             let entries = (self.operations.max(1) as usize * count).min(MAX_LAUNCH_ENTRIES);
@@ -1795,6 +2182,14 @@ pub mod group {
     const _: () = assert!(core::mem::size_of::<GroupLaunch>() <= 32764);
 
     /// Byte offset of [`GroupLaunch::ops`].
+    ///
+    /// ```
+    /// use ferrolink_device::coll::group::{GROUP_LAUNCH_OPS_OFFSET, RANK_OP_STRIDE};
+    /// // Entry `i` lies at `param + GROUP_LAUNCH_OPS_OFFSET + i * RANK_OP_STRIDE`, read 16 bytes at
+    /// // a time: both are multiples of 16.
+    /// assert_eq!(GROUP_LAUNCH_OPS_OFFSET % 16, 0);
+    /// assert_eq!(RANK_OP_STRIDE % 16, 0);
+    /// ```
     pub const GROUP_LAUNCH_OPS_OFFSET: usize = core::mem::offset_of!(GroupLaunch, ops);
     // Each entry is read with 16-byte parameter loads, which must be 16-byte aligned.
     const _: () = assert!(GROUP_LAUNCH_OPS_OFFSET.is_multiple_of(16) && RANK_OP_STRIDE.is_multiple_of(16));
@@ -1839,6 +2234,34 @@ pub mod group {
     ///
     /// Inlined into the kernel: `ops` is read with `ld.param`, which in a called function
     /// would read that function's own parameters ([`arch::load_param_v2`]).
+    ///
+    /// ```no_run
+    /// use ferrolink_device::coll::group::{self, GROUP_LAUNCH_OPS_OFFSET, GroupLaunch};
+    /// use ferrolink_device::{arch, kernel, kernel_param_address};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// As the built-in `coll_gpu_group_launch`; `RANK_OP_STRIDE` bytes of dynamic shared
+    ///     /// memory per CTA, `count * ctas_per_rank` CTAs.
+    ///     pub unsafe fn my_group_launch(launch: GroupLaunch) {
+    ///         // The parameter's address, in the kernel's own body (the call is inlined into it).
+    ///         let ops = kernel_param_address!(my_group_launch, 0, launch) + GROUP_LAUNCH_OPS_OFFSET as u64;
+    ///         // SAFETY: the served entries follow `serve`'s contract (the kernel's contract).
+    ///         unsafe {
+    ///             group::serve_launch::<false>(
+    ///                 launch.count,
+    ///                 launch.ctas_per_rank,
+    ///                 launch.skip,
+    ///                 launch.operations,
+    ///                 launch.grid_sync,
+    ///                 launch.entries,
+    ///                 ops,
+    ///                 arch::block_idx_x(),
+    ///                 arch::grid_dim_x(),
+    ///             )
+    ///         }
+    ///     }
+    /// }
+    /// ```
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub unsafe fn serve_launch<const LL_ONLY: bool>(
@@ -2031,6 +2454,21 @@ pub mod group {
     /// [`super::run_lsa_ll`]'s contract; the CTA has [`RANK_OP_STRIDE`] bytes of dynamic
     /// shared memory; every thread of the CTA calls this, inlined into the kernel whose
     /// parameter `param` is (as [`serve_launch`]).
+    ///
+    /// ```no_run
+    /// use ferrolink_device::coll::group::{self, RankOp};
+    /// use ferrolink_device::{arch, kernel, kernel_param_address};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// As the built-in `coll_ll`: one rank's LL call, read in place from the parameter;
+    ///     /// `RANK_OP_STRIDE` bytes of dynamic shared memory per CTA.
+    ///     pub unsafe fn my_ll(entry: RankOp) {
+    ///         let param = kernel_param_address!(my_ll, 0, entry);
+    ///         // SAFETY: `entry` is an LL call inside one LSA domain (the kernel's contract).
+    ///         unsafe { group::serve_own_ll(param, arch::block_idx_x(), arch::grid_dim_x()) }
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub unsafe fn serve_own_ll(param: u64, cta: usize, per: usize) {
         // SAFETY: each 16-byte chunk lies inside the parameter (a RankOp is RANK_OP_STRIDE
@@ -2090,6 +2528,20 @@ pub mod group {
     /// `0..ctas_per_rank` of each rank's communicator are this kernel's; the grid has `count *
     /// ctas_per_rank` CTAs, each with `RANK_OP_STRIDE` bytes of dynamic shared memory; the
     /// ring's entries are `RANK_OP_STRIDE` bytes apart from a 16-byte aligned base.
+    ///
+    /// ```no_run
+    /// use ferrolink_device::coll::group::{self, LocalRanks};
+    /// use ferrolink_device::{arch, kernel};
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// kernel! {
+    ///     /// As the built-in `coll_gpu_group`: `count * ctas_per_rank` CTAs, `RANK_OP_STRIDE`
+    ///     /// bytes of dynamic shared memory each; runs until a `SHUTDOWN` or an abort.
+    ///     pub unsafe fn my_persistent(ranks: LocalRanks, first: u64) {
+    ///         // SAFETY: the ring and `sync` follow `serve`'s contract (the kernel's contract).
+    ///         unsafe { group::serve(&ranks, first, arch::block_idx_x()) }
+    ///     }
+    /// }
+    /// ```
     pub unsafe fn serve(ranks: &LocalRanks, first: u64, block: usize) {
         let per = ranks.ctas_per_rank.max(1) as usize;
         let (part, cta) = (block / per, block % per);

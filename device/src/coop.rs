@@ -5,6 +5,32 @@
 use crate::arch;
 
 /// A group of threads cooperating on one operation.
+///
+/// ```
+/// # use ferrolink_device::arch;
+/// # use ferrolink_device::coop::{Coop, CoopCta, CoopThread, CoopWarp};
+/// # use ferrolink_device::emulator::{self, LaunchSpec};
+/// # use std::time::Duration;
+/// /// Fills `dst[..n]` with `0..n`, split over the group's threads; returns when all are done.
+/// fn fill<C: Coop>(coop: C, dst: *mut u32, n: usize) {
+///     let mut i = coop.thread_rank();
+///     while i < n {
+///         // SAFETY: `dst` holds `n` words (caller); each `i` is written by one thread.
+///         unsafe { *dst.add(i) = i as u32 };
+///         i += coop.size();
+///     }
+///     coop.sync();
+/// }
+/// unsafe fn kernel((out,): (*mut u32,)) {
+///     fill(CoopCta, out, 100);
+/// }
+/// let spec = LaunchSpec { name: "ex", grid: [1, 1, 1], block: [64, 1, 1], shared_mem_bytes: 0,
+///     timeout: Duration::from_secs(10) };
+/// let mut out = vec![0u32; 100];
+/// // SAFETY: `out` holds 100 words and outlives the launch.
+/// unsafe { emulator::launch(&spec, kernel, (out.as_mut_ptr(),)) }.unwrap();
+/// assert_eq!(out, (0..100).collect::<Vec<u32>>());
+/// ```
 pub trait Coop: Copy {
     /// This thread's index in the group.
     fn thread_rank(&self) -> usize;
@@ -33,15 +59,75 @@ pub trait Coop: Copy {
 }
 
 /// One thread on its own.
+///
+/// ```
+/// # use ferrolink_device::arch;
+/// # use ferrolink_device::coop::{Coop, CoopCta, CoopThread, CoopWarp};
+/// # use ferrolink_device::emulator::{self, LaunchSpec};
+/// # use std::time::Duration;
+/// unsafe fn kernel((out,): (*mut (usize, usize),)) {
+///     let coop = CoopThread;
+///     coop.sync(); // nothing to wait for
+///     assert!(coop.sync_any(true));
+///     // SAFETY: one entry per thread.
+///     unsafe { *out.add(arch::thread_idx_x()) = (coop.thread_rank(), coop.size()) };
+/// }
+/// let spec = LaunchSpec { name: "ex", grid: [1, 1, 1], block: [4, 1, 1], shared_mem_bytes: 0,
+///     timeout: Duration::from_secs(10) };
+/// let mut out = vec![(0, 0); 4];
+/// // SAFETY: `out` has an entry for every thread and outlives the launch.
+/// unsafe { emulator::launch(&spec, kernel, (out.as_mut_ptr(),)) }.unwrap();
+/// assert!(out.iter().all(|&rs| rs == (0, 1)));
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CoopThread;
 
 /// The 32 lanes of this thread's warp (all must be present and converged).
+///
+/// ```
+/// # use ferrolink_device::arch;
+/// # use ferrolink_device::coop::{Coop, CoopCta, CoopThread, CoopWarp};
+/// # use ferrolink_device::emulator::{self, LaunchSpec};
+/// # use std::time::Duration;
+/// unsafe fn kernel((out,): (*mut (usize, usize),)) {
+///     let warp = CoopWarp;
+///     assert!(warp.warp_any(warp.thread_rank() == 5));
+///     warp.sync();
+///     // SAFETY: one entry per thread.
+///     unsafe { *out.add(arch::thread_idx_x()) = (warp.thread_rank(), warp.size()) };
+/// }
+/// let spec = LaunchSpec { name: "ex", grid: [1, 1, 1], block: [64, 1, 1], shared_mem_bytes: 0,
+///     timeout: Duration::from_secs(10) };
+/// let mut out = vec![(0, 0); 64];
+/// // SAFETY: `out` has an entry for every thread and outlives the launch.
+/// unsafe { emulator::launch(&spec, kernel, (out.as_mut_ptr(),)) }.unwrap();
+/// assert!(out.iter().enumerate().all(|(t, &rs)| rs == (t % 32, 32)));
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CoopWarp;
 
 /// All threads of this thread's CTA. Every thread of the CTA must take part in each
 /// operation (none may have exited).
+///
+/// ```
+/// # use ferrolink_device::arch;
+/// # use ferrolink_device::coop::{Coop, CoopCta, CoopThread, CoopWarp};
+/// # use ferrolink_device::emulator::{self, LaunchSpec};
+/// # use std::time::Duration;
+/// unsafe fn kernel((out,): (*mut (usize, usize),)) {
+///     let cta = CoopCta;
+///     // Every thread of the CTA learns that thread 47 saw something.
+///     assert!(cta.sync_any(cta.thread_rank() == 47));
+///     // SAFETY: one entry per thread.
+///     unsafe { *out.add(cta.thread_rank()) = (cta.thread_rank(), cta.size()) };
+/// }
+/// let spec = LaunchSpec { name: "ex", grid: [1, 1, 1], block: [16, 4, 1], shared_mem_bytes: 0,
+///     timeout: Duration::from_secs(10) };
+/// let mut out = vec![(0, 0); 64];
+/// // SAFETY: `out` has an entry for every thread and outlives the launch.
+/// unsafe { emulator::launch(&spec, kernel, (out.as_mut_ptr(),)) }.unwrap();
+/// assert!(out.iter().enumerate().all(|(t, &rs)| rs == (t, 64)));
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CoopCta;
 

@@ -58,6 +58,13 @@ use std::vec::Vec;
 use std::{format, thread};
 
 /// Shape and limits of one emulated launch.
+///
+/// ```
+/// use ferrolink_device::emulator::{self, LaunchSpec};
+/// let spec = LaunchSpec { name: "reduce", grid: [4, 1, 1], block: [256, 1, 1], shared_mem_bytes: 1024,
+///     timeout: emulator::default_timeout() };
+/// assert!(emulator::validate(&spec).is_ok());
+/// ```
 #[derive(Clone, Debug)]
 pub struct LaunchSpec {
     /// Kernel name, used in errors.
@@ -73,6 +80,13 @@ pub struct LaunchSpec {
 }
 
 /// What the emulator accepts.
+///
+/// ```
+/// use ferrolink_device::emulator::Limits;
+/// let limits = Limits::current();
+/// assert_eq!(limits.max_threads_per_block, 1024);
+/// assert_eq!(limits.max_shared_mem_bytes, 227 * 1024);
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// Threads per CTA (the GPU's limit, 1024).
@@ -86,6 +100,15 @@ pub struct Limits {
 impl Limits {
     /// The limits in force: the defaults, with `FERROLINK_EMU_MAX_THREADS` overriding
     /// `max_threads_per_launch` (default 16384).
+    ///
+    /// ```
+    /// use ferrolink_device::emulator::{self, Limits, LaunchSpec};
+    /// let limits = Limits::current();
+    /// // The largest CTA, with the most shared memory, is accepted.
+    /// let spec = LaunchSpec { name: "k", grid: [1, 1, 1], block: [limits.max_threads_per_block as u32, 1, 1],
+    ///     shared_mem_bytes: limits.max_shared_mem_bytes, timeout: emulator::default_timeout() };
+    /// assert!(emulator::validate(&spec).is_ok());
+    /// ```
     pub fn current() -> Limits {
         let max_threads_per_launch =
             std::env::var("FERROLINK_EMU_MAX_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(16384);
@@ -94,6 +117,25 @@ impl Limits {
 }
 
 /// Why an emulated launch failed.
+///
+/// ```
+/// use ferrolink_device::arch::{self, atomic::{self, LoadOrder, Scope}};
+/// use ferrolink_device::emulator::{self, EmuError, LaunchSpec};
+/// use std::time::Duration;
+/// unsafe fn wait((flag,): (*const u32,)) {
+///     // Nobody ever raises the flag: on a GPU this would hang.
+///     // SAFETY: `flag` is a live word, accessed only atomically.
+///     while unsafe { atomic::load(flag, LoadOrder::Acquire, Scope::Gpu) } == 0 {
+///         arch::spin_wait_hint(100);
+///     }
+/// }
+/// let spec = LaunchSpec { name: "wait", grid: [1, 1, 1], block: [1, 1, 1], shared_mem_bytes: 0,
+///     timeout: Duration::from_millis(200) };
+/// let flag = 0u32;
+/// // SAFETY: `flag` outlives the launch.
+/// let err = unsafe { emulator::launch(&spec, wait, (&raw const flag,)) }.unwrap_err();
+/// assert!(matches!(err, EmuError::Timeout { kernel: "wait", .. }));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EmuError {
     /// The launch shape is outside [`Limits`] or empty; nothing ran.
@@ -156,6 +198,15 @@ impl fmt::Display for EmuError {
 impl std::error::Error for EmuError {}
 
 /// Checks a launch shape against [`Limits::current`] without running anything.
+///
+/// ```
+/// use ferrolink_device::emulator::{self, EmuError, LaunchSpec};
+/// let spec = LaunchSpec { name: "big", grid: [1, 1, 1], block: [2048, 1, 1], shared_mem_bytes: 0,
+///     timeout: emulator::default_timeout() };
+/// assert!(matches!(emulator::validate(&spec), Err(EmuError::InvalidLaunch { kernel: "big", .. })));
+/// let spec = LaunchSpec { block: [1024, 1, 1], ..spec };
+/// assert!(emulator::validate(&spec).is_ok());
+/// ```
 pub fn validate(spec: &LaunchSpec) -> Result<(), EmuError> {
     let limits = Limits::current();
     let invalid = |reason: String| Err(EmuError::InvalidLaunch { kernel: spec.name, reason });
@@ -186,6 +237,13 @@ pub fn validate(spec: &LaunchSpec) -> Result<(), EmuError> {
 }
 
 /// The default launch timeout: `FERROLINK_EMU_TIMEOUT_MS`, else 120 s.
+///
+/// ```
+/// use ferrolink_device::emulator::{self, LaunchSpec};
+/// let spec = LaunchSpec { name: "k", grid: [1, 1, 1], block: [32, 1, 1], shared_mem_bytes: 0,
+///     timeout: emulator::default_timeout() };
+/// assert!(!spec.timeout.is_zero());
+/// ```
 pub fn default_timeout() -> Duration {
     std::env::var("FERROLINK_EMU_TIMEOUT_MS")
         .ok()
@@ -650,6 +708,36 @@ pub(crate) fn now_ns() -> u64 {
 /// of each graph it runs ([`with_graph_launcher`]). Kernels launched outside a graph have
 /// none, and their graph launches fail with `cudaErrorInvalidValue` (on a GPU such a kernel
 /// cannot be launched at all, and the host refuses it before it gets here).
+///
+/// ```
+/// use ferrolink_device::emulator::{self, DeviceGraphLauncher, LaunchSpec};
+/// use ferrolink_device::{arch, DeviceGraph, GraphLaunchMode};
+/// use std::sync::{Arc, Mutex};
+/// # use std::time::Duration;
+/// /// Records the launches instead of running graphs.
+/// struct Recorder(Mutex<Vec<(u64, u64)>>);
+/// impl DeviceGraphLauncher for Recorder {
+///     fn launch(&self, exec: u64, stream: u64) -> u32 {
+///         self.0.lock().unwrap().push((exec, stream));
+///         0
+///     }
+/// }
+/// unsafe fn kernel((graph,): (DeviceGraph,)) {
+///     if arch::thread_idx_x() == 0 {
+///         // SAFETY: on the emulator `graph` names one of the recorder's graphs.
+///         unsafe { graph.launch(GraphLaunchMode::FireAndForget) }.unwrap();
+///     }
+/// }
+/// let spec = LaunchSpec { name: "ex", grid: [1, 1, 1], block: [32, 1, 1], shared_mem_bytes: 0,
+///     timeout: Duration::from_secs(10) };
+/// let recorder = Arc::new(Recorder(Mutex::new(Vec::new())));
+/// emulator::with_graph_launcher(recorder.clone(), || {
+///     // SAFETY: the kernel takes no pointers.
+///     unsafe { emulator::launch(&spec, kernel, (DeviceGraph { exec: 7 },)) }
+/// })
+/// .unwrap();
+/// assert_eq!(*recorder.0.lock().unwrap(), [(7, GraphLaunchMode::FireAndForget.stream())]);
+/// ```
 pub trait DeviceGraphLauncher: Send + Sync {
     /// Launches the graph `exec` into the device runtime's graph launch stream `stream`;
     /// returns the CUDA error code (0: launched).
@@ -658,6 +746,38 @@ pub trait DeviceGraphLauncher: Send + Sync {
 
 /// Runs `f` (which runs launches on this thread) with `launcher` running the graphs that its
 /// launches' kernels launch; the previous launcher is back afterwards, even if `f` panics.
+///
+/// ```
+/// use ferrolink_device::emulator::{self, DeviceGraphLauncher, LaunchSpec};
+/// use ferrolink_device::{arch, DeviceGraph, GraphLaunchError, GraphLaunchMode};
+/// use std::sync::Arc;
+/// # use std::time::Duration;
+/// struct Accept;
+/// impl DeviceGraphLauncher for Accept {
+///     fn launch(&self, _exec: u64, _stream: u64) -> u32 {
+///         0
+///     }
+/// }
+/// unsafe fn kernel((graph, code): (DeviceGraph, *mut u32)) {
+///     if arch::thread_idx_x() == 0 {
+///         // SAFETY: `graph` names a graph of the launcher (if any); `code` is a live word.
+///         unsafe { code.write(graph.launch(GraphLaunchMode::Tail).err().map_or(0, |e| e.code)) };
+///     }
+/// }
+/// let spec = LaunchSpec { name: "ex", grid: [1, 1, 1], block: [1, 1, 1], shared_mem_bytes: 0,
+///     timeout: Duration::from_secs(10) };
+/// let (graph, mut code) = (DeviceGraph { exec: 3 }, u32::MAX);
+/// // SAFETY: `code` outlives the launches.
+/// emulator::with_graph_launcher(Arc::new(Accept), || unsafe {
+///     emulator::launch(&spec, kernel, (graph, &raw mut code))
+/// })
+/// .unwrap();
+/// assert_eq!(code, 0);
+/// // Outside, no launcher runs the graph: the launch is refused.
+/// // SAFETY: as above.
+/// unsafe { emulator::launch(&spec, kernel, (graph, &raw mut code)) }.unwrap();
+/// assert_eq!(code, GraphLaunchError::INVALID_VALUE);
+/// ```
 pub fn with_graph_launcher<R>(launcher: Arc<dyn DeviceGraphLauncher>, f: impl FnOnce() -> R) -> R {
     struct Restore(Option<Arc<dyn DeviceGraphLauncher>>);
     impl Drop for Restore {

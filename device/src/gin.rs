@@ -48,13 +48,32 @@ use bytemuck::{Pod, Zeroable};
 /// Bits of [`DevGin::flags`].
 pub mod flags {
     /// The communicator has GIN resources.
+    ///
+    /// ```
+    /// use ferrolink_device::{DevComm, gin::flags};
+    /// assert_eq!(DevComm::default().gin.flags & flags::PRESENT, 0); // `Gin::new` would fault
+    /// ```
     pub const PRESENT: u32 = 1;
     /// Every peer goes through the proxy, LSA peers too (`FERROLINK_GIN=proxy`).
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{DevGin, flags};
+    /// let g = DevGin { flags: flags::PRESENT | flags::FORCE_PROXY, context_count: 1, ..DevGin::default() };
+    /// assert_ne!(g.flags & flags::FORCE_PROXY, 0); // what `Gin::uses_proxy` reports
+    /// ```
     pub const FORCE_PROXY: u32 = 2;
 }
 
 /// A communicator's GIN resources, inside its [`DevComm`] (NCCL's GIN part of
 /// `ncclDevComm`).
+///
+/// ```
+/// use ferrolink_device::{DevComm, gin::{DevGin, flags}};
+/// // Inside every device communicator; all zero (no GIN) unless the host asked for GIN.
+/// let comm = DevComm::default();
+/// assert_eq!(comm.gin, DevGin::default());
+/// assert_eq!(comm.gin.flags & flags::PRESENT, 0);
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct DevGin {
@@ -108,6 +127,14 @@ pub struct DevGin {
 /// system scope, once per wait, and sets `state` back to [`wait_state::IDLE`] when the wait
 /// ends; the watchdog reads `state` with an acquire before the fields. Several waiters of one
 /// signal share its record: the last one to go slow is described.
+///
+/// ```
+/// use ferrolink_device::gin::{GinWaitRecord, wait_state};
+/// // What a slow `wait_signal(coop, id, 5)` of CTA 3 publishes in signal `id`'s record:
+/// let r = GinWaitRecord { target: 5, cta: 3, state: wait_state::SIGNAL, ..GinWaitRecord::default() };
+/// assert_eq!(core::mem::size_of_val(&r), 32);
+/// assert_ne!(r.state, wait_state::IDLE);
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct GinWaitRecord {
@@ -130,44 +157,153 @@ pub struct GinWaitRecord {
 /// Values of [`GinWaitRecord::state`].
 pub mod wait_state {
     /// No slow wait.
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinWaitRecord, wait_state};
+    /// assert_eq!(GinWaitRecord::default().state, wait_state::IDLE);
+    /// ```
     pub const IDLE: u32 = 0;
     /// A `wait_signal` is slow: `target` is a signal value (after resets).
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinWaitRecord, wait_state};
+    /// let r = GinWaitRecord { target: 2, state: wait_state::SIGNAL, ..GinWaitRecord::default() };
+    /// assert_eq!(r.target, 2); // "waits for GIN signal id to reach 2"
+    /// ```
     pub const SIGNAL: u32 = 1;
     /// A GIN barrier is slow: the team fields are set; the expected counts are in the
     /// barrier's state.
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinWaitRecord, wait_state};
+    /// // A GIN barrier over world ranks 0, 1, 2, 3 slow in its fifth round:
+    /// let r = GinWaitRecord {
+    ///     target: 5, state: wait_state::BARRIER,
+    ///     team_first: 0, team_stride: 1, team_size: 4, epoch: 5,
+    ///     ..GinWaitRecord::default()
+    /// };
+    /// assert_eq!(r.team_first + (r.team_size - 1) * r.team_stride, 3); // its last member
+    /// ```
     pub const BARRIER: u32 = 2;
     /// A wait for one sender's part of a signal is slow ([`super::Gin::read_signal_from`]):
     /// `target` is the value of `slot[id][team_first]`, `team_first` the sender's world rank.
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinWaitRecord, wait_state};
+    /// // Waiting for world rank 2's part of a signal to reach 7 (`Gin::note_slow_wait(id, 2, 7)`):
+    /// let r = GinWaitRecord { target: 7, state: wait_state::PEER_SIGNAL, team_first: 2, ..GinWaitRecord::default() };
+    /// assert_eq!((r.team_first, r.target), (2, 7));
+    /// ```
     pub const PEER_SIGNAL: u32 = 3;
 }
 
 /// Operations of a [`GinDescriptor`].
 pub mod op {
     /// Copy `bytes` from the source window to the destination window.
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinDescriptor, desc_flags, op};
+    /// let d = GinDescriptor { kind: GinDescriptor::kind(op::PUT, desc_flags::REMOTE_NONE, 0), ..GinDescriptor::default() };
+    /// assert_eq!(d.op(), op::PUT);
+    /// ```
     pub const PUT: u32 = 1;
     /// Store `bytes` (1, 2, 4 or 8) bytes of `value` into the destination window.
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinDescriptor, desc_flags, op};
+    /// // An 8-byte value, raising a signal by one:
+    /// let d = GinDescriptor {
+    ///     kind: GinDescriptor::kind(op::PUT_VALUE, desc_flags::REMOTE_SIGNAL_INC, 8),
+    ///     bytes_or_value: 42,
+    ///     ..GinDescriptor::default()
+    /// };
+    /// assert_eq!((d.op(), d.value_bytes()), (op::PUT_VALUE, 8));
+    /// ```
     pub const PUT_VALUE: u32 = 2;
     /// Only the remote action.
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinDescriptor, desc_flags, op};
+    /// let d = GinDescriptor {
+    ///     kind: GinDescriptor::kind(op::SIGNAL, desc_flags::REMOTE_SIGNAL_ADD, 0),
+    ///     signal_id: 1,
+    ///     signal_value: 3,
+    ///     ..GinDescriptor::default()
+    /// };
+    /// assert_eq!(d.flags() & desc_flags::REMOTE_MASK, desc_flags::REMOTE_SIGNAL_ADD);
+    /// ```
     pub const SIGNAL: u32 = 3;
 }
 
 /// Bits of [`GinDescriptor::flags`].
 pub mod desc_flags {
     /// Remote action: none.
+    ///
+    /// ```
+    /// use ferrolink_device::gin::desc_flags;
+    /// // A put that only counts its local completion raises nothing remotely:
+    /// assert_eq!(desc_flags::LOCAL_COUNTER_INC & desc_flags::REMOTE_MASK, desc_flags::REMOTE_NONE);
+    /// ```
     pub const REMOTE_NONE: u32 = 0;
     /// Remote action: add 1 to signal `signal_id`.
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinDescriptor, desc_flags, op};
+    /// let kind = GinDescriptor::kind(op::PUT, desc_flags::REMOTE_SIGNAL_INC, 0);
+    /// let d = GinDescriptor { kind, signal_id: 4, signal_value: 1, ..GinDescriptor::default() };
+    /// assert_eq!(d.flags(), desc_flags::REMOTE_SIGNAL_INC);
+    /// ```
     pub const REMOTE_SIGNAL_INC: u32 = 1;
     /// Remote action: add `signal_value` to signal `signal_id`.
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinDescriptor, desc_flags, op};
+    /// let kind = GinDescriptor::kind(op::SIGNAL, desc_flags::REMOTE_SIGNAL_ADD, 0);
+    /// let d = GinDescriptor { kind, signal_id: 4, signal_value: 10, ..GinDescriptor::default() };
+    /// assert_eq!(d.flags(), desc_flags::REMOTE_SIGNAL_ADD);
+    /// ```
     pub const REMOTE_SIGNAL_ADD: u32 = 2;
     /// Mask of the remote action.
+    ///
+    /// ```
+    /// use ferrolink_device::gin::desc_flags;
+    /// let f = desc_flags::REMOTE_SIGNAL_ADD | desc_flags::LOCAL_COUNTER_INC;
+    /// assert_eq!(f & desc_flags::REMOTE_MASK, desc_flags::REMOTE_SIGNAL_ADD);
+    /// ```
     pub const REMOTE_MASK: u32 = 3;
     /// Local action: add 1 to counter `counter_id` once the source may be reused.
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinDescriptor, desc_flags, op};
+    /// let kind = GinDescriptor::kind(op::PUT, desc_flags::REMOTE_NONE | desc_flags::LOCAL_COUNTER_INC, 0);
+    /// let d = GinDescriptor { kind, counter_id: 2, ..GinDescriptor::default() };
+    /// assert_ne!(d.flags() & desc_flags::LOCAL_COUNTER_INC, 0);
+    /// ```
     pub const LOCAL_COUNTER_INC: u32 = 4;
 }
 
 /// One proxy request, 64 bytes, in a ring in host memory (written by one GPU thread, read by
 /// the proxy). `seq` is written last with a release: the ticket of the slot plus one (0 =
 /// empty); the proxy accepts the slot when `seq` equals the ticket it expects.
+///
+/// ```
+/// use ferrolink_device::gin::{GinDescriptor, desc_flags, op};
+/// // What the proxy path of `Gin::put` posts: 4096 bytes from window 0 at offset 0 into world
+/// // rank 3's window 1 at offset 8192, raising signal 2 there by one.
+/// let d = GinDescriptor {
+///     kind: GinDescriptor::kind(op::PUT, desc_flags::REMOTE_SIGNAL_INC, 0),
+///     peer: 3,
+///     dst_window: 1,
+///     src_window: 0,
+///     signal_id: 2,
+///     dst_offset: 8192,
+///     bytes_or_value: 4096,
+///     signal_value: 1,
+///     ..GinDescriptor::default()
+/// };
+/// assert_eq!(core::mem::size_of_val(&d), 64);
+/// assert_eq!(d.seq, 0); // empty until the posting thread writes `ticket + 1`, last
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct GinDescriptor {
@@ -198,24 +334,60 @@ pub struct GinDescriptor {
 
 impl GinDescriptor {
     /// Packs an operation, its flags and a value size into [`GinDescriptor::kind`].
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinDescriptor, desc_flags, op};
+    /// assert_eq!(GinDescriptor::kind(op::PUT_VALUE, desc_flags::REMOTE_SIGNAL_INC, 4), 0x04_01_02);
+    /// ```
     pub const fn kind(op: u32, flags: u32, value_bytes: u32) -> u32 {
         (op & 0xFF) | ((flags & 0xFF) << 8) | ((value_bytes & 0xFF) << 16)
     }
     /// The operation ([`op`]).
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinDescriptor, op};
+    /// let d = GinDescriptor { kind: GinDescriptor::kind(op::SIGNAL, 0, 0), ..GinDescriptor::default() };
+    /// assert_eq!(d.op(), op::SIGNAL);
+    /// ```
     pub const fn op(&self) -> u32 {
         self.kind & 0xFF
     }
     /// The [`desc_flags`].
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinDescriptor, desc_flags, op};
+    /// let f = desc_flags::REMOTE_SIGNAL_INC | desc_flags::LOCAL_COUNTER_INC;
+    /// let d = GinDescriptor { kind: GinDescriptor::kind(op::PUT, f, 0), ..GinDescriptor::default() };
+    /// assert_eq!(d.flags(), f);
+    /// ```
     pub const fn flags(&self) -> u32 {
         (self.kind >> 8) & 0xFF
     }
     /// `PUT_VALUE`: the bytes of the value to store.
+    ///
+    /// ```
+    /// use ferrolink_device::gin::{GinDescriptor, op};
+    /// let d = GinDescriptor { kind: GinDescriptor::kind(op::PUT_VALUE, 0, 2), ..GinDescriptor::default() };
+    /// assert_eq!(d.value_bytes(), 2);
+    /// ```
     pub const fn value_bytes(&self) -> u32 {
         (self.kind >> 16) & 0xFF
     }
 }
 
 /// What a put or signal does on the receiving rank once its data has landed.
+///
+/// ```
+/// use ferrolink_device::gin::RemoteAction;
+/// // How much each adds to its signal (what a descriptor's `signal_value` carries):
+/// let amount = |r: RemoteAction| match r {
+///     RemoteAction::None => 0,
+///     RemoteAction::SignalInc(_) => 1,
+///     RemoteAction::SignalAdd(_, v) => v,
+/// };
+/// assert_eq!(amount(RemoteAction::SignalInc(2)), 1);
+/// assert_eq!(amount(RemoteAction::SignalAdd(2, 5)), 5);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RemoteAction {
     /// Nothing.
@@ -227,6 +399,13 @@ pub enum RemoteAction {
 }
 
 /// What a put does on this rank once its source may be reused.
+///
+/// ```
+/// use ferrolink_device::gin::LocalAction;
+/// // Count this put's local completion on counter 0 (`Gin::read_counter(0)`), or not at all:
+/// let (counted, not) = (LocalAction::CounterInc(0), LocalAction::None);
+/// assert_ne!(counted, not);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LocalAction {
     /// Nothing.
@@ -252,6 +431,40 @@ const FLUSH_HOST_POLL_EVERY: u32 = 8;
 
 /// One context of a communicator's GIN (NCCL's `ncclGin(devComm, context)`). Every method
 /// that takes a coop is called by every thread of the coop with the same arguments.
+///
+/// ```no_run
+/// use ferrolink_device::gin::{Gin, LocalAction, RemoteAction};
+/// use ferrolink_device::{Coop, CoopCta, DevComm, DevWindow, arch, kernel};
+/// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+/// kernel! {
+///     /// Every rank puts its `bytes` of `src` into block `me` of every other rank's `dst`,
+///     /// CTA `b` on context `b` for peers `p % grid == b`, raising signal 0; then waits for
+///     /// the blocks of all `nranks - 1` others. `round`: 1, 2, … (the number of this call).
+///     pub unsafe fn my_gather(comm: DevComm, dst: DevWindow, src: DevWindow, bytes: u32, round: u32) {
+///         let (coop, b, grid) = (CoopCta, arch::block_idx_x() as u32, arch::grid_dim_x() as u32);
+///         let gin = Gin::new(&comm, b);
+///         let (me, n, bytes) = (comm.rank, comm.nranks, bytes as usize);
+///         let mut p = b;
+///         while p < n {
+///             if p != me {
+///                 // SAFETY: both ranges lie in the windows (checked too); `src` is not
+///                 // written during the call and block `me` of `dst` has this rank as its
+///                 // only writer, read by its owner after the signal.
+///                 unsafe {
+///                     gin.put(coop, comm.world(), p, dst, me as usize * bytes, src, 0, bytes,
+///                             RemoteAction::SignalInc(0), LocalAction::None)
+///                 };
+///             }
+///             p += grid;
+///         }
+///         // Strong signals: once signal 0 has counted every block, every block has landed.
+///         if gin.wait_signal(coop, 0, u64::from(round) * u64::from(n - 1)).is_err() {
+///             return; // aborted: the host reports it
+///         }
+///         gin.flush(coop);
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy)]
 pub struct Gin<'a> {
     comm: &'a DevComm,
@@ -261,6 +474,18 @@ pub struct Gin<'a> {
 impl<'a> Gin<'a> {
     /// Context `context` (taken modulo the communicator's context count) of `comm`'s GIN. A
     /// `DevComm` without GIN resources is a fault: the kernel reports it and traps.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// fn my_kernel(comm: &DevComm) {
+    ///     // CTA `b` on its own context (contexts are independent queues).
+    ///     let gin = Gin::new(comm, ferrolink_device::arch::block_idx_x() as u32);
+    ///     # let _ = gin;
+    /// }
+    /// ```
     #[inline(always)]
     pub fn new(comm: &'a DevComm, context: u32) -> Gin<'a> {
         comm.check_header();
@@ -272,6 +497,16 @@ impl<'a> Gin<'a> {
     }
 
     /// The communicator.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// fn peers(gin: &Gin<'_>) -> u32 {
+    ///     gin.comm().nranks - 1
+    /// }
+    /// ```
     #[inline(always)]
     pub fn comm(&self) -> &'a DevComm {
         self.comm
@@ -337,6 +572,24 @@ impl<'a> Gin<'a> {
     /// `src` and `dst` are windows of this communicator (from live handles); nothing writes
     /// the source range while the put reads it, and nothing else writes the destination range
     /// until the peer has seen the put's signal.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// Puts `bytes` of `src` into block `me` of `peer`'s `dst`, raising signal 0 there and
+    /// /// counter 0 here once `src` may be reused.
+    /// fn send_block(comm: &DevComm, dst: DevWindow, src: DevWindow, peer: u32, bytes: usize) {
+    ///     let (coop, gin) = (CoopCta, Gin::new(comm, 0));
+    ///     // SAFETY: both ranges lie in the windows (checked too); nothing writes `src` until
+    ///     // counter 0 counts this put, nor block `me` of the peer's `dst` until the peer saw signal 0.
+    ///     unsafe {
+    ///         gin.put(coop, comm.world(), peer, dst, comm.rank as usize * bytes, src, 0, bytes,
+    ///                 RemoteAction::SignalInc(0), LocalAction::CounterInc(0))
+    ///     };
+    /// }
+    /// ```
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn put<C: Coop>(
@@ -429,6 +682,20 @@ impl<'a> Gin<'a> {
     ///
     /// # Safety
     /// As [`Gin::put`] for the destination.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// Stores `v` into word `me` of `peer`'s `dst` and raises signal 0 there.
+    /// fn send_value(comm: &DevComm, dst: DevWindow, peer: u32, v: u64) {
+    ///     let gin = Gin::new(comm, 0);
+    ///     // SAFETY: word `me` of `dst` lies in the window, 8-byte aligned; this rank is its only
+    ///     // writer, and the peer reads it after signal 0.
+    ///     unsafe { gin.put_value(CoopCta, comm.world(), peer, dst, comm.rank as usize * 8, v, 8, RemoteAction::SignalInc(0)) };
+    /// }
+    /// ```
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn put_value<C: Coop>(
@@ -483,6 +750,22 @@ impl<'a> Gin<'a> {
 
     /// Raises `remote` on team rank `peer` after every earlier put of this coop on this
     /// context to that peer has landed (NCCL's `signal`).
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// World rank `b`'s answer to `a`'s puts: waits until signal 0 counts them (`round`: 1, 2,
+    /// /// … per call), then tells `a` with signal 1.
+    /// fn answer(comm: &DevComm, a: u32, round: u32) {
+    ///     let (coop, gin) = (CoopCta, Gin::new(comm, 0));
+    ///     if gin.wait_signal(coop, 0, u64::from(round)).is_ok() {
+    ///         gin.signal(coop, comm.world(), a, RemoteAction::SignalInc(1));
+    ///     }
+    ///     gin.flush(coop);
+    /// }
+    /// ```
     #[inline(always)]
     pub fn signal<C: Coop>(&self, coop: C, team: Team, peer: u32, remote: RemoteAction) {
         let world = self.world(team, peer);
@@ -496,6 +779,26 @@ impl<'a> Gin<'a> {
 
     /// [`Gin::signal`] by one thread on its own (no coop barrier): for loops where each thread
     /// signals a different peer, after the caller's own synchronization.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// Raises signal `id` on every other rank, the CTA's threads sharing the peers.
+    /// fn signal_all(comm: &DevComm, id: u32) {
+    ///     let (coop, gin) = (CoopCta, Gin::new(comm, 0));
+    ///     coop.sync(); // the CTA's earlier stores and puts come first
+    ///     let mut p = coop.thread_rank() as u32;
+    ///     while p < comm.nranks {
+    ///         if p != comm.rank {
+    ///             gin.signal_from_thread(p, RemoteAction::SignalInc(id)); // `p`: a world rank
+    ///         }
+    ///         p += coop.size() as u32;
+    ///     }
+    ///     coop.sync();
+    /// }
+    /// ```
     #[inline(always)]
     pub fn signal_from_thread(&self, world: u32, remote: RemoteAction) {
         if self.direct(world) {
@@ -515,6 +818,26 @@ impl<'a> Gin<'a> {
     /// Waits until every put of this context issued so far by this rank is complete locally:
     /// their sources may be reused (NCCL's `flush`). Not remote completion: wait for a
     /// signal for that.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// Puts `src` to `peer`, then writes `src` again for the next round.
+    /// fn put_then_refill(comm: &DevComm, dst: DevWindow, src: DevWindow, peer: u32, bytes: usize) {
+    ///     let (coop, gin) = (CoopCta, Gin::new(comm, 0));
+    ///     // SAFETY: ranges inside the windows (checked too); `src` is not written before the
+    ///     // flush, and the peer's `dst` is written only by this rank, read after signal 0.
+    ///     unsafe { gin.put(coop, comm.world(), peer, dst, 0, src, 0, bytes, RemoteAction::SignalInc(0), LocalAction::None) };
+    ///     gin.flush(coop);
+    ///     // The put has read `src`: it may change now (the peer may not have the data yet).
+    ///     if coop.thread_rank() == 0 {
+    ///         // SAFETY: this rank's `src`, which no put reads any more.
+    ///         unsafe { src.local_ptr::<u8>(0).write_volatile(1) };
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn flush<C: Coop>(&self, coop: C) {
         coop.sync();
@@ -549,6 +872,18 @@ impl<'a> Gin<'a> {
     }
 
     /// Signal `id`'s value: the sum of its slots, minus what the last reset recorded.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// After `ops` values sent to this rank with SignalInc(0): whether signal 0 counts exactly them.
+    /// fn all_arrived(comm: &DevComm, ops: u32) -> bool {
+    ///     let (coop, gin) = (CoopCta, Gin::new(comm, 0));
+    ///     gin.wait_signal(coop, 0, u64::from(ops)).is_ok() && gin.read_signal(0) == u64::from(ops)
+    /// }
+    /// ```
     #[inline(always)]
     pub fn read_signal(&self, id: u32) -> u64 {
         self.check_signal(id);
@@ -576,12 +911,42 @@ impl<'a> Gin<'a> {
     /// number is not negative), then acquires what the signals' senders released. Returns
     /// early, with the same result on every thread of the coop, if the communicator is
     /// aborted.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// Each of the `nranks - 1` peers puts one block per call with SignalInc(`sig`); `round`
+    /// /// is the number of this call (1, 2, …).
+    /// fn wait_blocks(comm: &DevComm, sig: u32, round: u32) -> Result<(), BarrierError> {
+    ///     let gin = Gin::new(comm, 0);
+    ///     gin.wait_signal(CoopCta, sig, u64::from(round) * u64::from(comm.nranks - 1))?;
+    ///     // Every peer's block of this call is visible to every thread of the CTA here.
+    ///     Ok(())
+    /// }
+    /// ```
     #[inline(always)]
     pub fn wait_signal<C: Coop>(&self, coop: C, id: u32, least: u64) -> Result<(), BarrierError> {
         self.wait_signal_until(coop, id, least, None)
     }
 
     /// [`Gin::wait_signal`] that gives up after `timeout_ns` of `%globaltimer`.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// fn wait_one_second(comm: &DevComm) -> bool {
+    ///     let gin = Gin::new(comm, 0);
+    ///     match gin.wait_signal_timeout(CoopCta, 0, 1, 1_000_000_000) {
+    ///         Ok(()) => true,
+    ///         Err(BarrierError::Timeout) => false, // a second passed: signal 0 is still below 1
+    ///         Err(BarrierError::Aborted) => false,
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn wait_signal_timeout<C: Coop>(
         &self,
@@ -598,9 +963,35 @@ impl<'a> Gin<'a> {
     /// has reached `least` (a rolling compare), then acquires what they released. For
     /// protocols in which every rank adds once per round: there a total could be reached
     /// with a fast rank's add for the next round standing in for a slow rank's add for this
-    /// one (on another path, it may still be on its way). A slow wait names the rank it waits
-    /// for. Returns early, with the same result on every thread of the coop, if the
-    /// communicator is aborted.
+    /// one (on another path, it may still be on its way). Every rank's slot counts, this
+    /// rank's own too: a protocol in which a rank does not signal itself never ends this
+    /// wait. A slow wait names the rank it waits for. Returns early, with the same result on
+    /// every thread of the coop, if the communicator is aborted.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// Every rank, this one too, puts its `bytes` of `src` into row `me` of every rank's `dst`
+    /// /// with SignalInc(0), once per call; `epoch` is the number of this call (1, 2, …).
+    /// fn exchange_rows(comm: &DevComm, dst: DevWindow, src: DevWindow, bytes: usize, epoch: u32) -> bool {
+    ///     let (coop, gin) = (CoopCta, Gin::new(comm, 0));
+    ///     for p in 0..comm.nranks {
+    ///         // SAFETY: ranges inside the windows (checked too); row `me` of each `dst` has this
+    ///         // rank as its only writer; `src` is not written during the call.
+    ///         unsafe {
+    ///             gin.put(coop, comm.world(), p, dst, comm.rank as usize * bytes, src, 0, bytes,
+    ///                     RemoteAction::SignalInc(0), LocalAction::None)
+    ///         };
+    ///     }
+    ///     // Each rank's own part must reach `epoch`: a total of `epoch * nranks` could be
+    ///     // reached by a fast rank's next call while a slow rank's row is still on its way.
+    ///     let ok = gin.wait_signal_each(coop, 0, u64::from(epoch)).is_ok();
+    ///     gin.flush(coop);
+    ///     ok
+    /// }
+    /// ```
     #[inline(always)]
     pub fn wait_signal_each<C: Coop>(&self, coop: C, id: u32, least: u64) -> Result<(), BarrierError> {
         self.check_signal(id);
@@ -653,6 +1044,30 @@ impl<'a> Gin<'a> {
     /// counting resets: for protocols that follow each sender separately (point-to-point
     /// channels) and never reset the signal. A relaxed read: after it shows the value waited
     /// for, [`Gin::acquire`] makes what the sender released with it visible.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// Waits until world rank `src`'s part of signal `id` reaches `target` (a count that only
+    /// /// grows), then the data `src` released with it is visible to the CTA.
+    /// fn wait_from(comm: &DevComm, id: u32, src: u32, target: u64) -> bool {
+    ///     let (coop, gin) = (CoopCta, Gin::new(comm, 0));
+    ///     loop {
+    ///         let ready = coop.thread_rank() == 0 && gin.read_signal_from(id, src) >= target;
+    ///         if ready {
+    ///             gin.acquire();
+    ///         }
+    ///         if coop.sync_any(ready) {
+    ///             return true;
+    ///         }
+    ///         if coop.sync_any(coop.thread_rank() == 0 && comm.abort_requested()) {
+    ///             return false;
+    ///         }
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn read_signal_from(&self, id: u32, src: u32) -> u64 {
         self.check_signal(id);
@@ -668,12 +1083,38 @@ impl<'a> Gin<'a> {
     /// ([`Gin::read_signal_from`]) showed a value, the data its sender released with it (a
     /// direct put's stores, or the proxy's delivery) is visible to this thread, and to the
     /// coop after its next `sync`.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// fn poll_once(comm: &DevComm, id: u32, src: u32, target: u64) -> bool {
+    ///     let (coop, gin) = (CoopCta, Gin::new(comm, 0));
+    ///     let ready = coop.thread_rank() == 0 && gin.read_signal_from(id, src) >= target;
+    ///     if ready {
+    ///         gin.acquire(); // `src`'s data is visible to this thread...
+    ///     }
+    ///     coop.sync_any(ready) // ...and, past this CTA barrier, to every thread of the CTA
+    /// }
+    /// ```
     #[inline(always)]
     pub fn acquire(&self) {
         arch::atomic::fence(FenceOrder::Acquire, Scope::Sys);
     }
 
     /// Whether every peer goes through the proxy, LSA peers too (`FERROLINK_GIN=proxy`).
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// Whether every peer of the communicator is reached by direct stores.
+    /// fn all_direct(comm: &DevComm) -> bool {
+    ///     comm.lsa_size == comm.nranks && !Gin::new(comm, 0).uses_proxy()
+    /// }
+    /// ```
     #[inline(always)]
     pub fn uses_proxy(&self) -> bool {
         self.g().flags & flags::FORCE_PROXY != 0
@@ -681,6 +1122,25 @@ impl<'a> Gin<'a> {
 
     /// Whether world rank `world` is reached directly (stores through the LSA mapping, no
     /// proxy): in this rank's LSA domain and not forced through the proxy.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// Sends `v` to word `me` of world rank `peer`'s `win` and raises signal 0 there.
+    /// fn send_word(comm: &DevComm, win: DevWindow, peer: u32, v: u32) {
+    ///     let (coop, gin, at) = (CoopThread, Gin::new(comm, 0), comm.rank as usize * 4);
+    ///     if gin.is_direct(peer) {
+    ///         // SAFETY: word `me` of the peer's slot (mapped: an LSA peer); read after the signal.
+    ///         unsafe { win.lsa_ptr::<u32>(at, peer % comm.lsa_size).write_volatile(v) };
+    ///         gin.signal(coop, comm.world(), peer, RemoteAction::SignalInc(0)); // releases the store
+    ///     } else {
+    ///         // SAFETY: word `me` of the peer's `win`, aligned; read after the signal.
+    ///         unsafe { gin.put_value(coop, comm.world(), peer, win, at, u64::from(v), 4, RemoteAction::SignalInc(0)) };
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn is_direct(&self, world: u32) -> bool {
         self.direct(world)
@@ -690,6 +1150,39 @@ impl<'a> Gin<'a> {
     /// `id` to reach `target` has gone slow (so that a hang names who waits on whom);
     /// [`Gin::clear_slow_wait`] when it ends. For waits written as polls of
     /// [`Gin::read_signal_from`]. One thread calls it.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// Polls world rank `src`'s part of signal `id` until it reaches `target`; once slow, the
+    /// /// watchdog names `src`.
+    /// fn wait_from(comm: &DevComm, id: u32, src: u32, target: u64) -> bool {
+    ///     let (coop, gin) = (CoopCta, Gin::new(comm, 0));
+    ///     let mut polls = 0u32;
+    ///     let arrived = loop {
+    ///         let ready = coop.thread_rank() == 0 && gin.read_signal_from(id, src) >= target;
+    ///         if ready {
+    ///             gin.acquire();
+    ///         }
+    ///         if coop.sync_any(ready) {
+    ///             break true;
+    ///         }
+    ///         polls += 1;
+    ///         if polls == 1 << 16 && coop.thread_rank() == 0 {
+    ///             gin.note_slow_wait(id, src, target);
+    ///         }
+    ///         if coop.sync_any(coop.thread_rank() == 0 && comm.abort_requested()) {
+    ///             break false;
+    ///         }
+    ///     };
+    ///     if polls >= 1 << 16 && coop.thread_rank() == 0 {
+    ///         gin.clear_slow_wait(id);
+    ///     }
+    ///     arrived
+    /// }
+    /// ```
     #[inline(always)]
     pub fn note_slow_wait(&self, id: u32, src: u32, target: u64) {
         self.check_signal(id);
@@ -709,6 +1202,20 @@ impl<'a> Gin<'a> {
     }
 
     /// Ends what [`Gin::note_slow_wait`] noted for signal `id`.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// The end of a wait for signal `id` that thread 0 noted as slow (`noted`: see
+    /// /// [`Gin::note_slow_wait`]'s example).
+    /// fn wait_ended(comm: &DevComm, id: u32, noted: bool) {
+    ///     if noted && CoopCta.thread_rank() == 0 {
+    ///         Gin::new(comm, 0).clear_slow_wait(id);
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn clear_slow_wait(&self, id: u32) {
         let slot = self.record_slot(id);
@@ -729,6 +1236,26 @@ impl<'a> Gin<'a> {
 
     /// Makes signal `id` read 0 from now on (records its current sum; NCCL's `resetSignal`).
     /// Local: no sender needs to stop, but a wait must not span it.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// Ends a round: the wait consumed every raise of signal `sig` of this round, and peers
+    /// /// raise it again only after the barrier.
+    /// fn end_round(comm: &DevComm, sig: u32, expected: u64) {
+    ///     let (coop, gin) = (CoopCta, Gin::new(comm, 0));
+    ///     if gin.wait_signal(coop, sig, expected).is_err() {
+    ///         return; // aborted
+    ///     }
+    ///     if coop.thread_rank() == 0 {
+    ///         gin.reset_signal(sig); // reads 0 from now on: the next round waits for `expected` again
+    ///     }
+    ///     // SAFETY: LSA barrier 0 (and GIN barrier 0) are this kernel's.
+    ///     let _ = unsafe { hybrid_sync(coop, comm, 0, 0) };
+    /// }
+    /// ```
     #[inline(always)]
     pub fn reset_signal(&self, id: u32) {
         self.check_signal(id);
@@ -740,6 +1267,20 @@ impl<'a> Gin<'a> {
     }
 
     /// Counter `id`'s value: completions of puts that asked for it, minus the last reset.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// After this call's puts, each with `LocalAction::CounterInc(ctr)`: whether all completed
+    /// /// locally (`sent` of them since the last reset).
+    /// fn all_completed(comm: &DevComm, ctr: u32, sent: u64) -> bool {
+    ///     let (coop, gin) = (CoopCta, Gin::new(comm, 0));
+    ///     gin.flush(coop);
+    ///     gin.read_counter(ctr) == sent
+    /// }
+    /// ```
     #[inline(always)]
     pub fn read_counter(&self, id: u32) -> u64 {
         self.check_counter(id);
@@ -754,6 +1295,22 @@ impl<'a> Gin<'a> {
     }
 
     /// Waits until counter `id` reaches `least` (rolling compare), or the communicator is aborted.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// /// Puts `src` to `peer` asking for counter 0, and waits until that put's source may be
+    /// /// reused; `round`: the number of this call (1, 2, …).
+    /// fn put_and_wait_local(comm: &DevComm, dst: DevWindow, src: DevWindow, peer: u32, bytes: usize, round: u32) -> bool {
+    ///     let (coop, gin) = (CoopCta, Gin::new(comm, 0));
+    ///     // SAFETY: ranges inside the windows (checked too); `src` is not written before the
+    ///     // counter counts the put; the peer's `dst` has this rank as its only writer.
+    ///     unsafe { gin.put(coop, comm.world(), peer, dst, 0, src, 0, bytes, RemoteAction::SignalInc(0), LocalAction::CounterInc(0)) };
+    ///     gin.wait_counter(coop, 0, u64::from(round)).is_ok() // then `src` may be written again
+    /// }
+    /// ```
     #[inline(always)]
     pub fn wait_counter<C: Coop>(&self, coop: C, id: u32, least: u64) -> Result<(), BarrierError> {
         self.check_counter(id);
@@ -766,6 +1323,20 @@ impl<'a> Gin<'a> {
     }
 
     /// Makes counter `id` read 0 from now on (NCCL's `resetCounter`).
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// fn finish(comm: &DevComm, ctr: u32) {
+    ///     let (coop, gin) = (CoopCta, Gin::new(comm, 0));
+    ///     gin.flush(coop); // every put that asked for `ctr` has completed and counted
+    ///     if coop.thread_rank() == 0 {
+    ///         gin.reset_counter(ctr); // one thread
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub fn reset_counter(&self, id: u32) {
         let v = self.read_counter(id);
@@ -1050,6 +1621,40 @@ fn local_id(l: LocalAction) -> u32 {
 /// turn (the world team, then the rail team of a hybrid barrier). Strong signals make it a
 /// release/acquire barrier: what a rank put (on the same context) before it is visible to
 /// every member after it.
+///
+/// ```no_run
+/// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+/// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+/// # use ferrolink_device::barrier::BarrierError;
+/// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+/// /// `rounds` rounds of puts to every other rank, each ended by GIN barrier `b` over the world.
+/// fn rounds_of_puts(comm: &DevComm, dst: DevWindow, src: DevWindow, bytes: usize, rounds: u32) {
+///     let (coop, gin, world) = (CoopCta, Gin::new(comm, 0), comm.world());
+///     let b = ferrolink_device::arch::block_idx_x() as u32;
+///     // One session per index for the whole kernel: it keeps the barrier's round count.
+///     let mut barrier = GinBarrierSession::new(coop, gin, world, b);
+///     for _ in 0..rounds {
+///         for p in (0..comm.nranks).filter(|&p| p != comm.rank) {
+///             // SAFETY: ranges inside the windows (checked too); block `me` of every `dst` has
+///             // this rank as its only writer, read between the barriers; `src` is unchanged.
+///             unsafe {
+///                 gin.put(coop, world, p, dst, comm.rank as usize * bytes, src, 0, bytes,
+///                         RemoteAction::None, LocalAction::None)
+///             };
+///         }
+///         // Past it, every member's puts of the round (same context) have landed here.
+///         if barrier.sync().is_err() {
+///             break; // aborted
+///         }
+///         // ... read the blocks of `dst` ...
+///         // No member puts the next round into `dst` before every member has read it.
+///         if barrier.sync().is_err() {
+///             break;
+///         }
+///     }
+///     gin.flush(coop);
+/// }
+/// ```
 pub struct GinBarrierSession<'a, C: Coop> {
     gin: Gin<'a>,
     coop: C,
@@ -1063,6 +1668,19 @@ impl<'a, C: Coop> GinBarrierSession<'a, C> {
     /// Opens GIN barrier `index` (< the communicator's GIN barrier count; checked) over `team`
     /// on `gin`'s context. One coop per index at a time; every rank of the team uses the
     /// same team and index.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// fn rail_barrier(comm: &DevComm) -> Result<(), BarrierError> {
+    ///     let gin = Gin::new(comm, 0);
+    ///     // GIN barrier 0 over this rank's rail (one rank per LSA domain).
+    ///     let mut bar = GinBarrierSession::new(CoopCta, gin, comm.rail(), 0);
+    ///     bar.sync()
+    /// }
+    /// ```
     #[inline(always)]
     pub fn new(coop: C, gin: Gin<'a>, team: Team, index: u32) -> Self {
         let g = gin.g();
@@ -1085,6 +1703,18 @@ impl<'a, C: Coop> GinBarrierSession<'a, C> {
 
     /// Signals every other member of the team, then waits for all of them (acquiring what
     /// they released). `Err(Aborted)` if the communicator was aborted meanwhile.
+    ///
+    /// ```no_run
+    /// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+    /// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+    /// # use ferrolink_device::barrier::BarrierError;
+    /// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    /// fn meet_twice(comm: &DevComm) -> Result<(), BarrierError> {
+    ///     let mut bar = GinBarrierSession::new(CoopCta, Gin::new(comm, 0), comm.world(), 0);
+    ///     bar.sync()?; // round 1
+    ///     bar.sync() // round 2: the session counts the rounds
+    /// }
+    /// ```
     #[inline(always)]
     pub fn sync(&mut self) -> Result<(), BarrierError> {
         self.coop.sync();
@@ -1182,6 +1812,18 @@ fn seq_reached64(value: u64, target: u64) -> bool {
 ///
 /// # Safety
 /// As [`crate::LsaBarrierSession::new`] for LSA barrier `index`.
+///
+/// ```no_run
+/// # use ferrolink_device::{Coop, CoopCta, CoopThread, DevComm, DevWindow};
+/// # use ferrolink_device::gin::{Gin, GinBarrierSession, LocalAction, RemoteAction, hybrid_sync};
+/// # use ferrolink_device::barrier::BarrierError;
+/// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+/// /// A barrier over every rank of the communicator, across LSA domains.
+/// fn everyone(comm: &DevComm) -> Result<(), BarrierError> {
+///     // SAFETY: LSA barrier 0 is this kernel's (no other coop uses it meanwhile).
+///     unsafe { hybrid_sync(CoopCta, comm, 0, 0) }
+/// }
+/// ```
 #[inline(always)]
 pub unsafe fn hybrid_sync<C: Coop>(coop: C, comm: &DevComm, context: u32, index: u32) -> Result<(), BarrierError> {
     // SAFETY: forwarded contract.

@@ -16,6 +16,21 @@ use core::marker::PhantomData;
 
 /// A kernel declared with [`kernel!`](crate::kernel!): its PTX entry name and, on the host,
 /// the function the CPU emulator runs per thread. `A` is the tuple of its argument types.
+///
+/// ```
+/// use ferrolink_device::emulator::{self, LaunchSpec};
+/// use ferrolink_device::kernel::Kernel;
+/// use ferrolink_device::kernels::copy::ferrolink_copy;
+/// # use std::time::Duration;
+/// let k: &Kernel<(*mut u8, *const u8, usize)> = &ferrolink_copy;
+/// let src: Vec<u8> = (0..100).collect();
+/// let mut dst = vec![0u8; 100];
+/// let spec = LaunchSpec { name: k.name(), grid: [2, 1, 1], block: [32, 1, 1], shared_mem_bytes: 0,
+///     timeout: Duration::from_secs(10) };
+/// // SAFETY: both buffers hold 100 bytes and outlive the launch (the kernel's contract).
+/// unsafe { emulator::launch(&spec, k.host_entry(), (dst.as_mut_ptr(), src.as_ptr(), 100)) }.unwrap();
+/// assert_eq!(dst, src);
+/// ```
 pub struct Kernel<A> {
     name: &'static str,
     #[cfg(not(target_arch = "nvptx64"))]
@@ -35,12 +50,36 @@ impl<A> Kernel<A> {
     }
 
     /// The PTX entry point's name.
+    ///
+    /// ```
+    /// assert_eq!(ferrolink_device::kernels::copy::ferrolink_copy.name(), "ferrolink_copy");
+    /// ```
     pub const fn name(&self) -> &'static str {
         self.name
     }
 
     /// The per-thread function the CPU emulator runs. Calling it is the kernel body itself,
     /// so it is `unsafe` with the kernel's contract (and needs an emulator thread context).
+    ///
+    /// ```
+    /// use ferrolink_device::{arch, kernel};
+    /// use ferrolink_device::emulator::{self, LaunchSpec};
+    /// # use std::time::Duration;
+    /// kernel! {
+    ///     /// Writes each thread's index in the grid.
+    ///     pub unsafe fn ids(out: *mut u32) {
+    ///         let i = arch::global_thread_idx_x();
+    ///         // SAFETY: the launcher passes a word per thread.
+    ///         unsafe { *out.add(i) = i as u32 };
+    ///     }
+    /// }
+    /// let spec = LaunchSpec { name: ids.name(), grid: [2, 1, 1], block: [4, 1, 1], shared_mem_bytes: 0,
+    ///     timeout: Duration::from_secs(10) };
+    /// let mut out = vec![0u32; 8];
+    /// // SAFETY: `out` has a word per thread and outlives the launch.
+    /// unsafe { emulator::launch(&spec, ids.host_entry(), (out.as_mut_ptr(),)) }.unwrap();
+    /// assert_eq!(out, (0..8).collect::<Vec<u32>>());
+    /// ```
     #[cfg(not(target_arch = "nvptx64"))]
     pub fn host_entry(&self) -> unsafe fn(A) {
         self.host_entry
@@ -92,6 +131,13 @@ macro_rules! kernel {
 }
 
 /// The names of the kernel entries (`.entry NAME(`) declared in a PTX text.
+///
+/// ```
+/// use ferrolink_device::kernel::ptx_entry_names;
+/// let ptx = ".version 8.6\n.visible .entry add_one(\n\t.param .u64 add_one_param_0\n)\n{\n\tret;\n}\n\
+///            .entry helper (\n)\n{\n\tret;\n}\n";
+/// assert_eq!(ptx_entry_names(ptx).collect::<Vec<_>>(), ["add_one", "helper"]);
+/// ```
 pub fn ptx_entry_names(ptx: &str) -> impl Iterator<Item = &str> {
     ptx.lines().filter_map(|line| {
         let rest = line.trim_start();
@@ -102,6 +148,42 @@ pub fn ptx_entry_names(ptx: &str) -> impl Iterator<Item = &str> {
 }
 
 /// A type that can be passed to a kernel by value.
+///
+/// ```
+/// use ferrolink_device::{arch, kernel};
+/// use ferrolink_device::kernel::KernelParam;
+/// # use ferrolink_device::emulator::{self, LaunchSpec};
+/// # use std::time::Duration;
+/// /// A range of words, passed by value.
+/// #[repr(C)]
+/// #[derive(Clone, Copy)]
+/// pub struct Range {
+///     pub start: u64,
+///     pub len: u64,
+/// }
+/// // SAFETY: `#[repr(C)]` of two `u64`s, no padding; plain numbers, no addresses.
+/// unsafe impl KernelParam for Range {
+///     const HOLDS_ADDRESS: bool = false;
+/// }
+/// kernel! {
+///     /// Writes `range.start + i` into word `i` of `out`, for `i < range.len`.
+///     pub unsafe fn iota(range: Range, out: *mut u64) {
+///         let i = arch::global_thread_idx_x();
+///         if (i as u64) < range.len {
+///             // SAFETY: the launcher passes `range.len` words.
+///             unsafe { *out.add(i) = range.start + i as u64 };
+///         }
+///     }
+/// }
+/// assert!(!<u32 as KernelParam>::HOLDS_ADDRESS && <*mut u64 as KernelParam>::HOLDS_ADDRESS);
+/// # let spec = LaunchSpec { name: "iota", grid: [1, 1, 1], block: [8, 1, 1], shared_mem_bytes: 0,
+/// #     timeout: Duration::from_secs(10) };
+/// let mut out = vec![0u64; 5];
+/// // SAFETY: `out` holds `len` words and outlives the launch.
+/// unsafe { emulator::launch(&spec, iota.host_entry(), (Range { start: 10, len: 5 }, out.as_mut_ptr())) }
+///     .unwrap();
+/// assert_eq!(out, [10, 11, 12, 13, 14]);
+/// ```
 ///
 /// # Safety
 /// The type's size and layout must match the PTX parameter rustc's nvptx backend emits for
@@ -193,6 +275,18 @@ unsafe impl KernelParam for crate::comm::LsaBarrierHandle {
 
 /// A tuple of [`KernelParam`]s: the arguments of one launch, matching a kernel's declared
 /// parameter types exactly (the [`Kernel`] type says which).
+///
+/// ```
+/// use ferrolink_device::kernel::KernelArgs;
+/// let args = (7u32, 2.5f32);
+/// assert!(!<(u32, f32)>::HOLDS_ADDRESS);
+/// assert!(<(u32, *mut u8)>::HOLDS_ADDRESS);
+/// args.with_param_ptrs(|ptrs| {
+///     assert_eq!(ptrs.len(), 2);
+///     // SAFETY: each pointer points to the argument of its position, alive during the call.
+///     unsafe { assert_eq!((*(ptrs[0] as *const u32), *(ptrs[1] as *const f32)), (7, 2.5)) };
+/// });
+/// ```
 pub trait KernelArgs: Copy + 'static {
     /// Whether any argument holds a device address ([`KernelParam::HOLDS_ADDRESS`]).
     const HOLDS_ADDRESS: bool;

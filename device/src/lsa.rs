@@ -15,6 +15,26 @@ use crate::kernels::copy::copy_bytes;
 ///
 /// # Safety
 /// As `copy_bytes` for the whole range; every thread of the coop calls with the same arguments.
+///
+/// # Examples
+///
+/// ```
+/// use ferrolink_device::{arch, lsa, CoopCta};
+/// # use ferrolink_device::emulator::{self, LaunchSpec};
+/// # let spec = |name, grid| LaunchSpec { name, grid: [grid, 1, 1], block: [32, 1, 1], shared_mem_bytes: 0,
+/// #     timeout: std::time::Duration::from_secs(30) };
+/// /// Each CTA copies its part of `bytes` bytes.
+/// unsafe fn grid_copy(args: (*mut u8, *const u8, usize)) {
+///     let (dst, src, bytes) = args;
+///     // SAFETY: both hold `bytes` bytes (the launch below); parts do not overlap.
+///     unsafe { lsa::copy(CoopCta, dst, src, bytes, arch::block_idx_x(), arch::grid_dim_x()) };
+/// }
+/// let src: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+/// let mut dst = vec![0u8; 1000];
+/// // SAFETY: `src` and `dst` hold 1000 bytes each and outlive the launch.
+/// unsafe { emulator::launch(&spec("grid_copy", 3), grid_copy, (dst.as_mut_ptr(), src.as_ptr(), 1000)) }.unwrap();
+/// assert_eq!(dst, src);
+/// ```
 #[inline(always)]
 pub unsafe fn copy<C: Coop>(coop: C, dst: *mut u8, src: *const u8, bytes: usize, part: usize, parts: usize) {
     let (start, len) = split_16(bytes, part, parts);
@@ -23,6 +43,14 @@ pub unsafe fn copy<C: Coop>(coop: C, dst: *mut u8, src: *const u8, bytes: usize,
 }
 
 /// The `part`-th of `parts` pieces of `[0, bytes)`, cut at multiples of 16 bytes.
+///
+/// ```
+/// use ferrolink_device::lsa::split_16;
+/// // 1000 bytes in 4 pieces of 256 bytes (cut at multiples of 16); the last is short.
+/// assert_eq!(split_16(1000, 0, 4), (0, 256));
+/// assert_eq!(split_16(1000, 3, 4), (768, 232));
+/// assert_eq!(split_16(100, 3, 4), (96, 4));
+/// ```
 #[inline(always)]
 pub fn split_16(bytes: usize, part: usize, parts: usize) -> (usize, usize) {
     let chunk = bytes.div_ceil(parts.max(1)).next_multiple_of(16);
@@ -32,6 +60,21 @@ pub fn split_16(bytes: usize, part: usize, parts: usize) -> (usize, usize) {
 
 /// An element type the reduce helpers sum: any element type of the collectives
 /// ([`crate::coll::CollElem`]: `f32`, `f64`, `u32`, `f16`, `bf16`, `i32`, `i64`, `u8`).
+///
+/// ```
+/// use ferrolink_device::lsa::{reduce_sum, ReduceElem};
+/// use ferrolink_device::CoopThread;
+///
+/// /// `a + b` element-wise, by one thread.
+/// fn add<T: ReduceElem>(a: &[T], b: &[T], out: &mut [T]) {
+///     assert!(a.len() == out.len() && b.len() == out.len());
+///     // SAFETY: three distinct slices of `out.len()` elements.
+///     unsafe { reduce_sum(CoopThread, &[out.as_mut_ptr()], &[a.as_ptr(), b.as_ptr()], out.len(), 0, 1) };
+/// }
+/// let mut out = [0i64; 3];
+/// add(&[1, 2, 3], &[10, 20, 30], &mut out);
+/// assert_eq!(out, [11, 22, 33]);
+/// ```
 pub trait ReduceElem: CollElem {}
 
 impl<T: CollElem> ReduceElem for T {}
@@ -45,6 +88,27 @@ impl<T: CollElem> ReduceElem for T {}
 /// Every source is valid for reads and every destination for writes of `count` elements;
 /// destinations overlap no source; all pointers are aligned to `T`; nothing else writes them
 /// during the call; every thread of the coop calls with the same arguments.
+///
+/// # Examples
+///
+/// ```
+/// use ferrolink_device::{lsa, CoopCta};
+/// # use ferrolink_device::emulator::{self, LaunchSpec};
+/// # let spec = |name, grid| LaunchSpec { name, grid: [grid, 1, 1], block: [32, 1, 1], shared_mem_bytes: 0,
+/// #     timeout: std::time::Duration::from_secs(30) };
+/// /// One CTA sums `a` and `b` into both `d0` and `d1` (reduce and broadcast in one pass).
+/// unsafe fn sum2(args: (*mut f32, *mut f32, *const f32, *const f32, usize)) {
+///     let (d0, d1, a, b, n) = args;
+///     // SAFETY: four distinct arrays of `n` floats (the launch below).
+///     unsafe { lsa::reduce_sum(CoopCta, &[d0, d1], &[a, b], n, 0, 1) };
+/// }
+/// let (a, b) = (vec![1.5f32; 100], vec![2.0f32; 100]);
+/// let (mut d0, mut d1) = (vec![0f32; 100], vec![0f32; 100]);
+/// let args = (d0.as_mut_ptr(), d1.as_mut_ptr(), a.as_ptr(), b.as_ptr(), 100);
+/// // SAFETY: all four hold 100 floats and outlive the launch.
+/// unsafe { emulator::launch(&spec("sum2", 1), sum2, args) }.unwrap();
+/// assert!(d0.iter().chain(&d1).all(|&x| x == 3.5));
+/// ```
 #[inline(always)]
 pub unsafe fn reduce_sum<T: ReduceElem, C: Coop>(
     coop: C,
@@ -63,6 +127,30 @@ pub unsafe fn reduce_sum<T: ReduceElem, C: Coop>(
 ///
 /// # Safety
 /// As [`reduce_sum`], for every peer's slot of `window` at `offset`.
+///
+/// # Examples
+///
+/// ```no_run
+/// use ferrolink_device::{arch, kernel, lsa, CoopCta, DevComm, DevWindow, LsaBarrierSession};
+/// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+/// kernel! {
+///     /// One-shot all-reduce: every rank's input is `count` floats at offset 0 of its slot of
+///     /// `win`; CTA `b` sums part `b` of every peer's input into `out`.
+///     ///
+///     /// # Safety
+///     /// `comm`, `win` from live handles; `win.size >= count * 4`; `out` holds `count`
+///     /// floats; `grid <= lsa_barrier_count`.
+///     pub unsafe fn allreduce_sum(comm: DevComm, win: DevWindow, out: *mut f32, count: usize) {
+///         let b = arch::block_idx_x();
+///         // SAFETY: one barrier per CTA (kernel contract).
+///         let mut bar = unsafe { LsaBarrierSession::new(CoopCta, &comm, b as u32) };
+///         bar.sync(); // before: every peer's input is complete
+///         // SAFETY: every peer's slot holds `count` floats at offset 0; `out` holds `count`.
+///         unsafe { lsa::reduce_sum_window(CoopCta, &[out], &win, 0, count, b, arch::grid_dim_x()) };
+///         bar.sync(); // after: no peer overwrites its input while others still read it
+///     }
+/// }
+/// ```
 #[inline(always)]
 pub unsafe fn reduce_sum_window<T: ReduceElem, C: Coop>(
     coop: C,
@@ -84,6 +172,18 @@ pub unsafe fn reduce_sum_window<T: ReduceElem, C: Coop>(
 ///
 /// # Safety
 /// As [`reduce_sum`].
+///
+/// # Examples
+///
+/// ```
+/// use ferrolink_device::{lsa, CoopThread};
+/// // Sum the 3 rows of a 3x4 matrix: source `s` is row `s`, computed, not tabled.
+/// let m: [u32; 12] = [1, 2, 3, 4, 10, 20, 30, 40, 100, 200, 300, 400];
+/// let mut out = [0u32; 4];
+/// // SAFETY: each row holds 4 elements; `out` is distinct; one thread.
+/// unsafe { lsa::reduce_sum_with(CoopThread, &[out.as_mut_ptr()], 3, |s| m[4 * s..].as_ptr(), 4, 0, 1) };
+/// assert_eq!(out, [111, 222, 333, 444]);
+/// ```
 #[inline(always)]
 pub unsafe fn reduce_sum_with<T: ReduceElem, C: Coop>(
     coop: C,

@@ -162,50 +162,132 @@ pub mod low_latency;
 /// The GIN signals the MoE kernels use (on GIN context 0 of their own device communicator).
 pub mod signal {
     /// Count rows received (one per rank per dispatch).
+    ///
+    /// ```
+    /// use ferrolink_device::moe::signal;
+    /// // Each rank's part reaches `epoch` at dispatch `epoch` (one count row per rank per call).
+    /// assert!(signal::COUNTS < signal::COUNT);
+    /// ```
     pub const COUNTS: u32 = 0;
     /// Token rows received (dispatch).
+    ///
+    /// ```
+    /// use ferrolink_device::moe::signal;
+    /// assert!(signal::DATA < signal::COUNT);
+    /// ```
     pub const DATA: u32 = 1;
     /// Expert results received (combine).
+    ///
+    /// ```
+    /// use ferrolink_device::moe::signal;
+    /// assert!(signal::RETURN < signal::COUNT);
+    /// ```
     pub const RETURN: u32 = 2;
     /// A direct peer's expert results may be read in place (combine).
+    ///
+    /// ```
+    /// use ferrolink_device::moe::signal;
+    /// // A combine waits until it reaches `epoch` times the direct peers.
+    /// assert!(signal::READY < signal::COUNT);
+    /// ```
     pub const READY: u32 = 3;
     /// Rows an expert kernel added into this rank's accumulators (the fused combine: see
     /// [`super::fused`]).
+    ///
+    /// ```
+    /// use ferrolink_device::moe::signal;
+    /// assert!(signal::FUSED < signal::COUNT);
+    /// ```
     pub const FUSED: u32 = 4;
     /// Token rows received for relaying into this rank's LSA domain (the dispatch across
     /// domains: see [`super::Relay`]).
+    ///
+    /// ```
+    /// use ferrolink_device::moe::signal;
+    /// assert!(signal::RELAY < signal::COUNT);
+    /// ```
     pub const RELAY: u32 = 5;
     /// Weights received for summing relayed tokens' results (the combine across domains:
     /// see [`super::Relay`]).
+    ///
+    /// ```
+    /// use ferrolink_device::moe::signal;
+    /// assert!(signal::WEIGHTS < signal::COUNT);
+    /// ```
     pub const WEIGHTS: u32 = 6;
     /// Signals in all.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::signal::*;
+    /// // The host asks for this many GIN signals on the MoE's device communicator.
+    /// assert_eq!([COUNTS, DATA, RETURN, READY, FUSED, RELAY, WEIGHTS].len() as u32, COUNT);
+    /// ```
     pub const COUNT: u32 = 7;
 }
 
 /// A result row meaning "nothing comes back": no expert (`-1`), or dropped at capacity.
+///
+/// ```
+/// use ferrolink_device::moe::{NO_RETURN, ResultPlace, comes_back};
+/// // A dropped entry (or one without an expert): the combine adds nothing for it.
+/// assert!(!comes_back(ResultPlace { row: NO_RETURN, rank: 0 }));
+/// ```
 pub const NO_RETURN: u32 = u32::MAX;
 
 /// [`ResultPlace::rank`] of a result put back into this rank's return window (a bf16 row,
 /// weighted by the combine).
+///
+/// ```
+/// use ferrolink_device::moe::{PUSHED, ResultPlace, comes_back};
+/// // Row 5 of this rank's return window, put back by an expert's rank in another domain:
+/// assert!(comes_back(ResultPlace { row: 5, rank: PUSHED }));
+/// ```
 pub const PUSHED: u32 = u32::MAX;
 
 /// [`ResultPlace::rank`] of the entry that reads its relay's sum (the combine across
 /// domains, [`Relay`]): the token's results in one other domain, weighted and summed there
 /// in `f32`, come back as one row of `4 * hidden` bytes at `row` of the return window.
+///
+/// ```
+/// use ferrolink_device::moe::{RELAYED_SUM, ResultPlace, comes_back};
+/// // The relay's `f32` sum of the token's results in one other domain, at return row 2:
+/// assert!(comes_back(ResultPlace { row: 2, rank: RELAYED_SUM }));
+/// ```
 pub const RELAYED_SUM: u32 = u32::MAX - 1;
 
 /// [`ResultPlace::rank`] of a kept entry whose result is in its group's [`RELAYED_SUM`] (the
 /// combine adds nothing for it; the fused combine, which returns every entry, does).
+///
+/// ```
+/// use ferrolink_device::moe::{RELAYED_PART, ResultPlace, comes_back};
+/// // Part of a relayed sum: the plain combine adds nothing for it, the fused finish its return row.
+/// assert!(comes_back(ResultPlace { row: 3, rank: RELAYED_PART }));
+/// ```
 pub const RELAYED_PART: u32 = u32::MAX - 2;
 
 /// Whether a kept result comes back into the return window (not read in place): the fused
 /// finish adds such entries' return rows.
+///
+/// ```
+/// use ferrolink_device::moe::{PUSHED, ResultPlace, comes_back};
+/// // Read in place in world rank 1's receive window: does not come back.
+/// assert!(!comes_back(ResultPlace { row: 4, rank: 1 }));
+/// assert!(comes_back(ResultPlace { row: 4, rank: PUSHED }));
+/// ```
 #[inline(always)]
 pub const fn comes_back(place: ResultPlace) -> bool {
     place.row != NO_RETURN && place.rank >= RELAYED_PART
 }
 
 /// Where an entry's result will be (two `u32`, written by the dispatch, read by the combine).
+///
+/// ```
+/// use ferrolink_device::moe::ResultPlace;
+/// // Two `u32` per entry: `ret_index` holds `tokens * top_k` of them.
+/// assert_eq!(size_of::<ResultPlace>(), 8);
+/// let in_place = ResultPlace { row: 12, rank: 3 }; // row 12 of rank 3's receive window
+/// assert_eq!(in_place, ResultPlace { row: 12, rank: 3 });
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct ResultPlace {
@@ -218,9 +300,36 @@ pub struct ResultPlace {
 }
 
 /// The most CTAs a dispatch grid may have (the state's scratch holds a count row per CTA).
+///
+/// ```
+/// use ferrolink_device::moe::MAX_CTAS;
+/// // The host clamps the dispatch grid to it.
+/// let grid = 100_000usize.div_ceil(64).clamp(1, MAX_CTAS);
+/// assert_eq!(grid, 256);
+/// ```
 pub const MAX_CTAS: usize = 256;
 
 /// What the MoE kernels run with (the same on every rank but `tokens` and the addresses).
+///
+/// ```
+/// use ferrolink_device::moe::MoeArgs;
+/// // What the host's `Moe` fills in for a dispatch of 6 bf16 tokens over a grid of 3 CTAs,
+/// // before the device addresses:
+/// let (tokens, top_k, grid) = (6u32, 2u32, 3u32);
+/// let args = MoeArgs {
+///     tokens,
+///     top_k,
+///     num_experts: 8,
+///     capacity: 12,
+///     hidden: 64,
+///     chunk: tokens.div_ceil(grid) * top_k, // whole tokens per CTA
+///     x_units: 64 / 8,                      // a bf16 row: hidden / 8 units of 16 bytes
+///     epoch: 1,
+///     max_tokens: 6,
+///     ..MoeArgs::default()
+/// };
+/// assert!(args.chunk * grid >= args.tokens * args.top_k); // the chunks cover every entry
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct MoeArgs {
@@ -271,6 +380,14 @@ pub struct MoeArgs {
 }
 
 /// Running totals of one rank's MoE calls, in device memory (written by one thread each).
+///
+/// ```
+/// use ferrolink_device::moe::{MoeState, count_columns, scratch_bytes};
+/// // The state opens the dispatch's scratch; the host reads it back, e.g. the entries dropped:
+/// let scratch = vec![0u8; scratch_bytes(count_columns(8, 0))];
+/// let state: MoeState = bytemuck::pod_read_unaligned(&scratch[..size_of::<MoeState>()]);
+/// assert_eq!(state.dropped, 0);
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct MoeState {
@@ -309,22 +426,43 @@ pub struct MoeState {
     pub weights_done: u64,
 }
 
-/// Bytes of the state and the dispatch's scratch after it, for `columns` count columns
-/// ([`count_columns`]): the [`MoeState`], a flag per CTA, and a count row (`u32` per column)
-/// per CTA.
+/// Bytes of the state and the dispatch's scratch after it, for `num_experts` count columns
+/// (pass [`count_columns`], which adds a column per relay domain to the experts): the
+/// [`MoeState`], a flag per CTA, and a count row (`u32` per column) per CTA.
+///
+/// ```
+/// use ferrolink_device::moe::{MAX_CTAS, MoeState, count_columns, scratch_bytes};
+/// // Sized by the count columns, as the host's `Moe` does (16 experts, no relay):
+/// let bytes = scratch_bytes(count_columns(16, 0));
+/// assert_eq!(bytes, size_of::<MoeState>() + 8 * MAX_CTAS + 4 * MAX_CTAS * 16);
+/// ```
 pub const fn scratch_bytes(num_experts: usize) -> usize {
     core::mem::size_of::<MoeState>() + 8 * MAX_CTAS + 4 * MAX_CTAS * num_experts
 }
 
-/// Dynamic shared memory the dispatch needs per CTA: three `u32` arrays of `num_experts`,
-/// two of `chunk`, an aligned `u64`, and a `PeerTally` (`num_experts` words cover any
-/// number of ranks).
+/// Dynamic shared memory the dispatch needs per CTA, for `num_experts` count columns (pass
+/// [`count_columns`], as for [`scratch_bytes`]): three `u32` arrays of that many, two of
+/// `chunk`, an aligned `u64`, and a `PeerTally` (that many words cover any number of
+/// ranks).
+///
+/// ```
+/// use ferrolink_device::moe::{count_columns, dispatch_shared_bytes};
+/// // 16 experts, 2 relay domains, 32 entries per CTA:
+/// let shared = dispatch_shared_bytes(count_columns(16, 2), 32);
+/// assert_eq!(shared, 552);
+/// ```
 pub const fn dispatch_shared_bytes(num_experts: usize, chunk: usize) -> usize {
     4 * (target_word(num_experts, chunk) + 2 + num_experts)
 }
 
 /// Columns of a count row: one per expert, then, when rows are relayed, one per LSA domain
 /// (the rank's tokens relayed into that domain).
+///
+/// ```
+/// use ferrolink_device::moe::count_columns;
+/// assert_eq!(count_columns(16, 0), 16); // no relay: a column per expert
+/// assert_eq!(count_columns(16, 2), 18); // and one per LSA domain
+/// ```
 pub const fn count_columns(num_experts: usize, relay_domains: usize) -> usize {
     num_experts + relay_domains
 }
@@ -345,6 +483,15 @@ pub const fn count_columns(num_experts: usize, relay_domains: usize) -> usize {
 /// token's entry `k`; one whose `epoch` is not the call's low word is not for this call). A
 /// weights message: `epoch: u32` (low word), the return row, the [`RelayGroup`] kind (1 or
 /// 2), 0, then the token's `top_k` weights (`f32`), padded to 16 bytes.
+///
+/// ```
+/// use ferrolink_device::moe::Relay;
+/// // 2 domains of 4 ranks, 128 tokens per rank, top_k 8, hidden 4096:
+/// let r = Relay::new(2, 4, 128, 8, 4096);
+/// assert_eq!(r.slot, r.desc + 4 * 4096); // a descriptor and an f32 row
+/// // One other domain: 128 of each kind of slot.
+/// assert_eq!(r.window_bytes(), 128 * (r.slot + r.desc + 2 * r.weights));
+/// ```
 #[derive(Clone, Copy)]
 pub struct Relay {
     /// LSA domains.
@@ -363,6 +510,13 @@ pub struct Relay {
 
 impl Relay {
     /// The layout for these sizes.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::Relay;
+    /// let r = Relay::new(2, 4, 128, 8, 4096);
+    /// assert_eq!(r.desc, 16 + 16 * 8); // a head and a target per entry
+    /// assert_eq!(r.weights, 16 + 32); // a head and 8 f32 weights
+    /// ```
     pub const fn new(domains: usize, lsa_size: usize, max_tokens: usize, top_k: usize, hidden: usize) -> Relay {
         let desc = 16 + 16 * top_k;
         Relay {
@@ -376,6 +530,13 @@ impl Relay {
     }
 
     /// Bytes of the relay window.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::Relay;
+    /// // 3 domains of 2 ranks: 2 other domains of 16 tokens each.
+    /// let r = Relay::new(3, 2, 16, 2, 64);
+    /// assert_eq!(r.window_bytes(), 2 * 16 * (r.slot + r.desc + 2 * r.weights));
+    /// ```
     pub const fn window_bytes(&self) -> usize {
         self.regions() * (self.slot + self.desc + 2 * self.weights)
     }
@@ -397,17 +558,39 @@ impl Relay {
 
     /// Offset of the inbound slot of token `t` from domain `src_domain`, in a relay of
     /// domain `relay_domain`.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::Relay;
+    /// let r = Relay::new(3, 2, 16, 2, 64); // 3 domains, 16 tokens per rank
+    /// // In a relay of domain 1, the slots of domain 0 come first, then those of domain 2:
+    /// assert_eq!(r.inbound(0, 1, 0), 0);
+    /// assert_eq!(r.inbound(2, 1, 5), (16 + 5) * r.slot);
+    /// ```
     pub const fn inbound(&self, src_domain: usize, relay_domain: usize, t: usize) -> usize {
         (Self::other(src_domain, relay_domain) * self.max_tokens + t) * self.slot
     }
 
     /// Offset of this rank's (domain `mine`) outbound descriptor of token `t` for domain `d`.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::Relay;
+    /// let r = Relay::new(3, 2, 16, 2, 64); // 3 domains, 16 tokens per rank
+    /// // After every inbound slot:
+    /// assert_eq!(r.outbound(0, 1, 0), r.inbound(2, 1, 15) + r.slot);
+    /// ```
     pub const fn outbound(&self, d: usize, mine: usize, t: usize) -> usize {
         self.regions() * self.slot + (Self::other(d, mine) * self.max_tokens + t) * self.desc
     }
 
     /// Offset of the inbound weights message of token `t` from domain `src_domain`, in a
     /// relay of domain `relay_domain`.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::Relay;
+    /// let r = Relay::new(3, 2, 16, 2, 64); // 3 domains, 16 tokens per rank
+    /// // After every outbound descriptor:
+    /// assert_eq!(r.inbound_weights(0, 1, 0), r.outbound(2, 1, 15) + r.desc);
+    /// ```
     pub const fn inbound_weights(&self, src_domain: usize, relay_domain: usize, t: usize) -> usize {
         self.regions() * (self.slot + self.desc)
             + (Self::other(src_domain, relay_domain) * self.max_tokens + t) * self.weights
@@ -415,6 +598,14 @@ impl Relay {
 
     /// Offset of this rank's (domain `mine`) outbound weights message of token `t` for
     /// domain `d`.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::Relay;
+    /// let r = Relay::new(3, 2, 16, 2, 64); // 3 domains, 16 tokens per rank
+    /// assert_eq!(r.outbound_weights(0, 1, 0), r.inbound_weights(2, 1, 15) + r.weights);
+    /// // The last region of the window:
+    /// assert_eq!(r.outbound_weights(2, 1, 15) + r.weights, r.window_bytes());
+    /// ```
     pub const fn outbound_weights(&self, d: usize, mine: usize, t: usize) -> usize {
         self.regions() * (self.slot + self.desc + self.weights)
             + (Self::other(d, mine) * self.max_tokens + t) * self.weights
@@ -427,6 +618,12 @@ impl Relay {
 /// one entry's bf16 row (`count` 1: kind 1, one row, weighted at the token's rank) or as
 /// their weighted sum in `f32` (kind 2, two rows). The rows of a token's groups fit its
 /// `top_k` rows: a group takes at most as many as it has entries.
+///
+/// ```
+/// use ferrolink_device::moe::RelayGroup;
+/// // A group never takes more return rows than it has entries.
+/// assert!((1..=8).all(|count| RelayGroup::rows(count) <= count));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RelayGroup {
     /// The token's entries with an expert in the domain.
@@ -439,6 +636,18 @@ impl RelayGroup {
     /// The group of token `t`'s entries (`expert(kk)` for `kk < top_k`: the expert of entry
     /// `kk`, `None` for none) in domain `d`, where `domain_of` maps an expert to its domain
     /// and `mine` is the token's own domain (no group).
+    ///
+    /// ```
+    /// use ferrolink_device::moe::RelayGroup;
+    /// // Token 1 of a rank in domain 0, top_k 4, experts 1, 5, 6, 9, four experts per domain:
+    /// let experts = [1usize, 5, 6, 9];
+    /// let expert = |k: usize| Some(experts[k]);
+    /// let domain_of = |e: usize| e / 4;
+    /// // Two entries in domain 1: their f32 sum, rows 4 and 5 (the token's rows are 4..8).
+    /// assert_eq!(RelayGroup::of(1, 4, 1, 0, expert, domain_of), RelayGroup { count: 2, row: 4 });
+    /// // One in domain 2: its bf16 row, after domain 1's group.
+    /// assert_eq!(RelayGroup::of(1, 4, 2, 0, expert, domain_of), RelayGroup { count: 1, row: 6 });
+    /// ```
     #[inline(always)]
     pub fn of(
         t: usize,
@@ -466,11 +675,23 @@ impl RelayGroup {
     }
 
     /// Return rows of a group of `count` entries: the one bf16 row, or an `f32` row.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::RelayGroup;
+    /// assert_eq!(RelayGroup::rows(1), 1); // the one bf16 row
+    /// assert_eq!(RelayGroup::rows(3), 2); // an f32 sum: twice a bf16 row
+    /// ```
     pub const fn rows(count: usize) -> usize {
         if count == 1 { 1 } else { 2 }
     }
 
     /// The weights message's kind: 1, the entry's row as it is; 2, the weighted sum.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::RelayGroup;
+    /// assert_eq!(RelayGroup { count: 1, row: 0 }.kind(), 1);
+    /// assert_eq!(RelayGroup { count: 3, row: 0 }.kind(), 2);
+    /// ```
     pub const fn kind(&self) -> u32 {
         if self.count == 1 { 1 } else { 2 }
     }
@@ -483,6 +704,11 @@ const fn target_word(num_experts: usize, chunk: usize) -> usize {
 
 /// Dynamic shared memory the combine needs per CTA: two `u32` per (rank, local expert) and
 /// a `PeerTally`.
+///
+/// ```
+/// use ferrolink_device::moe::combine_shared_bytes;
+/// assert_eq!(combine_shared_bytes(64), 768);
+/// ```
 pub const fn combine_shared_bytes(num_experts: usize) -> usize {
     12 * num_experts
 }
@@ -965,6 +1191,27 @@ fn check_relay(comm: &DevComm, gin: &Gin, args: &MoeArgs, relay: &DevWindow, dis
 /// addresses in `args` hold what [`MoeArgs`] says; the state's scratch is this rank's and
 /// used by one MoE kernel at a time; signals [`signal`] of GIN context 0 are these kernels';
 /// `args.epoch` counts this communicator's dispatches, and calls alternate dispatch, combine.
+///
+/// # Examples
+///
+/// ```no_run
+/// use ferrolink_device::moe::{self, MoeArgs};
+/// use ferrolink_device::{DevComm, DevWindow, arch, kernel};
+/// kernel! {
+///     /// The MoE dispatch as a kernel of one's own (as the built-in `moe_dispatch`).
+///     ///
+///     /// # Safety
+///     /// As `moe::dispatch`.
+///     pub unsafe fn my_dispatch(
+///         comm: DevComm, send: DevWindow, recv: DevWindow, counts: DevWindow, relay: DevWindow, args: MoeArgs
+///     ) {
+///         // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+///         let (block, grid) = (arch::block_idx_x(), arch::grid_dim_x());
+///         // SAFETY: the kernel's contract. False: the communicator was aborted (the host reports it).
+///         let _ = unsafe { moe::dispatch(&comm, &send, &recv, &counts, &relay, &args, block, grid) };
+///     }
+/// }
+/// ```
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn dispatch(
     comm: &DevComm,
@@ -1402,6 +1649,28 @@ pub unsafe fn dispatch(
 /// As [`dispatch`] (the same windows and `args`, after it, with [`combine_shared_bytes`] of
 /// dynamic shared memory per CTA); `args.topk_weights` and `args.out` hold `tokens * top_k`
 /// weights and `tokens * hidden` bf16, and `args.ret_index` what the dispatch wrote.
+///
+/// # Examples
+///
+/// ```no_run
+/// use ferrolink_device::moe::{self, MoeArgs};
+/// use ferrolink_device::{DevComm, DevWindow, arch, kernel};
+/// kernel! {
+///     /// The MoE combine as a kernel of one's own (as the built-in `moe_combine`), launched
+///     /// after the dispatch and the experts on the same stream.
+///     ///
+///     /// # Safety
+///     /// As `moe::combine`.
+///     pub unsafe fn my_combine(
+///         comm: DevComm, recv: DevWindow, ret: DevWindow, counts: DevWindow, relay: DevWindow, args: MoeArgs
+///     ) {
+///         // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+///         let (block, grid) = (arch::block_idx_x(), arch::grid_dim_x());
+///         // SAFETY: the kernel's contract. False: the communicator was aborted (the host reports it).
+///         let _ = unsafe { moe::combine(&comm, &recv, &ret, &counts, &relay, &args, block, grid) };
+///     }
+/// }
+/// ```
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn combine(
     comm: &DevComm,

@@ -48,12 +48,37 @@ use bytemuck::{Pod, Zeroable};
 /// Values of [`P2pOp::kind`].
 pub mod op_kind {
     /// Send `bytes` bytes from `buf` to `peer`.
+    ///
+    /// ```
+    /// # use ferrolink_device::p2p::{op_kind, P2pOp};
+    /// // Send 4096 bytes at device address 0x7000_0000 to world rank 1.
+    /// let op = P2pOp { kind: op_kind::SEND, peer: 1, buf: 0x7000_0000, bytes: 4096, ..Default::default() };
+    /// assert_eq!(op.kind, op_kind::SEND);
+    /// ```
     pub const SEND: u32 = 0;
     /// Receive `bytes` bytes from `peer` into `buf`.
+    ///
+    /// ```
+    /// # use ferrolink_device::p2p::{op_kind, P2pOp};
+    /// // Receive 4096 bytes from world rank 0 into device address 0x7000_0000.
+    /// let op = P2pOp { kind: op_kind::RECV, peer: 0, buf: 0x7000_0000, bytes: 4096, ..Default::default() };
+    /// assert_eq!(op.kind, op_kind::RECV);
+    /// ```
     pub const RECV: u32 = 1;
 }
 
-/// One operation of a group, as the host writes it into the descriptor table (four words).
+/// One operation of a group, as the host writes it into the descriptor table
+/// ([`P2P_OP_WORDS`] words).
+///
+/// ```
+/// use ferrolink_device::p2p::{op_kind, P2pArgs, P2pOp};
+/// let args = P2pArgs { channels: 2, slots: 4, chunk: 64 * 1024, ..Default::default() };
+/// // Two sends to rank 1 in one group, the pair's first chunks: the second comes after the
+/// // first (`after` = 1 + its index) and continues its sequence numbers.
+/// let first = P2pOp { kind: op_kind::SEND, peer: 1, buf: 0x7000_0000, bytes: 100_000, seq: 0, after: 0, _pad: 0 };
+/// let second = P2pOp { buf: 0x7100_0000, bytes: 16, seq: first.seq + args.chunks(first.bytes), after: 1, ..first };
+/// assert_eq!(second.seq, 2);
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct P2pOp {
@@ -76,9 +101,26 @@ pub struct P2pOp {
 }
 
 /// Words of one [`P2pOp`].
+///
+/// ```
+/// use ferrolink_device::p2p::{P2pOp, P2P_OP_WORDS};
+/// // The host writes a group's operations into the kernel's table as words.
+/// let ops = [P2pOp::default(); 3];
+/// let words: Vec<u64> = ops.iter().flat_map(|o| bytemuck::cast::<P2pOp, [u64; P2P_OP_WORDS]>(*o)).collect();
+/// assert_eq!(words.len(), 3 * P2P_OP_WORDS);
+/// ```
 pub const P2P_OP_WORDS: usize = core::mem::size_of::<P2pOp>() / 8;
 
 /// A group's size and the channels' layout (the kernel's scalar argument).
+///
+/// ```
+/// use ferrolink_device::p2p::P2pArgs;
+/// // A group of 2 operations over 2 channels of 4 slots of 64 KiB; signals 0 and 1 count
+/// // the channels' data, signals 2 and 3 their acknowledgements.
+/// let args = P2pArgs { nops: 2, channels: 2, slots: 4, chunk: 64 * 1024, data_signal: 0, ack_signal: 2, generation: 1, _pad: 0 };
+/// assert_eq!(args.chunk % (16 * args.channels), 0); // what the kernel checks
+/// assert_eq!(args.region_bytes(), 256 * 1024);
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct P2pArgs {
@@ -104,11 +146,25 @@ pub struct P2pArgs {
 
 impl P2pArgs {
     /// Bytes of one sender's region in a receive (or staging) window.
+    ///
+    /// ```
+    /// # use ferrolink_device::p2p::P2pArgs;
+    /// let args = P2pArgs { channels: 1, slots: 8, chunk: 4096, ..Default::default() };
+    /// // A receive window holds a region per sender: 4 ranks need 128 KiB on every rank.
+    /// assert_eq!(4 * args.region_bytes(), 128 * 1024);
+    /// ```
     pub const fn region_bytes(&self) -> usize {
         self.slots as usize * self.chunk as usize
     }
 
     /// Chunks of a message of `bytes` bytes.
+    ///
+    /// ```
+    /// # use ferrolink_device::p2p::P2pArgs;
+    /// let args = P2pArgs { channels: 1, slots: 8, chunk: 4096, ..Default::default() };
+    /// assert_eq!(args.chunks(10_000), 3);
+    /// assert_eq!(args.chunks(0), 0);
+    /// ```
     pub const fn chunks(&self, bytes: u64) -> u64 {
         bytes.div_ceil(self.chunk as u64)
     }
@@ -131,6 +187,26 @@ const SLOW_SWEEPS: u32 = if cfg!(target_arch = "nvptx64") { 4096 } else { 64 };
 /// every rank, used by point-to-point kernels only, one at a time per rank (the stream orders
 /// them); every rank uses the same `channels`, `slots`, `chunk` and signals; `comm` has GIN
 /// with `channels` contexts and signals `data_signal .. ack_signal + channels`.
+///
+/// # Examples
+///
+/// ```no_run
+/// use ferrolink_device::p2p::{self, P2pArgs, P2pOp};
+/// use ferrolink_device::{arch, kernel, DevComm, DevWindow};
+/// // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+/// kernel! {
+///     /// Runs one group of sends and receives; CTA `b` of the grid takes part `b`.
+///     ///
+///     /// # Safety
+///     /// As [`p2p::run`] (`ops` holds `args.nops` operations as words).
+///     pub unsafe fn p2p_group(comm: DevComm, send_win: DevWindow, recv_win: DevWindow, args: P2pArgs, ops: *const u64, progress: *mut u64) {
+///         // SAFETY: the kernel's contract.
+///         unsafe {
+///             p2p::run(&comm, &send_win, &recv_win, &args, ops as *const P2pOp, progress, arch::block_idx_x(), arch::grid_dim_x())
+///         }
+///     }
+/// }
+/// ```
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn run(
     comm: &DevComm,

@@ -10,6 +10,15 @@ use bytemuck::{Pod, Zeroable};
 use core::marker::PhantomData;
 
 /// A registered window as a kernel argument (by value, `#[repr(C)]`).
+///
+/// ```
+/// use ferrolink_device::DevWindow;
+/// // What rank 1 of an LSA domain of 4 gets for a 4 KiB window (slots 2 MiB apart).
+/// let win = DevWindow { flat_base: 0x7000_0000, stride: 0x20_0000, size: 4096, lsa_rank: 1, lsa_size: 4, id: 0, _reserved: 0 };
+/// // Peer p's buffer is slot p of the flat range; this rank's own is slot `lsa_rank`.
+/// assert_eq!(win.lsa_ptr::<u8>(0, 3) as u64, 0x7000_0000 + 3 * 0x20_0000);
+/// assert_eq!(win.local_ptr::<u8>(0), win.lsa_ptr(0, 1));
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct DevWindow {
@@ -34,12 +43,29 @@ pub struct DevWindow {
 impl DevWindow {
     /// Address of byte `offset` in LSA peer `peer`'s buffer. No bounds check: see
     /// [`DevWindow::lsa_ptr_checked`].
+    ///
+    /// ```
+    /// # use ferrolink_device::DevWindow;
+    /// // What a rank of an LSA domain of 4 gets for a 4 KiB window (2 MiB slots).
+    /// let win = DevWindow { flat_base: 0x7000_0000, stride: 0x20_0000, size: 4096, lsa_rank: 1, lsa_size: 4, ..Default::default() };
+    /// // Word 2 of peer 3's buffer:
+    /// let p: *mut u32 = win.lsa_ptr(8, 3);
+    /// assert_eq!(p as u64, 0x7000_0000 + 3 * 0x20_0000 + 8);
+    /// ```
     #[inline(always)]
     pub fn lsa_ptr<T>(&self, offset: usize, peer: u32) -> *mut T {
         (self.flat_base + peer as u64 * self.stride + offset as u64) as *mut T
     }
 
     /// Address of byte `offset` in this rank's own buffer.
+    ///
+    /// ```
+    /// # use ferrolink_device::DevWindow;
+    /// # // What a rank of an LSA domain of 4 gets for a 4 KiB window (2 MiB slots).
+    /// # let win = DevWindow { flat_base: 0x7000_0000, stride: 0x20_0000, size: 4096, lsa_rank: 1, lsa_size: 4, ..Default::default() };
+    /// let mine: *mut u32 = win.local_ptr(8);
+    /// assert_eq!(mine, win.lsa_ptr(8, win.lsa_rank));
+    /// ```
     #[inline(always)]
     pub fn local_ptr<T>(&self, offset: usize) -> *mut T {
         self.lsa_ptr(offset, self.lsa_rank)
@@ -47,6 +73,15 @@ impl DevWindow {
 
     /// [`DevWindow::lsa_ptr`] if `peer < lsa_size` and `size_of::<T>()` bytes at `offset`
     /// fit in the buffer, else `None`.
+    ///
+    /// ```
+    /// # use ferrolink_device::DevWindow;
+    /// // What a rank of an LSA domain of 4 gets for a 4 KiB window (2 MiB slots).
+    /// let win = DevWindow { flat_base: 0x7000_0000, stride: 0x20_0000, size: 4096, lsa_rank: 1, lsa_size: 4, ..Default::default() };
+    /// assert_eq!(win.lsa_ptr_checked::<u32>(4092, 3), Some(win.lsa_ptr(4092, 3)));
+    /// assert_eq!(win.lsa_ptr_checked::<u32>(4093, 3), None); // past the buffer
+    /// assert_eq!(win.lsa_ptr_checked::<u32>(0, 4), None); // no such peer
+    /// ```
     #[inline(always)]
     pub fn lsa_ptr_checked<T>(&self, offset: usize, peer: u32) -> Option<*mut T> {
         let end = offset.checked_add(core::mem::size_of::<T>())?;
@@ -54,6 +89,15 @@ impl DevWindow {
     }
 
     /// A typed symmetric pointer to element `index` of `T`s in this window.
+    ///
+    /// ```
+    /// # use ferrolink_device::DevWindow;
+    /// # // What a rank of an LSA domain of 4 gets for a 4 KiB window (2 MiB slots).
+    /// # let win = DevWindow { flat_base: 0x7000_0000, stride: 0x20_0000, size: 4096, lsa_rank: 1, lsa_size: 4, ..Default::default() };
+    /// // Element 3 of u64s: byte 24 of every rank's buffer.
+    /// let x = win.sym::<u64>(3);
+    /// assert_eq!(x.lsa(2), win.lsa_ptr(24, 2));
+    /// ```
     #[inline(always)]
     pub fn sym<T>(&self, index: usize) -> SymPtr<T> {
         SymPtr { window: *self, offset: (index * core::mem::size_of::<T>()) as u64, _t: PhantomData }
@@ -63,6 +107,16 @@ impl DevWindow {
 /// A typed pointer into a window that names the same element on every rank (NCCL's
 /// `ncclSymPtr<T>`): resolve it for a peer with [`SymPtr::lsa`] or locally with
 /// [`SymPtr::local`].
+///
+/// ```
+/// # use ferrolink_device::DevWindow;
+/// // What a rank of an LSA domain of 4 gets for a 4 KiB window (2 MiB slots).
+/// let win = DevWindow { flat_base: 0x7000_0000, stride: 0x20_0000, size: 4096, lsa_rank: 1, lsa_size: 4, ..Default::default() };
+/// // Word `me` of the window, named once for every rank's buffer.
+/// let mine = win.sym::<u32>(0).offset_by(win.lsa_rank as usize);
+/// assert_eq!(mine.lsa(3), win.lsa_ptr(4, 3));
+/// assert_eq!(mine.local(), win.local_ptr(4));
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct SymPtr<T> {
     window: DevWindow,
@@ -72,18 +126,43 @@ pub struct SymPtr<T> {
 
 impl<T> SymPtr<T> {
     /// This element in LSA peer `peer`'s buffer.
+    ///
+    /// ```
+    /// # use ferrolink_device::DevWindow;
+    /// # // What a rank of an LSA domain of 4 gets for a 4 KiB window (2 MiB slots).
+    /// # let win = DevWindow { flat_base: 0x7000_0000, stride: 0x20_0000, size: 4096, lsa_rank: 1, lsa_size: 4, ..Default::default() };
+    /// let x = win.sym::<f32>(10);
+    /// assert_eq!(x.lsa(0), win.lsa_ptr(40, 0));
+    /// ```
     #[inline(always)]
     pub fn lsa(&self, peer: u32) -> *mut T {
         self.window.lsa_ptr(self.offset as usize, peer)
     }
 
     /// This element in this rank's own buffer.
+    ///
+    /// ```
+    /// # use ferrolink_device::DevWindow;
+    /// # // What a rank of an LSA domain of 4 gets for a 4 KiB window (2 MiB slots).
+    /// # let win = DevWindow { flat_base: 0x7000_0000, stride: 0x20_0000, size: 4096, lsa_rank: 1, lsa_size: 4, ..Default::default() };
+    /// let x = win.sym::<f32>(10);
+    /// assert_eq!(x.local(), x.lsa(win.lsa_rank));
+    /// ```
     #[inline(always)]
     pub fn local(&self) -> *mut T {
         self.window.local_ptr(self.offset as usize)
     }
 
     /// The pointer `n` elements further.
+    ///
+    /// ```
+    /// # use ferrolink_device::DevWindow;
+    /// # // What a rank of an LSA domain of 4 gets for a 4 KiB window (2 MiB slots).
+    /// # let win = DevWindow { flat_base: 0x7000_0000, stride: 0x20_0000, size: 4096, lsa_rank: 1, lsa_size: 4, ..Default::default() };
+    /// // Element 2, then 5 further: element 7 (byte 28).
+    /// let x = win.sym::<u32>(2).offset_by(5);
+    /// assert_eq!(x.local(), win.local_ptr(28));
+    /// ```
     #[inline(always)]
     pub fn offset_by(self, n: usize) -> SymPtr<T> {
         SymPtr { offset: self.offset + (n * core::mem::size_of::<T>()) as u64, ..self }

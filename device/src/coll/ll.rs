@@ -81,48 +81,142 @@ use crate::window::DevWindow;
 /// Protocol codes ([`CollArgs::proto`]).
 pub mod proto {
     /// Data first, then barriers: every algorithm.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::{CollArgs, proto};
+    /// assert_eq!(CollArgs::default().proto, proto::SIMPLE); // unless the tuner picks LL
+    /// ```
     pub const SIMPLE: u32 = 0;
     /// The flag in the data word ([`super`]): one-shot inside one LSA domain, small messages,
     /// all-reduce, reduce-scatter, all-gather and all-to-all ([`super::applies_to`]).
+    ///
+    /// ```
+    /// use ferrolink_device::coll::{CollArgs, CollKind, DataType, RedOp, ll, proto};
+    /// // A 4 KiB f32 all-reduce with LL: the input itself at `input`, the LL buffer at
+    /// // `recv_offset` of the kernel's `recv_win`, `ll::grid(bytes)` CTAs.
+    /// let input: u64 = 0x7f00_0000_0000; // this rank's input (any device memory)
+    /// let args = CollArgs {
+    ///     kind: CollKind::AllReduce as u32,
+    ///     dtype: DataType::F32 as u32,
+    ///     op: RedOp::Sum as u32,
+    ///     proto: proto::LL,
+    ///     count: 1024,
+    ///     input,
+    ///     ..CollArgs::default()
+    /// };
+    /// assert!(ll::applies_to(CollKind::AllReduce));
+    /// assert_eq!(ll::grid(args.count as usize * DataType::F32.size()), 1);
+    /// ```
     pub const LL: u32 = 1;
     /// The highest protocol code.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::proto;
+    /// assert_eq!(proto::NAMES.len(), proto::LAST as usize + 1);
+    /// ```
     pub const LAST: u32 = LL;
     /// Each protocol's name, by code: how `FERROLINK_PROTO` and `ferrolink-perf --proto`
     /// spell it.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::proto;
+    /// assert_eq!(proto::NAMES[proto::LL as usize], "ll");
+    /// ```
     pub const NAMES: [&str; LAST as usize + 1] = ["simple", "ll"];
 
     /// The code of the protocol named `name` ([`NAMES`]), or `None`.
+    ///
+    /// ```
+    /// use ferrolink_device::coll::proto;
+    /// assert_eq!(proto::from_name("simple"), Some(proto::SIMPLE));
+    /// assert_eq!(proto::from_name("LL"), None); // names are lower case
+    /// ```
     pub fn from_name(name: &str) -> Option<u32> {
         NAMES.iter().position(|&n| n == name).map(|i| i as u32)
     }
 }
 
 /// Payload bytes per unit (two lines).
+///
+/// ```
+/// use ferrolink_device::coll::ll::{UNIT_BYTES, UNIT_LINE_BYTES};
+/// // A unit's 8 payload bytes travel as two 8-byte lines, 4 data bytes low and the call's
+/// // flag high in each (as a sender stores them):
+/// let (unit, flag) = (0x1122_3344_5566_7788u64, 7u32);
+/// let f = u64::from(flag) << 32;
+/// let lines = [(unit & 0xffff_ffff) | f, (unit >> 32) | f];
+/// assert_eq!(core::mem::size_of_val(&unit), UNIT_BYTES);
+/// assert_eq!(core::mem::size_of_val(&lines), UNIT_LINE_BYTES);
+/// // A receiver takes the unit once both lines carry this call's flag.
+/// assert!(lines.iter().all(|l| (l >> 32) as u32 == flag));
+/// assert_eq!((lines[0] & 0xffff_ffff) | (lines[1] << 32), unit);
+/// ```
 pub const UNIT_BYTES: usize = 8;
 /// Bytes of a unit's two lines in the buffer.
+///
+/// ```
+/// use ferrolink_device::coll::ll::{UNIT_BYTES, UNIT_LINE_BYTES};
+/// assert_eq!(UNIT_LINE_BYTES, 2 * UNIT_BYTES); // half of every line is flag
+/// ```
 pub const UNIT_LINE_BYTES: usize = 16;
 /// Units each CTA carries per sender: the call's grid is the payload's units over this.
+///
+/// ```
+/// use ferrolink_device::coll::ll::{UNIT_BYTES, UNITS_PER_CTA, grid};
+/// assert_eq!(grid(UNITS_PER_CTA * UNIT_BYTES), 1);
+/// assert_eq!(grid(UNITS_PER_CTA * UNIT_BYTES + 1), 2);
+/// ```
 pub const UNITS_PER_CTA: usize = 512;
 /// The most CTAs of an LL call (regions per parity and sender).
+///
+/// ```
+/// use ferrolink_device::coll::ll::{MAX_BYTES, MAX_CTAS, grid};
+/// assert_eq!(grid(MAX_BYTES), MAX_CTAS);
+/// ```
 pub const MAX_CTAS: usize = 16;
 /// The most payload bytes per sender of an LL call: `count * size` (the whole input for
 /// all-reduce and all-gather; one block for reduce-scatter and all-to-all).
+///
+/// ```
+/// use ferrolink_device::coll::{DataType, ll::MAX_BYTES};
+/// assert_eq!(MAX_BYTES, 64 * 1024);
+/// // An f32 all-reduce of 16 Ki elements per rank is the largest LL all-reduce of f32.
+/// assert_eq!(MAX_BYTES / DataType::F32.size(), 16 * 1024);
+/// ```
 pub const MAX_BYTES: usize = MAX_CTAS * UNITS_PER_CTA * UNIT_BYTES;
 
 /// Whether the protocol runs collective `kind`: those in which every rank receives from
 /// every other (all-reduce, reduce-scatter, all-gather, all-to-all). The buffer's reuse rests
 /// on it (module docs, *Reuse*): in a reduce or a broadcast a sender waits for nobody, so it
 /// could run two calls ahead of a slow receiver and overwrite lines not yet read.
+///
+/// ```
+/// use ferrolink_device::coll::{CollKind, ll::applies_to};
+/// assert!(applies_to(CollKind::AllReduce) && applies_to(CollKind::AllToAll));
+/// assert!(!applies_to(CollKind::Broadcast) && !applies_to(CollKind::Reduce));
+/// ```
 pub const fn applies_to(kind: CollKind) -> bool {
     matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll)
 }
 
 /// Bytes of the LL buffer each rank of an LSA domain of `lsa_size` ranks needs.
+///
+/// ```
+/// use ferrolink_device::coll::ll::buffer_bytes;
+/// assert_eq!(buffer_bytes(8), 2 << 20); // 2 MiB per rank for 8 ranks
+/// ```
 pub const fn buffer_bytes(lsa_size: usize) -> usize {
     2 * MAX_CTAS * lsa_size * UNITS_PER_CTA * UNIT_LINE_BYTES
 }
 
 /// CTAs of an LL call with `bytes` of payload per sender (at least one).
+///
+/// ```
+/// use ferrolink_device::coll::ll::grid;
+/// assert_eq!(grid(0), 1);
+/// assert_eq!(grid(4096), 1); // 512 units of 8 bytes: one CTA's share
+/// assert_eq!(grid(4097), 2);
+/// ```
 pub const fn grid(bytes: usize) -> usize {
     let ctas = bytes.div_ceil(UNITS_PER_CTA * UNIT_BYTES);
     if ctas == 0 { 1 } else { ctas }
@@ -215,6 +309,13 @@ fn lanes64<T: CollElem>(a: u64, b: u64, f: impl Fn(T, T) -> T) -> u64 {
 /// in one), where a unit at a time paid one per sender (on the H200, the warps of the 8
 /// virtual ranks' 4 KiB all-reduce kernel stalled mostly on those serial loads: PERF.md,
 /// issue 12 fourteenth part).
+///
+/// ```
+/// use ferrolink_device::coll::ll::SENDERS_AT_ONCE;
+/// // Round trips per unit a receiver of an LSA domain of `n` ranks pays (its own unit counted):
+/// let round_trips = |n: usize| n.div_ceil(SENDERS_AT_ONCE);
+/// assert_eq!((round_trips(8), round_trips(16)), (1, 2));
+/// ```
 pub const SENDERS_AT_ONCE: usize = 8;
 
 /// One thread's view of the call's waits: the flag they look for and whether it has

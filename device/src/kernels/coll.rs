@@ -16,6 +16,17 @@ kernel! {
     /// As [`coll::run_lsa`]: every rank launches it with the same `args` and grid; the
     /// windows and `recv` hold what `args` asks for; `args.barrier + grid <=
     /// lsa_barrier_count` (checked: a CTA without a barrier reports the error and traps).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::coll::coll_lsa;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow, coll::CollArgs};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, DevWindow, CollArgs, *mut u8)> = &coll_lsa;
+    /// assert_eq!(k.name(), "coll_lsa");
+    /// ```
     pub unsafe fn coll_lsa(comm: DevComm, send: DevWindow, recv_win: DevWindow, args: CollArgs, recv: *mut u8) {
         // SAFETY: the kernel's contract.
         unsafe {
@@ -34,6 +45,17 @@ kernel! {
     ///
     /// # Safety
     /// As [`coll::run_lsa_ll`], for the entry's call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::coll::coll_ll;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::coll::group::RankOp;
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(RankOp,)> = &coll_ll;
+    /// assert_eq!(k.name(), "coll_ll");
+    /// ```
     pub unsafe fn coll_ll(entry: coll::group::RankOp) {
         // Read in place from the parameter (see `kernel_param_address!`).
         let param = crate::kernel_param_address!(coll_ll, 0, entry);
@@ -51,6 +73,17 @@ kernel! {
     ///
     /// # Safety
     /// As [`coll::run_gin`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::coll::coll_gin;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow, coll::CollArgs};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, DevWindow, CollArgs, *mut u8)> = &coll_gin;
+    /// assert_eq!(k.name(), "coll_gin");
+    /// ```
     pub unsafe fn coll_gin(comm: DevComm, send: DevWindow, gather: DevWindow, args: CollArgs, recv: *mut u8) {
         // SAFETY: the kernel's contract.
         unsafe { coll::run_gin(&comm, &send, &gather, &args, recv, arch::block_idx_x(), arch::grid_dim_x()) }
@@ -66,6 +99,17 @@ kernel! {
     ///
     /// # Safety
     /// As [`coll::group::serve`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::coll::coll_gpu_group;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::coll::group::LocalRanks;
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(LocalRanks, u64)> = &coll_gpu_group;
+    /// assert_eq!(k.name(), "coll_gpu_group");
+    /// ```
     pub unsafe fn coll_gpu_group(ranks: coll::group::LocalRanks, first: u64) {
         // SAFETY: the kernel's contract.
         unsafe { coll::group::serve(&ranks, first, arch::block_idx_x()) }
@@ -102,6 +146,17 @@ kernel! {
     ///
     /// # Safety
     /// As [`coll::group::serve_launch`], for the entries in `launch`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::coll::coll_gpu_group_launch;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::coll::group::GroupLaunch;
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(GroupLaunch,)> = &coll_gpu_group_launch;
+    /// assert_eq!(k.name(), "coll_gpu_group_launch");
+    /// ```
     pub unsafe fn coll_gpu_group_launch(launch: coll::group::GroupLaunch) {
         // SAFETY: the kernel's contract.
         unsafe { serve_group_launch!(coll_gpu_group_launch, launch, false) }
@@ -115,6 +170,17 @@ kernel! {
     ///
     /// # Safety
     /// As [`coll::group::serve_launch`] with `LL_ONLY`, for the entries in `launch`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::coll::coll_ll_group_launch;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::coll::group::GroupLaunch;
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(GroupLaunch,)> = &coll_ll_group_launch;
+    /// assert_eq!(k.name(), "coll_ll_group_launch");
+    /// ```
     pub unsafe fn coll_ll_group_launch(launch: coll::group::GroupLaunch) {
         // SAFETY: the kernel's contract.
         unsafe { serve_group_launch!(coll_ll_group_launch, launch, true) }

@@ -13,9 +13,21 @@ use crate::kernel;
 
 /// 16-byte vectors each lane moves per iteration in [`copy_bytes`] (loads are issued before
 /// stores, so each lane has this many independent 16-byte loads in flight).
+///
+/// ```
+/// use ferrolink_device::kernels::copy::{VECTORS_PER_LANE, WARP_CHUNK_BYTES};
+/// // Each of a warp's 32 lanes moves this many 16-byte vectors per iteration.
+/// assert_eq!(WARP_CHUNK_BYTES, 32 * VECTORS_PER_LANE * 16);
+/// ```
 pub const VECTORS_PER_LANE: usize = 8;
 
 /// Bytes one warp moves per iteration of [`copy_bytes`].
+///
+/// ```
+/// use ferrolink_device::kernels::copy::WARP_CHUNK_BYTES;
+/// // A 1 MiB copy is 256 warp iterations, spread over the warps that share it.
+/// assert_eq!((1 << 20) / WARP_CHUNK_BYTES, 256);
+/// ```
 pub const WARP_CHUNK_BYTES: usize = 32 * VECTORS_PER_LANE * 16;
 
 /// Copies `bytes` bytes from `src` to `dst`, shared among `nthreads` cooperating threads of
@@ -32,6 +44,30 @@ pub const WARP_CHUNK_BYTES: usize = 32 * VECTORS_PER_LANE * 16;
 /// # Safety
 /// `src` must be valid for reads and `dst` for writes of `bytes` bytes in global memory;
 /// the ranges must not overlap, and nothing else may write them during the copy.
+///
+/// # Examples
+///
+/// ```
+/// use ferrolink_device::kernels::copy::copy_bytes;
+/// use ferrolink_device::{arch, kernel};
+/// # use ferrolink_device::emulator::{self, LaunchSpec};
+/// # use std::time::Duration;
+/// kernel! {
+///     /// CTA `b` copies row `b` (`row` bytes) of `src` into `dst`, its threads sharing the row.
+///     pub unsafe fn copy_rows(dst: *mut u8, src: *const u8, row: usize) {
+///         let at = arch::block_idx_x() * row;
+///         // SAFETY: the launcher passes a row per CTA in both buffers, which do not overlap.
+///         unsafe { copy_bytes(dst.add(at), src.add(at), row, arch::thread_idx_x(), arch::block_dim_x()) }
+///     }
+/// }
+/// let src: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+/// let mut dst = vec![0u8; src.len()];
+/// # let spec = LaunchSpec { name: copy_rows.name(),
+/// #     grid: [3, 1, 1], block: [64, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+/// // SAFETY: three rows of 1000 bytes in each buffer, which outlive the launch.
+/// unsafe { emulator::launch(&spec, copy_rows.host_entry(), (dst.as_mut_ptr(), src.as_ptr(), 1000)) }.unwrap();
+/// assert_eq!(dst, src);
+/// ```
 #[inline(always)]
 pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, bytes: usize, rank: usize, nthreads: usize) {
     // SAFETY: forwarded contract.
@@ -63,6 +99,29 @@ fn vector_split(dst: *mut u8, bytes: usize) -> (usize, usize) {
 ///
 /// # Safety
 /// As [`copy_bytes`]; with `STREAMING`, nothing may write `src` during the kernel.
+///
+/// # Examples
+///
+/// ```
+/// use ferrolink_device::arch::{self, U32x4};
+/// use ferrolink_device::kernels::copy::copy_bytes_warp_contiguous;
+/// # use ferrolink_device::emulator::{self, LaunchSpec};
+/// # use std::time::Duration;
+/// unsafe fn copy4(args: (*mut u8, *const u8, usize)) {
+///     let (dst, src, bytes) = args;
+///     // SAFETY: the launch below passes two buffers of `bytes` bytes that do not overlap.
+///     unsafe { copy_bytes_warp_contiguous::<4, false>(dst, src, bytes, arch::thread_idx_x(), arch::block_dim_x()) }
+/// }
+/// // Equally aligned buffers and whole warps: the warp-contiguous vector path.
+/// let src: Vec<U32x4> = (0..300u32).map(|i| U32x4([i, i + 1, i + 2, i + 3])).collect();
+/// let mut dst = vec![U32x4::default(); src.len()];
+/// # let spec = LaunchSpec { name: "copy4",
+/// #     grid: [1, 1, 1], block: [64, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+/// let args = (dst.as_mut_ptr().cast::<u8>(), src.as_ptr().cast::<u8>(), 16 * src.len());
+/// // SAFETY: both buffers hold `16 * src.len()` bytes and outlive the launch.
+/// unsafe { emulator::launch(&spec, copy4, args) }.unwrap();
+/// assert_eq!(dst, src);
+/// ```
 #[inline(always)]
 pub unsafe fn copy_bytes_warp_contiguous<const N: usize, const STREAMING: bool>(
     dst: *mut u8,
@@ -125,6 +184,29 @@ pub unsafe fn copy_bytes_warp_contiguous<const N: usize, const STREAMING: bool>(
 ///
 /// # Safety
 /// As [`copy_bytes_warp_contiguous`].
+///
+/// # Examples
+///
+/// ```
+/// use ferrolink_device::arch;
+/// use ferrolink_device::kernels::copy::copy_bytes_grid_stride;
+/// # use ferrolink_device::emulator::{self, LaunchSpec};
+/// # use std::time::Duration;
+/// unsafe fn copy_grid(args: (*mut u8, *const u8, usize)) {
+///     let (dst, src, bytes) = args;
+///     // SAFETY: the launch below passes two buffers of `bytes` bytes that do not overlap.
+///     let (rank, nthreads) = (arch::global_thread_idx_x(), arch::grid_threads_x());
+///     // SAFETY: the launch below passes two buffers of `bytes` bytes that do not overlap.
+///     unsafe { copy_bytes_grid_stride::<4, false>(dst, src, bytes, rank, nthreads) }
+/// }
+/// let src: Vec<u8> = (0..3001u32).map(|i| (i * 7) as u8).collect();
+/// let mut dst = vec![0u8; src.len()];
+/// # let spec = LaunchSpec { name: "copy_grid",
+/// #     grid: [2, 1, 1], block: [32, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+/// // SAFETY: both buffers hold `src.len()` bytes and outlive the launch.
+/// unsafe { emulator::launch(&spec, copy_grid, (dst.as_mut_ptr(), src.as_ptr(), src.len())) }.unwrap();
+/// assert_eq!(dst, src);
+/// ```
 #[inline(always)]
 pub unsafe fn copy_bytes_grid_stride<const N: usize, const STREAMING: bool>(
     dst: *mut u8,
@@ -233,6 +315,22 @@ kernel! {
     ///
     /// # Safety
     /// As [`copy_bytes`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::emulator::{self, LaunchSpec};
+    /// use ferrolink_device::kernels::copy::ferrolink_copy;
+    /// # use std::time::Duration;
+    /// let src: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+    /// let mut dst = vec![0u8; src.len()];
+    /// # let spec = LaunchSpec { name: ferrolink_copy.name(),
+    /// #     grid: [2, 1, 1], block: [64, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+    /// let args = (dst.as_mut_ptr(), src.as_ptr(), src.len());
+    /// // SAFETY: both buffers hold `src.len()` bytes, do not overlap, and outlive the launch.
+    /// unsafe { emulator::launch(&spec, ferrolink_copy.host_entry(), args) }.unwrap();
+    /// assert_eq!(dst, src);
+    /// ```
     pub unsafe fn ferrolink_copy(dst: *mut u8, src: *const u8, bytes: usize) {
         // SAFETY: the launcher guarantees the buffers (kernel contract).
         unsafe { copy_bytes(dst, src, bytes, arch::global_thread_idx_x(), arch::grid_threads_x()) }
@@ -264,22 +362,92 @@ pub mod variants {
 
     variant!(
         /// Grid-stride, 4 vectors in flight per thread (the first design; 0.93x at best).
+        ///
+        /// ```
+        /// use ferrolink_device::emulator::{self, LaunchSpec};
+        /// use ferrolink_device::kernels::copy::variants::copy_variant_grid_stride4;
+        /// # use std::time::Duration;
+        /// let src: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+        /// let mut dst = vec![0u8; src.len()];
+        /// # let spec = LaunchSpec { name: copy_variant_grid_stride4.name(),
+        /// #     grid: [2, 1, 1], block: [64, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+        /// let args = (dst.as_mut_ptr(), src.as_ptr(), src.len());
+        /// // SAFETY: both buffers hold `src.len()` bytes, do not overlap, and outlive the launch.
+        /// unsafe { emulator::launch(&spec, copy_variant_grid_stride4.host_entry(), args) }.unwrap();
+        /// assert_eq!(dst, src);
+        /// ```
         copy_variant_grid_stride4, copy_bytes_grid_stride, 4, false
     );
     variant!(
         /// Grid-stride, 8 vectors in flight, read-only prefetching loads, evict-first stores.
+        ///
+        /// ```
+        /// use ferrolink_device::emulator::{self, LaunchSpec};
+        /// use ferrolink_device::kernels::copy::variants::copy_variant_grid_stride8_streaming;
+        /// # use std::time::Duration;
+        /// let src: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+        /// let mut dst = vec![0u8; src.len()];
+        /// # let spec = LaunchSpec { name: copy_variant_grid_stride8_streaming.name(),
+        /// #     grid: [2, 1, 1], block: [64, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+        /// let args = (dst.as_mut_ptr(), src.as_ptr(), src.len());
+        /// // SAFETY: both buffers hold `src.len()` bytes, do not overlap, and outlive the launch.
+        /// unsafe { emulator::launch(&spec, copy_variant_grid_stride8_streaming.host_entry(), args) }.unwrap();
+        /// assert_eq!(dst, src);
+        /// ```
         copy_variant_grid_stride8_streaming, copy_bytes_grid_stride, 8, true
     );
     variant!(
         /// Warp-contiguous, 4 vectors per lane.
+        ///
+        /// ```
+        /// use ferrolink_device::emulator::{self, LaunchSpec};
+        /// use ferrolink_device::kernels::copy::variants::copy_variant_warp_contiguous4;
+        /// # use std::time::Duration;
+        /// let src: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+        /// let mut dst = vec![0u8; src.len()];
+        /// # let spec = LaunchSpec { name: copy_variant_warp_contiguous4.name(),
+        /// #     grid: [2, 1, 1], block: [64, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+        /// let args = (dst.as_mut_ptr(), src.as_ptr(), src.len());
+        /// // SAFETY: both buffers hold `src.len()` bytes, do not overlap, and outlive the launch.
+        /// unsafe { emulator::launch(&spec, copy_variant_warp_contiguous4.host_entry(), args) }.unwrap();
+        /// assert_eq!(dst, src);
+        /// ```
         copy_variant_warp_contiguous4, copy_bytes_warp_contiguous, 4, false
     );
     variant!(
         /// Warp-contiguous, 16 vectors per lane (80 registers: at most 768 threads per CTA).
+        ///
+        /// ```
+        /// use ferrolink_device::emulator::{self, LaunchSpec};
+        /// use ferrolink_device::kernels::copy::variants::copy_variant_warp_contiguous16;
+        /// # use std::time::Duration;
+        /// let src: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+        /// let mut dst = vec![0u8; src.len()];
+        /// # let spec = LaunchSpec { name: copy_variant_warp_contiguous16.name(),
+        /// #     grid: [2, 1, 1], block: [64, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+        /// let args = (dst.as_mut_ptr(), src.as_ptr(), src.len());
+        /// // SAFETY: both buffers hold `src.len()` bytes, do not overlap, and outlive the launch.
+        /// unsafe { emulator::launch(&spec, copy_variant_warp_contiguous16.host_entry(), args) }.unwrap();
+        /// assert_eq!(dst, src);
+        /// ```
         copy_variant_warp_contiguous16, copy_bytes_warp_contiguous, 16, false
     );
     variant!(
         /// Warp-contiguous, 8 vectors per lane, read-only prefetching loads, evict-first stores.
+        ///
+        /// ```
+        /// use ferrolink_device::emulator::{self, LaunchSpec};
+        /// use ferrolink_device::kernels::copy::variants::copy_variant_warp_contiguous8_streaming;
+        /// # use std::time::Duration;
+        /// let src: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+        /// let mut dst = vec![0u8; src.len()];
+        /// # let spec = LaunchSpec { name: copy_variant_warp_contiguous8_streaming.name(),
+        /// #     grid: [2, 1, 1], block: [64, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+        /// let args = (dst.as_mut_ptr(), src.as_ptr(), src.len());
+        /// // SAFETY: both buffers hold `src.len()` bytes, do not overlap, and outlive the launch.
+        /// unsafe { emulator::launch(&spec, copy_variant_warp_contiguous8_streaming.host_entry(), args) }.unwrap();
+        /// assert_eq!(dst, src);
+        /// ```
         copy_variant_warp_contiguous8_streaming, copy_bytes_warp_contiguous, 8, true
     );
 }

@@ -12,6 +12,13 @@ use crate::kernel;
 use crate::window::DevWindow;
 
 /// The word `i` that rank `rank`'s CTA `cta` sends in round `round` of [`gin_exchange`].
+///
+/// ```
+/// use ferrolink_device::kernels::gin::exchange_word;
+/// use ferrolink_device::kernels::lsa::mix;
+/// // Word 4 of rank 1's CTA 2 in round 3:
+/// assert_eq!(exchange_word(1, 2, 3, 4), mix(1 + (2 << 16), 3, 4));
+/// ```
 pub const fn exchange_word(rank: u32, cta: u32, round: u32, i: u32) -> u32 {
     crate::kernels::lsa::mix(rank.wrapping_add(cta << 16), round, i)
 }
@@ -49,6 +56,17 @@ kernel! {
     ///
     /// # Safety
     /// `comm`, `dst` and `src` come from live handles of one communicator; `errors` is valid.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::gin::gin_exchange;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, DevWindow, u32, u32, u32, u32, *mut u32)> = &gin_exchange;
+    /// assert_eq!(k.name(), "gin_exchange");
+    /// ```
     pub unsafe fn gin_exchange(comm: DevComm, dst: DevWindow, src: DevWindow, bytes: u32, rounds: u32, signal: u32, counter: u32, errors: *mut u32) {
         let coop = CoopCta;
         let b = arch::block_idx_x() as u32;
@@ -127,6 +145,12 @@ kernel! {
 }
 
 /// The 8-byte value rank `rank` puts into its peers in round `round` of [`gin_put_values`].
+///
+/// ```
+/// use ferrolink_device::kernels::gin::put_value_of;
+/// // The round in the high word, the rank + 1 in the low one (never 0: a word never written reads 0).
+/// assert_eq!(put_value_of(2, 5), 5 << 32 | 3);
+/// ```
 pub const fn put_value_of(rank: u32, round: u32) -> u64 {
     ((round as u64) << 32) | (rank as u64 + 1)
 }
@@ -143,6 +167,17 @@ kernel! {
     ///
     /// # Safety
     /// `comm` and `dst` (≥ `nranks * 24 + 16` bytes) from live handles; `errors` is valid.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::gin::gin_put_values;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, u32, u32, *mut u32)> = &gin_put_values;
+    /// assert_eq!(k.name(), "gin_put_values");
+    /// ```
     pub unsafe fn gin_put_values(comm: DevComm, dst: DevWindow, rounds: u32, signal: u32, errors: *mut u32) {
         let coop = CoopCta;
         let gin = Gin::new(&comm, 0);
@@ -222,6 +257,17 @@ kernel! {
     ///
     /// # Safety
     /// `comm` and `dst` (≥ 512 bytes) from live handles; `errors` is valid.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::gin::gin_stream;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, u32, *mut u32)> = &gin_stream;
+    /// assert_eq!(k.name(), "gin_stream");
+    /// ```
     pub unsafe fn gin_stream(comm: DevComm, dst: DevWindow, ops: u32, errors: *mut u32) {
         let coop = CoopCta;
         let gin = Gin::new(&comm, 0);
@@ -261,6 +307,17 @@ kernel! {
     /// # Safety
     /// `comm` and `win` (≥ `nranks * 4` bytes) from live handles; LSA barrier 0 and GIN
     /// barrier 0 are this kernel's; `errors` is valid.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::gin::gin_barrier_rounds;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, u32, u32, *mut u32)> = &gin_barrier_rounds;
+    /// assert_eq!(k.name(), "gin_barrier_rounds");
+    /// ```
     pub unsafe fn gin_barrier_rounds(comm: DevComm, win: DevWindow, rounds: u32, hybrid: u32, errors: *mut u32) {
         let coop = CoopCta;
         let gin = Gin::new(&comm, 0);
@@ -326,6 +383,17 @@ kernel! {
     /// # Safety
     /// `comm`, `dst`, `src` (≥ `bytes` bytes each) from live handles; signal 0 is this
     /// kernel's; `ns` is valid.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::gin::gin_ping_pong;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, DevWindow, u32, u32, u32, u32, u32, u64, *mut u64)> = &gin_ping_pong;
+    /// assert_eq!(k.name(), "gin_ping_pong");
+    /// ```
     pub unsafe fn gin_ping_pong(comm: DevComm, dst: DevWindow, src: DevWindow, a: u32, b: u32, bytes: u32, warmup: u32, iters: u32, base: u64, ns: *mut u64) {
         if arch::thread_rank_in_block() != 0 || arch::block_idx_x() != 0 || (comm.rank != a && comm.rank != b) {
             return;
@@ -372,6 +440,17 @@ kernel! {
     /// `comm`, `send` and `recv` (≥ `nranks * bytes` bytes each) from live handles; nothing
     /// else writes `recv` until every rank's call has ended; LSA barrier `b` is this CTA's;
     /// `errors` is valid.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::gin::gin_all_to_all;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, DevWindow, u32, u32, u32, u32, *mut u32)> = &gin_all_to_all;
+    /// assert_eq!(k.name(), "gin_all_to_all");
+    /// ```
     pub unsafe fn gin_all_to_all(comm: DevComm, recv: DevWindow, send: DevWindow, bytes: u32, signal: u32, round: u32, hybrid: u32, errors: *mut u32) {
         let coop = CoopCta;
         let b = arch::block_idx_x() as u32;
@@ -429,6 +508,17 @@ kernel! {
     /// # Safety
     /// `comm`, `dst`, `src` (≥ `bytes` bytes each) from live handles; signals `signal` and
     /// `signal + 1` are this kernel's; `ns` is valid.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::gin::gin_put_bandwidth;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, DevWindow, u32, u32, u64, u32, u32, u32, *mut u64)> = &gin_put_bandwidth;
+    /// assert_eq!(k.name(), "gin_put_bandwidth");
+    /// ```
     pub unsafe fn gin_put_bandwidth(comm: DevComm, dst: DevWindow, src: DevWindow, a: u32, b: u32, bytes: u64, iters: u32, signal: u32, round: u32, ns: *mut u64) {
         if arch::block_idx_x() != 0 || (comm.rank != a && comm.rank != b) || iters == 0 {
             return;

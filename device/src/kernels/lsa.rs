@@ -21,6 +21,14 @@ fn delay_ns(ns: u64) {
 }
 
 /// A cheap, well-mixed hash (for per-rank, per-round pseudo-random delays).
+///
+/// ```
+/// use ferrolink_device::kernels::lsa::mix;
+/// assert_eq!(mix(1, 2, 3), mix(1, 2, 3)); // a pure function of its inputs
+/// assert_ne!(mix(1, 2, 3), mix(1, 2, 4));
+/// // As the stress kernel draws a delay for (rank, round, CTA):
+/// assert!(mix(0, 1, 0) % 1000 < 1000);
+/// ```
 #[inline(always)]
 pub const fn mix(a: u32, b: u32, c: u32) -> u32 {
     let mut h = a.wrapping_mul(0x9E37_79B1) ^ b.wrapping_mul(0x85EB_CA77) ^ c.wrapping_mul(0xC2B2_AE3D);
@@ -31,6 +39,11 @@ pub const fn mix(a: u32, b: u32, c: u32) -> u32 {
 
 /// The value rank `lsa_rank` leaves in its peers' windows in round `round` of
 /// [`lsa_barrier_stress`].
+///
+/// ```
+/// use ferrolink_device::kernels::lsa::stress_value;
+/// assert_eq!(stress_value(3, 1), 3001); // round 3, LSA rank 1
+/// ```
 pub const fn stress_value(round: u32, lsa_rank: u32) -> u32 {
     round.wrapping_mul(1000).wrapping_add(lsa_rank)
 }
@@ -89,6 +102,17 @@ kernel! {
     /// # Safety
     /// `comm` and `win` come from live handles; `errors` is a valid word; with `coop == 1`
     /// CTAs have at least 32 threads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::lsa::lsa_barrier_stress;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, u32, u32, u32, *mut u32)> = &lsa_barrier_stress;
+    /// assert_eq!(k.name(), "lsa_barrier_stress");
+    /// ```
     pub unsafe fn lsa_barrier_stress(comm: DevComm, win: DevWindow, rounds: u32, max_delay_ns: u32, coop: u32, errors: *mut u32) {
         let bad = match coop {
             0 => stress_rounds(CoopCta, &comm, &win, rounds, max_delay_ns),
@@ -153,6 +177,17 @@ kernel! {
     ///
     /// # Safety
     /// `comm` comes from a live handle with at least `grid` barriers; `out_ns` holds `grid` words.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::lsa::lsa_barrier_bench;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::DevComm;
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, u32, u32, u32, u32, *mut u64)> = &lsa_barrier_bench;
+    /// assert_eq!(k.name(), "lsa_barrier_bench");
+    /// ```
     pub unsafe fn lsa_barrier_bench(comm: DevComm, warmup: u32, rounds: u32, warp_coop: u32, order: u32, out_ns: *mut u64) {
         let b = arch::block_idx_x();
         let ns = if warp_coop != 0 {
@@ -177,6 +212,17 @@ kernel! {
     ///
     /// # Safety
     /// `src` holds `bytes` bytes; `dst_offset + bytes <= win.size`; `peer < win.lsa_size`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::lsa::lsa_put;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::DevWindow;
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevWindow, u32, usize, *const u8, usize)> = &lsa_put;
+    /// assert_eq!(k.name(), "lsa_put");
+    /// ```
     pub unsafe fn lsa_put(win: DevWindow, peer: u32, dst_offset: usize, src: *const u8, bytes: usize) {
         // SAFETY: the destination range lies in the peer's slot (kernel contract).
         unsafe {
@@ -204,6 +250,17 @@ kernel! {
     ///
     /// # Safety
     /// `src` holds `bytes` bytes; `bytes <= win.size`; `grid <= lsa_barrier_count` (checked: a CTA without a barrier reports the error and traps).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::lsa::lsa_ring_exchange;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, *const u8, usize)> = &lsa_ring_exchange;
+    /// assert_eq!(k.name(), "lsa_ring_exchange");
+    /// ```
     pub unsafe fn lsa_ring_exchange(comm: DevComm, win: DevWindow, src: *const u8, bytes: usize) {
         let b = arch::block_idx_x();
         let next = (comm.lsa_rank + 1) % comm.lsa_size;
@@ -228,6 +285,17 @@ kernel! {
     ///
     /// # Safety
     /// `win.size >= count * 4`; `out` holds `count` floats; `grid <= lsa_barrier_count` (checked: a CTA without a barrier reports the error and traps).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::lsa::lsa_allreduce_sum_f32;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, *mut f32, usize)> = &lsa_allreduce_sum_f32;
+    /// assert_eq!(k.name(), "lsa_allreduce_sum_f32");
+    /// ```
     pub unsafe fn lsa_allreduce_sum_f32(comm: DevComm, win: DevWindow, out: *mut f32, count: usize) {
         let b = arch::block_idx_x();
         // SAFETY: one barrier per CTA (kernel contract).
@@ -240,6 +308,11 @@ kernel! {
 }
 
 /// The value [`lsa_fused_scale_put`] computes from input `x` on world rank `rank`.
+///
+/// ```
+/// use ferrolink_device::kernels::lsa::fused_value;
+/// assert_eq!(fused_value(2.0, 0.5, 3), 4.0); // 2 * 0.5 + rank 3
+/// ```
 #[inline(always)]
 pub fn fused_value(x: f32, scale: f32, rank: u32) -> f32 {
     x * scale + rank as f32
@@ -254,6 +327,17 @@ kernel! {
     /// # Safety
     /// `input` holds `count` floats (16-byte aligned); `win.size >= count * 4`;
     /// `grid <= lsa_barrier_count` (checked: a CTA without a barrier reports the error and traps).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::lsa::lsa_fused_scale_put;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, *const f32, usize, f32)> = &lsa_fused_scale_put;
+    /// assert_eq!(k.name(), "lsa_fused_scale_put");
+    /// ```
     pub unsafe fn lsa_fused_scale_put(comm: DevComm, win: DevWindow, input: *const f32, count: usize, scale: f32) {
         let next = (comm.lsa_rank + 1) % comm.lsa_size;
         let dst = win.lsa_ptr::<f32>(0, next);
@@ -282,19 +366,47 @@ kernel! {
 }
 
 /// [`lsa_barrier_try_sync`] status: every rank arrived.
+///
+/// ```
+/// use ferrolink_device::kernels::lsa::{TRY_SYNC_ABORTED, TRY_SYNC_OK, TRY_SYNC_TIMED_OUT};
+/// // Statuses are never 0: a status word still 0 was never written.
+/// assert!([TRY_SYNC_OK, TRY_SYNC_TIMED_OUT, TRY_SYNC_ABORTED] == [1, 2, 3]);
+/// ```
 pub const TRY_SYNC_OK: u32 = 1;
 /// [`lsa_barrier_try_sync`] status: the wait timed out.
+///
+/// ```
+/// use ferrolink_device::kernels::lsa::{TRY_SYNC_OK, TRY_SYNC_TIMED_OUT};
+/// assert_ne!(TRY_SYNC_TIMED_OUT, TRY_SYNC_OK);
+/// ```
 pub const TRY_SYNC_TIMED_OUT: u32 = 2;
 /// [`lsa_barrier_try_sync`] status: the communicator was aborted.
+///
+/// ```
+/// use ferrolink_device::kernels::lsa::{TRY_SYNC_ABORTED, TRY_SYNC_OK};
+/// assert_ne!(TRY_SYNC_ABORTED, TRY_SYNC_OK);
+/// ```
 pub const TRY_SYNC_ABORTED: u32 = 3;
 
 kernel! {
     /// One LSA barrier round on barrier `block_idx` with a device-side timeout; CTA `b` writes
-    /// [`TRY_SYNC_OK`] or [`TRY_SYNC_TIMED_OUT`] to `status[b]`. A rank that never arrives
-    /// makes the others time out instead of hanging.
+    /// [`TRY_SYNC_OK`], [`TRY_SYNC_TIMED_OUT`] or, once the communicator is aborted,
+    /// [`TRY_SYNC_ABORTED`] to `status[b]`. A rank that never arrives makes the others time
+    /// out instead of hanging.
     ///
     /// # Safety
     /// `comm` from a live handle with at least `grid` barriers; `status` holds `grid` words.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::lsa::lsa_barrier_try_sync;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::DevComm;
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, u64, *mut u32)> = &lsa_barrier_try_sync;
+    /// assert_eq!(k.name(), "lsa_barrier_try_sync");
+    /// ```
     pub unsafe fn lsa_barrier_try_sync(comm: DevComm, timeout_ns: u64, status: *mut u32) {
         let b = arch::block_idx_x();
         // SAFETY: one barrier per CTA (kernel contract).
@@ -317,6 +429,17 @@ kernel! {
     ///
     /// # Safety
     /// `comm` from a live handle; `out` holds `comm.window_count` entries; `count` is valid.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::lsa::lsa_window_table_probe;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, *mut DevWindow, *mut u32)> = &lsa_window_table_probe;
+    /// assert_eq!(k.name(), "lsa_window_table_probe");
+    /// ```
     pub unsafe fn lsa_window_table_probe(comm: DevComm, out: *mut DevWindow, count: *mut u32) {
         if arch::global_thread_idx_x() != 0 {
             return;
@@ -343,6 +466,17 @@ kernel! {
     ///
     /// # Safety
     /// `comm` from a live handle with at least `grid` barriers; `status` holds `grid` words.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::lsa::lsa_barrier_fail_rank;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::DevComm;
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, u32, *mut u32)> = &lsa_barrier_fail_rank;
+    /// assert_eq!(k.name(), "lsa_barrier_fail_rank");
+    /// ```
     pub unsafe fn lsa_barrier_fail_rank(comm: DevComm, fail_rank: u32, status: *mut u32) {
         let b = arch::block_idx_x();
         if comm.rank == fail_rank && arch::thread_rank_in_block() == 0 {

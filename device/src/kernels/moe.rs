@@ -17,6 +17,20 @@ kernel! {
     ///
     /// # Safety
     /// As [`moe::dispatch`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::moe::moe_dispatch;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow, moe::MoeArgs};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, DevWindow, DevWindow, DevWindow, MoeArgs)> = &moe_dispatch;
+    /// assert_eq!(k.name(), "moe_dispatch");
+    /// // Dynamic shared memory per CTA, as the host's `Moe` sizes it (16 experts, no relay, chunk 64):
+    /// let shared = ferrolink_device::moe::dispatch_shared_bytes(ferrolink_device::moe::count_columns(16, 0), 64);
+    /// assert!(shared <= 48 << 10);
+    /// ```
     pub unsafe fn moe_dispatch(
         comm: DevComm,
         send: DevWindow,
@@ -40,6 +54,19 @@ kernel! {
     ///
     /// # Safety
     /// As [`moe::combine`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::moe::moe_combine;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow, moe::MoeArgs};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, DevWindow, DevWindow, DevWindow, MoeArgs)> = &moe_combine;
+    /// assert_eq!(k.name(), "moe_combine");
+    /// // Dynamic shared memory per CTA for 16 experts:
+    /// assert_eq!(ferrolink_device::moe::combine_shared_bytes(16), 192);
+    /// ```
     pub unsafe fn moe_combine(
         comm: DevComm,
         recv: DevWindow,
@@ -61,6 +88,19 @@ kernel! {
     ///
     /// # Safety
     /// As [`low_latency::dispatch`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::moe::moe_ll_dispatch;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow, moe::low_latency::MoeLowLatencyArgs};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, DevWindow, DevWindow, MoeLowLatencyArgs)> = &moe_ll_dispatch;
+    /// assert_eq!(k.name(), "moe_ll_dispatch");
+    /// // Dynamic shared memory per CTA for 16 experts:
+    /// assert_eq!(ferrolink_device::moe::low_latency::shared_bytes(16), 72);
+    /// ```
     pub unsafe fn moe_ll_dispatch(
         comm: DevComm,
         send: DevWindow,
@@ -82,6 +122,17 @@ kernel! {
     ///
     /// # Safety
     /// As [`low_latency::combine`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::moe::moe_ll_combine;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow, moe::low_latency::MoeLowLatencyArgs};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, DevWindow, DevWindow, MoeLowLatencyArgs)> = &moe_ll_combine;
+    /// assert_eq!(k.name(), "moe_ll_combine");
+    /// ```
     pub unsafe fn moe_ll_combine(comm: DevComm, recv: DevWindow, ret: DevWindow, counts: DevWindow, args: MoeLowLatencyArgs) {
         // SAFETY: the kernel's contract. An abort ends it early: the host reports it.
         let _ = unsafe {
@@ -97,6 +148,17 @@ kernel! {
     ///
     /// # Safety
     /// As [`fused::finish`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::moe::moe_fused_finish;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow, moe::MoeArgs};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, DevWindow, MoeArgs)> = &moe_fused_finish;
+    /// assert_eq!(k.name(), "moe_fused_finish");
+    /// ```
     pub unsafe fn moe_fused_finish(comm: DevComm, acc: DevWindow, ret: DevWindow, args: MoeArgs) {
         // SAFETY: the kernel's contract. An abort ends it early: the host reports it.
         let _ = unsafe { fused::finish(&comm, &acc, &ret, &args, arch::block_idx_x(), arch::grid_dim_x()) };
@@ -126,6 +188,17 @@ kernel! {
     /// `target.experts_per_rank` experts. The launch has a whole number of warps per CTA (a
     /// row's warp meets in `row_added`) and `4 * ffn * warps` bytes of dynamic shared memory
     /// per CTA (each warp's hidden layer).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::moe::moe_expert_mlp_fused;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, moe::fused::FusedCombineArgs};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, FusedCombineArgs, *const f32, *const f32, u32)> = &moe_expert_mlp_fused;
+    /// assert_eq!(k.name(), "moe_expert_mlp_fused");
+    /// ```
     pub unsafe fn moe_expert_mlp_fused(comm: DevComm, target: FusedCombineArgs, w1: *const f32, w2: *const f32, ffn: u32) {
         let (warps, warp, lane) = (arch::block_dim_x() / arch::WARP_SIZE, arch::warp_id_in_block(), arch::lane_id());
         let (first, stride) = (arch::block_idx_x() * warps + warp, arch::grid_dim_x() * warps);

@@ -12,6 +12,17 @@ kernel! {
     ///
     /// # Safety
     /// As [`p2p::run`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::p2p::p2p_group;
+    /// # use ferrolink_device::kernel::Kernel;
+    /// # use ferrolink_device::{DevComm, DevWindow, p2p::P2pArgs};
+    /// // The host crate launches it with arguments of exactly these types:
+    /// let k: &Kernel<(DevComm, DevWindow, DevWindow, P2pArgs, *const u64, *mut u64)> = &p2p_group;
+    /// assert_eq!(k.name(), "p2p_group");
+    /// ```
     pub unsafe fn p2p_group(comm: DevComm, send_win: DevWindow, recv_win: DevWindow, args: P2pArgs, ops: *const u64, progress: *mut u64) {
         // SAFETY: the kernel's contract.
         unsafe {

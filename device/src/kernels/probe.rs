@@ -12,6 +12,20 @@ kernel! {
     ///
     /// # Safety
     /// `out` holds two words.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::emulator::{self, LaunchSpec};
+    /// use ferrolink_device::kernels::probe::sm_clock_probe;
+    /// # use std::time::Duration;
+    /// let mut out = [0u64; 2]; // cycles, nanoseconds
+    /// # let spec = LaunchSpec { name: sm_clock_probe.name(),
+    /// #     grid: [1, 1, 1], block: [1, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+    /// // SAFETY: `out` holds two words and outlives the launch.
+    /// unsafe { emulator::launch(&spec, sm_clock_probe.host_entry(), (10_000, out.as_mut_ptr())) }.unwrap();
+    /// assert!(out[1] >= 10_000); // at least the 10 µs asked for
+    /// ```
     pub unsafe fn sm_clock_probe(ns: u64, out: *mut u64) {
         if arch::global_thread_idx_x() != 0 {
             return;
@@ -31,6 +45,13 @@ kernel! {
 }
 
 /// The primitives [`primitive_latency`] times, by code.
+///
+/// ```
+/// use ferrolink_device::kernels::probe::Primitive;
+/// for (i, p) in Primitive::ALL.into_iter().enumerate() {
+///     assert_eq!(p.code() as usize, i);
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Primitive {
     /// `fence.acq_rel.gpu`.
@@ -71,11 +92,22 @@ impl Primitive {
     ];
 
     /// The kernel argument for this primitive.
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::probe::Primitive;
+    /// assert_eq!(Primitive::FenceAcqRelGpu.code(), 0);
+    /// assert_eq!(Primitive::WarpBarrier.code(), 9);
+    /// ```
     pub const fn code(self) -> u32 {
         self as u32
     }
 
     /// What the PTX is, for reports.
+    ///
+    /// ```
+    /// use ferrolink_device::kernels::probe::Primitive;
+    /// assert_eq!(Primitive::StoreReleaseGpu.ptx(), "st.release.gpu");
+    /// ```
     pub const fn ptx(self) -> &'static str {
         match self {
             Primitive::FenceAcqRelGpu => "fence.acq_rel.gpu",
@@ -110,6 +142,23 @@ kernel! {
     ///
     /// # Safety
     /// `words` holds two zeroed `u32`s that nothing else touches; `out_ns` one word.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::emulator::{self, LaunchSpec};
+    /// use ferrolink_device::kernels::probe::{Primitive, primitive_latency};
+    /// # use std::time::Duration;
+    /// let mut words = [0u32; 2];
+    /// let mut ns = u64::MAX;
+    /// // One CTA of 32 threads.
+    /// let spec = LaunchSpec { name: primitive_latency.name(), grid: [1, 1, 1], block: [32, 1, 1],
+    ///     shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+    /// let args = (words.as_mut_ptr(), Primitive::FenceAcqRelGpu.code(), 100, &raw mut ns);
+    /// // SAFETY: two zeroed words nothing else touches, and one for the time; all outlive the launch.
+    /// unsafe { emulator::launch(&spec, primitive_latency.host_entry(), args) }.unwrap();
+    /// assert_ne!(ns, u64::MAX); // written by lane 0
+    /// ```
     pub unsafe fn primitive_latency(words: *mut u32, op: u32, iters: u32, out_ns: *mut u64) {
         if arch::global_thread_idx_x() >= arch::WARP_SIZE {
             return;

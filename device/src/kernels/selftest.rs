@@ -5,6 +5,12 @@ use crate::arch::{self, LoadOrder, RmwOrder, Scope, StoreOrder, atomic};
 use crate::kernel;
 
 /// The value the message-passing litmus writes into word `i` in round `r`.
+///
+/// ```
+/// use ferrolink_device::kernels::selftest::mp_value;
+/// assert_eq!(mp_value(0, 7), 7);
+/// assert_ne!(mp_value(1, 7), mp_value(2, 7)); // every round writes new values
+/// ```
 pub const fn mp_value(round: u32, i: u32) -> u32 {
     round.wrapping_mul(0x9E37_79B9) ^ i
 }
@@ -36,6 +42,26 @@ kernel! {
     ///
     /// # Safety
     /// `data` holds `words` words; `flag`, `ack` and `errors` are valid words.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::arch::Scope;
+    /// use ferrolink_device::emulator::{self, LaunchSpec};
+    /// use ferrolink_device::kernels::selftest::selftest_message_passing;
+    /// # use std::time::Duration;
+    /// let (rounds, words) = (5u32, 64u32);
+    /// let mut data = vec![0u32; words as usize];
+    /// let mut flags = [0u32; 3]; // flag, ack, errors
+    /// let f = flags.as_mut_ptr();
+    /// // Exactly two CTAs: the producer and the consumer.
+    /// let spec = LaunchSpec { name: selftest_message_passing.name(), grid: [2, 1, 1], block: [32, 1, 1],
+    ///     shared_mem_bytes: 0, timeout: Duration::from_secs(30) };
+    /// let args = (data.as_mut_ptr(), f, f.wrapping_add(1), f.wrapping_add(2), rounds, words, Scope::Gpu.code());
+    /// // SAFETY: `data` holds `words` words and `flags` three zeroed words; both outlive the launch.
+    /// unsafe { emulator::launch(&spec, selftest_message_passing.host_entry(), args) }.unwrap();
+    /// assert_eq!(flags, [rounds, rounds, 0]);
+    /// ```
     pub unsafe fn selftest_message_passing(
         data: *mut u32, flag: *mut u32, ack: *mut u32, errors: *mut u32,
         rounds: u32, words: u32, scope: u32
@@ -99,6 +125,27 @@ kernel! {
     ///
     /// # Safety
     /// The three pointers are valid words, zero at launch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::arch::Scope;
+    /// use ferrolink_device::emulator::{self, LaunchSpec};
+    /// use ferrolink_device::kernels::selftest::selftest_counters;
+    /// # use std::time::Duration;
+    /// let (grid, block, iters) = (2u32, 32u32, 10u32);
+    /// let mut cas = 0u64;
+    /// let mut words = [0u32; 2]; // add_counter, max_word
+    /// let w = words.as_mut_ptr();
+    /// # let spec = LaunchSpec { name: selftest_counters.name(),
+    /// #     grid: [grid, 1, 1], block: [block, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+    /// let args = (&raw mut cas, w, w.wrapping_add(1), iters, Scope::Gpu.code());
+    /// // SAFETY: three zeroed words that outlive the launch.
+    /// unsafe { emulator::launch(&spec, selftest_counters.host_entry(), args) }.unwrap();
+    /// let threads = grid * block;
+    /// assert_eq!(cas, u64::from(threads * iters));
+    /// assert_eq!(words, [threads * iters, threads - 1]);
+    /// ```
     pub unsafe fn selftest_counters(
         cas_counter: *mut u64, add_counter: *mut u32, max_word: *mut u32, iters: u32, scope: u32
     ) {
@@ -123,6 +170,13 @@ kernel! {
 }
 
 /// Words [`selftest_warp`] writes per thread.
+///
+/// ```
+/// use ferrolink_device::kernels::selftest::WARP_TEST_WORDS;
+/// // `selftest_warp`'s output for 64 threads; thread `t`'s word `k` is at `t * WARP_TEST_WORDS + k`.
+/// let out = vec![0u32; 64 * WARP_TEST_WORDS];
+/// assert_eq!(out.len(), 512);
+/// ```
 pub const WARP_TEST_WORDS: usize = 8;
 
 kernel! {
@@ -140,6 +194,24 @@ kernel! {
     ///
     /// # Safety
     /// `out` holds `WARP_TEST_WORDS` words per launched thread.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::emulator::{self, LaunchSpec};
+    /// use ferrolink_device::kernels::selftest::{WARP_TEST_WORDS, selftest_warp};
+    /// # use std::time::Duration;
+    /// let mut out = vec![0u32; 32 * WARP_TEST_WORDS];
+    /// # let spec = LaunchSpec { name: selftest_warp.name(),
+    /// #     grid: [1, 1, 1], block: [32, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+    /// // SAFETY: `out` holds WARP_TEST_WORDS words per thread and outlives the launch.
+    /// unsafe { emulator::launch(&spec, selftest_warp.host_entry(), (out.as_mut_ptr(),)) }.unwrap();
+    /// let lane = |l: usize| &out[l * WARP_TEST_WORDS..(l + 1) * WARP_TEST_WORDS];
+    /// assert_eq!(lane(7)[0], 100); // lane 0's `lane + 100`, broadcast
+    /// assert_eq!(lane(7)[1], 0x4924_9249); // lanes 0, 3, 6, .. voted true
+    /// assert_eq!(lane(7)[5], 496); // 0 + 1 + .. + 31
+    /// assert_eq!(lane(7)[7], 3 << 8 | 5);
+    /// ```
     pub unsafe fn selftest_warp(out: *mut u32) {
         let lane = arch::lane_id();
         let active = arch::active_mask();
@@ -178,6 +250,24 @@ kernel! {
     ///
     /// # Safety
     /// `out` holds one word per launched thread.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::emulator::{self, LaunchSpec};
+    /// use ferrolink_device::kernels::selftest::selftest_shared_reverse;
+    /// # use std::time::Duration;
+    /// let (grid, block) = (2u32, 8u32);
+    /// let mut out = vec![0u32; (grid * block) as usize];
+    /// // A shared word per thread of the CTA.
+    /// let spec = LaunchSpec { name: selftest_shared_reverse.name(), grid: [grid, 1, 1], block: [block, 1, 1],
+    ///     shared_mem_bytes: 4 * block as usize, timeout: Duration::from_secs(10) };
+    /// // SAFETY: `out` holds a word per thread and outlives the launch.
+    /// unsafe { emulator::launch(&spec, selftest_shared_reverse.host_entry(), (out.as_mut_ptr(),)) }.unwrap();
+    /// // Thread `t` of CTA `b` reads what thread `block - 1 - t` stored: `(block - 1 - t) * 7 + b`.
+    /// assert_eq!(out[0], 7 * 7);
+    /// assert_eq!(out[8 + 7], 1);
+    /// ```
     pub unsafe fn selftest_shared_reverse(out: *mut u32) {
         let shared = arch::dynamic_shared_mem::<u32>();
         let t = arch::thread_idx_x();
@@ -198,6 +288,20 @@ kernel! {
     ///
     /// # Safety
     /// `flag` is a valid word.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::emulator::{self, LaunchSpec};
+    /// use ferrolink_device::kernels::selftest::selftest_signal;
+    /// # use std::time::Duration;
+    /// let mut flag = 0u32;
+    /// # let spec = LaunchSpec { name: selftest_signal.name(),
+    /// #     grid: [1, 1, 1], block: [32, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+    /// // SAFETY: `flag` outlives the launch.
+    /// unsafe { emulator::launch(&spec, selftest_signal.host_entry(), (&raw mut flag, 7)) }.unwrap();
+    /// assert_eq!(flag, 7);
+    /// ```
     pub unsafe fn selftest_signal(flag: *mut u32, value: u32) {
         if arch::global_thread_idx_x() == 0 {
             // SAFETY: `flag` is valid (kernel contract).
@@ -207,8 +311,19 @@ kernel! {
 }
 
 /// [`selftest_wait_flag`] status: the flag reached the target.
+///
+/// ```
+/// use ferrolink_device::kernels::selftest::{WAIT_SEEN, WAIT_TIMED_OUT};
+/// // Neither is 0: a status still 0 after the launch was never written.
+/// assert!(WAIT_SEEN != 0 && WAIT_SEEN != WAIT_TIMED_OUT);
+/// ```
 pub const WAIT_SEEN: u32 = 1;
 /// [`selftest_wait_flag`] status: the device-side timeout passed first.
+///
+/// ```
+/// use ferrolink_device::kernels::selftest::{WAIT_SEEN, WAIT_TIMED_OUT};
+/// assert!(WAIT_TIMED_OUT != 0 && WAIT_TIMED_OUT != WAIT_SEEN);
+/// ```
 pub const WAIT_TIMED_OUT: u32 = 2;
 
 kernel! {
@@ -218,6 +333,26 @@ kernel! {
     ///
     /// # Safety
     /// `flag` and `status` are valid words.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::emulator::{self, LaunchSpec};
+    /// use ferrolink_device::kernels::selftest::{WAIT_SEEN, WAIT_TIMED_OUT, selftest_wait_flag};
+    /// # use std::time::Duration;
+    /// let (flag, mut status) = (5u32, 0u32);
+    /// # let spec = LaunchSpec { name: selftest_wait_flag.name(),
+    /// #     grid: [1, 1, 1], block: [1, 1, 1], shared_mem_bytes: 0, timeout: Duration::from_secs(10) };
+    /// let (f, st) = (&raw const flag, &raw mut status);
+    /// // The flag is already at least 3.
+    /// // SAFETY: `flag` and `status` outlive the launch.
+    /// unsafe { emulator::launch(&spec, selftest_wait_flag.host_entry(), (f, 3, 1_000_000_000, st)) }.unwrap();
+    /// assert_eq!(status, WAIT_SEEN);
+    /// // A signal that never comes: the device-side timeout (1 ms) ends the wait.
+    /// // SAFETY: as above.
+    /// unsafe { emulator::launch(&spec, selftest_wait_flag.host_entry(), (f, 6, 1_000_000, st)) }.unwrap();
+    /// assert_eq!(status, WAIT_TIMED_OUT);
+    /// ```
     pub unsafe fn selftest_wait_flag(flag: *const u32, target: u32, timeout_ns: u64, status: *mut u32) {
         if arch::global_thread_idx_x() != 0 {
             return;

@@ -74,6 +74,14 @@ use bytemuck::{Pod, Zeroable};
 
 /// Where a received row came from (16 bytes per receive slot, written by a dispatch given
 /// the weights).
+///
+/// ```
+/// use ferrolink_device::moe::fused::RowSource;
+/// // 16 bytes per receive slot, as the dispatch puts them:
+/// assert_eq!(size_of::<RowSource>(), 16);
+/// let s = RowSource { rank: 2, token: 10, k: 1, weight: 0.75 }; // entry (10, 1) of rank 2
+/// assert_eq!(s.weight, 0.75);
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
 pub struct RowSource {
@@ -90,6 +98,15 @@ pub struct RowSource {
 /// Byte offset of the [`RowSource`]s in the receive window: after its `experts_per_rank *
 /// capacity` rows of `row_bytes` (`2 * hidden`); slot `l * capacity + i`'s source is at
 /// `sources_offset + (l * capacity + i) * 16`.
+///
+/// ```
+/// use ferrolink_device::moe::fused::sources_offset;
+/// // 2 local experts x capacity 16, bf16 rows of hidden 64 (128 bytes):
+/// let at = sources_offset(2, 16, 128);
+/// assert_eq!(at, 4096);
+/// // The source of slot (l = 1, i = 3):
+/// assert_eq!(at + (16 + 3) * 16, 4400);
+/// ```
 pub const fn sources_offset(experts_per_rank: usize, capacity: usize, row_bytes: usize) -> usize {
     experts_per_rank * capacity * row_bytes
 }
@@ -117,6 +134,44 @@ pub(crate) unsafe fn put_source(
 
 /// What an expert kernel needs for the fused combine (a kernel argument, made by the host's
 /// `Moe::fused_target` for one call): the rows it computes and where their results go.
+///
+/// ```no_run
+/// use ferrolink_device::moe::fused::FusedCombineArgs;
+/// use ferrolink_device::{DevComm, arch, kernel};
+/// kernel! {
+///     /// Identity experts (`y = x`): a warp per received row adds `weight * x` into the
+///     /// token's rank and reports the row.
+///     ///
+///     /// # Safety
+///     /// `target` is what `Moe::fused_target` gave this call and `comm` is `Moe::dev_comm`;
+///     /// this is the call's only expert launch; whole warps per CTA.
+///     pub unsafe fn identity_experts(comm: DevComm, target: FusedCombineArgs) {
+///         // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+///         let warps = arch::block_dim_x() / arch::WARP_SIZE;
+///         let (first, stride) = (arch::block_idx_x() * warps + arch::warp_id_in_block(), arch::grid_dim_x() * warps);
+///         let bf16 = |h: u32| f32::from_bits(h << 16);
+///         for l in 0..target.experts_per_rank as usize {
+///             // SAFETY: the kernel's contract: `l < experts_per_rank`, `i < rows(l)`, channels
+///             // below `hidden`; the whole warp reports each of its rows once.
+///             unsafe {
+///                 let mut i = first;
+///                 while i < target.rows(l) {
+///                     let (x, source) = (target.row(l, i), target.source(l, i));
+///                     let mut c = 4 * arch::lane_id() as usize;
+///                     while c < target.hidden as usize {
+///                         let v = arch::load_v4(x.add(c / 8)).0;
+///                         let (a, b) = (v[c % 8 / 2], v[c % 8 / 2 + 1]);
+///                         target.add(&source, c, [bf16(a & 0xffff), bf16(a >> 16), bf16(b & 0xffff), bf16(b >> 16)]);
+///                         c += 4 * arch::WARP_SIZE;
+///                     }
+///                     target.row_added(&comm, &source);
+///                     i += stride;
+///                 }
+///             }
+///         }
+///     }
+/// }
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct FusedCombineArgs {
@@ -157,6 +212,18 @@ impl FusedCombineArgs {
     ///
     /// # Safety
     /// `self` is what the host gave this launch; `l < experts_per_rank`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::moe::fused::FusedCombineArgs;
+    /// let recv_counts = [3i32, 0, 5]; // as the dispatch wrote them
+    /// let target =
+    ///     FusedCombineArgs { recv_counts: recv_counts.as_ptr() as u64, experts_per_rank: 3, ..Default::default() };
+    /// // SAFETY: `recv_counts` holds `experts_per_rank` counts.
+    /// let rows: Vec<usize> = (0..3).map(|l| unsafe { target.rows(l) }).collect();
+    /// assert_eq!(rows, [3, 0, 5]);
+    /// ```
     #[inline(always)]
     pub unsafe fn rows(&self, l: usize) -> usize {
         // SAFETY: the contract: `recv_counts` holds `experts_per_rank` counts, written by the
@@ -166,6 +233,15 @@ impl FusedCombineArgs {
 
     /// The token row (`hidden` bf16, as `hidden / 8` 16-byte units) of local expert `l`'s
     /// row `i`.
+    ///
+    /// ```
+    /// use ferrolink_device::DevWindow;
+    /// use ferrolink_device::moe::fused::FusedCombineArgs;
+    /// // A receive window of 2 local experts x capacity 4 rows, hidden 64 (128-byte rows):
+    /// let recv = DevWindow { flat_base: 0x10_0000, stride: 4096, size: 4096, lsa_size: 1, ..Default::default() };
+    /// let target = FusedCombineArgs { recv, experts_per_rank: 2, capacity: 4, hidden: 64, ..Default::default() };
+    /// assert_eq!(target.row(1, 2) as u64, 0x10_0000 + (4 + 2) * 128);
+    /// ```
     #[inline(always)]
     pub fn row(&self, l: usize, i: usize) -> *const U32x4 {
         self.recv.local_ptr((l * self.capacity as usize + i) * self.hidden as usize * 2)
@@ -175,6 +251,31 @@ impl FusedCombineArgs {
     ///
     /// # Safety
     /// As [`FusedCombineArgs::rows`], and `i < self.rows(l)`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::arch::U32x4;
+    /// use ferrolink_device::moe::fused::{FusedCombineArgs, RowSource, sources_offset};
+    /// use ferrolink_device::DevWindow;
+    /// // 1 local expert, capacity 2, hidden 8: two 16-byte rows, then a source per slot.
+    /// assert_eq!(sources_offset(1, 2, 16), 2 * 16);
+    /// let mut recv = vec![U32x4::default(); 4];
+    /// recv[3] = U32x4([5, 7, 1, 0.25f32.to_bits()]); // slot 1's source, as the dispatch put it
+    /// let recv_counts = [2i32];
+    /// let base = recv.as_ptr() as u64;
+    /// let target = FusedCombineArgs {
+    ///     recv: DevWindow { flat_base: base, stride: 64, size: 64, lsa_size: 1, ..Default::default() },
+    ///     recv_counts: recv_counts.as_ptr() as u64,
+    ///     experts_per_rank: 1,
+    ///     capacity: 2,
+    ///     hidden: 8,
+    ///     ..Default::default()
+    /// };
+    /// // SAFETY: expert 0 received 2 rows, whose sources lie in `recv`.
+    /// let source = unsafe { target.source(0, 1) };
+    /// assert_eq!(source, RowSource { rank: 5, token: 7, k: 1, weight: 0.25 });
+    /// ```
     #[inline(always)]
     pub unsafe fn source(&self, l: usize, i: usize) -> RowSource {
         let (per, cap) = (self.experts_per_rank as usize, self.capacity as usize);
@@ -185,6 +286,14 @@ impl FusedCombineArgs {
     }
 
     /// Whether world rank `rank` is reached directly (the same rule as GIN's).
+    ///
+    /// ```
+    /// use ferrolink_device::moe::fused::FusedCombineArgs;
+    /// // This rank's LSA domain is ranks 4..8:
+    /// let target = FusedCombineArgs { domain_first: 4, domain_size: 4, ..Default::default() };
+    /// assert!(target.is_direct(4) && target.is_direct(7));
+    /// assert!(!target.is_direct(3) && !target.is_direct(8));
+    /// ```
     #[inline(always)]
     pub fn is_direct(&self, rank: u32) -> bool {
         rank.wrapping_sub(self.domain_first) < self.domain_size
@@ -192,6 +301,15 @@ impl FusedCombineArgs {
 
     /// Row of [`FusedCombineArgs::stage`] for `source` (a rank not reached directly): the
     /// ranks outside this domain in order, then `(token, k)`.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::fused::{FusedCombineArgs, RowSource};
+    /// let target =
+    ///     FusedCombineArgs { domain_first: 4, domain_size: 4, max_tokens: 8, top_k: 2, ..Default::default() };
+    /// // Rank 9 is index 5 among the ranks outside 4..8 (0, 1, 2, 3, 8, 9, ..):
+    /// let source = RowSource { rank: 9, token: 1, k: 1, weight: 1.0 };
+    /// assert_eq!(target.stage_row(&source), (5 * 8 + 1) * 2 + 1);
+    /// ```
     #[inline(always)]
     pub fn stage_row(&self, source: &RowSource) -> usize {
         let r = source.rank;
@@ -207,6 +325,33 @@ impl FusedCombineArgs {
     /// # Safety
     /// As [`FusedCombineArgs::source`] for the `source` passed (read by this launch);
     /// `channel` is a multiple of 4 below `hidden`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ferrolink_device::emulator::{self, LaunchSpec};
+    /// use ferrolink_device::moe::fused::{FusedCombineArgs, RowSource};
+    /// use ferrolink_device::DevWindow;
+    /// # use std::time::Duration;
+    /// // One rank, its own LSA domain: the accumulators of 2 tokens of hidden 8.
+    /// #[repr(align(16))]
+    /// struct Acc([f32; 16]);
+    /// let mut acc = Acc([0.0; 16]);
+    /// let base = acc.0.as_mut_ptr() as u64;
+    /// let acc_win = DevWindow { flat_base: base, stride: 64, size: 64, lsa_size: 1, ..Default::default() };
+    /// let target =
+    ///     FusedCombineArgs { acc: acc_win, hidden: 8, top_k: 1, max_tokens: 2, domain_size: 1, ..Default::default() };
+    /// unsafe fn expert(args: (FusedCombineArgs,)) {
+    ///     let source = RowSource { rank: 0, token: 1, k: 0, weight: 0.5 };
+    ///     // SAFETY: token 1 of rank 0 has an accumulator row; channel 4 is a multiple of 4 below hidden.
+    ///     unsafe { args.0.add(&source, 4, [2.0, 4.0, 6.0, 8.0]) };
+    /// }
+    /// # let spec = LaunchSpec { name: "expert", grid: [1, 1, 1], block: [1, 1, 1], shared_mem_bytes: 0,
+    /// #     timeout: Duration::from_secs(10) };
+    /// // SAFETY: the accumulators outlive the launch.
+    /// unsafe { emulator::launch(&spec, expert, (target,)) }.unwrap();
+    /// assert_eq!(acc.0[8 + 4..], [1.0, 2.0, 3.0, 4.0]); // weight * y, in token 1's row
+    /// ```
     #[inline(always)]
     pub unsafe fn add(&self, source: &RowSource, channel: usize, y: [f32; 4]) {
         let w = source.weight;
@@ -243,6 +388,32 @@ impl FusedCombineArgs {
     /// ([`FusedCombineArgs::source`]) of a row not reported yet; `comm` is the `Moe`'s device
     /// communicator (`Moe::dev_comm`). A report too many lets the token rank's `finish` read
     /// the accumulators while adds still land.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use ferrolink_device::moe::fused::FusedCombineArgs;
+    /// use ferrolink_device::{DevComm, arch};
+    /// /// A warp's whole work on local expert `l`'s row `i`: `y = 1` in every channel, then the report.
+    /// ///
+    /// /// # Safety
+    /// /// Every lane of one warp calls it, once per received row (`i < target.rows(l)`) of this
+    /// /// call's only expert launch; `target` and `comm` come from that `Moe`.
+    /// unsafe fn ones_row(comm: &DevComm, target: &FusedCombineArgs, l: usize, i: usize) {
+    ///     // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+    ///     // SAFETY: the caller's contract.
+    ///     unsafe {
+    ///         let source = target.source(l, i);
+    ///         let mut c = 4 * arch::lane_id() as usize;
+    ///         while c < target.hidden as usize {
+    ///             target.add(&source, c, [1.0; 4]);
+    ///             c += 4 * arch::WARP_SIZE;
+    ///         }
+    ///         // Every lane, after all of its adds for the row.
+    ///         target.row_added(comm, &source);
+    ///     }
+    /// }
+    /// ```
     #[inline(always)]
     pub unsafe fn row_added(&self, comm: &DevComm, source: &RowSource) {
         let gin = Gin::new(comm, 0);
@@ -287,6 +458,26 @@ impl FusedCombineArgs {
 /// `tokens * hidden` f32 at least) and `ret` its return rows (`tokens * top_k * hidden` f32
 /// when some rank is not reached directly: checked). The kernel writes the state's
 /// `fused_done` (nothing else uses the state while it runs).
+///
+/// # Examples
+///
+/// ```no_run
+/// use ferrolink_device::moe::{MoeArgs, fused};
+/// use ferrolink_device::{DevComm, DevWindow, arch, kernel};
+/// kernel! {
+///     /// The fused combine's last step as a kernel of one's own (as the built-in
+///     /// `moe_fused_finish`), after the expert launch on the same stream.
+///     ///
+///     /// # Safety
+///     /// As `fused::finish`.
+///     pub unsafe fn my_fused_finish(comm: DevComm, acc: DevWindow, ret: DevWindow, args: MoeArgs) {
+///         // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+///         let (block, grid) = (arch::block_idx_x(), arch::grid_dim_x());
+///         // SAFETY: the kernel's contract. False: an abort or a timeout (the host reports it).
+///         let _ = unsafe { fused::finish(&comm, &acc, &ret, &args, block, grid) };
+///     }
+/// }
+/// ```
 pub unsafe fn finish(
     comm: &DevComm,
     acc: &DevWindow,

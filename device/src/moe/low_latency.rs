@@ -80,10 +80,25 @@ use bytemuck::{Pod, Zeroable};
 /// Which halves a low-latency kernel runs ([`MoeLowLatencyArgs::phase`]).
 pub mod phase {
     /// Sends (the dispatch's rows and counts, the combine's results).
+    ///
+    /// ```
+    /// use ferrolink_device::moe::low_latency::phase;
+    /// assert_eq!(phase::SEND | phase::RECV, phase::BOTH);
+    /// ```
     pub const SEND: u32 = 1;
     /// Receives (the dispatch waits for its rows, the combine for its results and sums them).
+    ///
+    /// ```
+    /// use ferrolink_device::moe::low_latency::phase;
+    /// assert_eq!(phase::RECV & phase::SEND, 0); // separate bits
+    /// ```
     pub const RECV: u32 = 2;
     /// Both, in one kernel.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::low_latency::phase;
+    /// assert_eq!(phase::BOTH, phase::SEND | phase::RECV); // one kernel, no receive hook
+    /// ```
     pub const BOTH: u32 = 3;
 }
 
@@ -91,19 +106,66 @@ pub mod phase {
 /// communicator).
 pub mod signal {
     /// Count messages received, by call parity.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::low_latency::signal;
+    /// let epoch = 3u64; // call 3 uses the buffers and signals of parity 1
+    /// assert_eq!(signal::COUNTS[(epoch % 2) as usize], 1);
+    /// ```
     pub const COUNTS: [u32; 2] = [0, 1];
     /// Rows received, by call parity.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::low_latency::signal;
+    /// let epoch = 3u64;
+    /// assert_eq!(signal::DATA[(epoch % 2) as usize], 3);
+    /// ```
     pub const DATA: [u32; 2] = [2, 3];
     /// Results received.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::low_latency::signal;
+    /// assert!(signal::RETURN < signal::COUNT);
+    /// ```
     pub const RETURN: u32 = 4;
     /// A direct peer's expert results may be read in place.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::low_latency::signal;
+    /// assert!(signal::READY < signal::COUNT);
+    /// ```
     pub const READY: u32 = 5;
     /// Signals in all.
+    ///
+    /// ```
+    /// use ferrolink_device::moe::low_latency::signal;
+    /// // Both parities' counts and data signals, then the return and ready signals.
+    /// assert_eq!(signal::COUNT, signal::READY + 1);
+    /// ```
     pub const COUNT: u32 = 6;
 }
 
 /// What the low-latency kernels run with (the same on every rank but `tokens` and the
 /// addresses).
+///
+/// ```
+/// use ferrolink_device::moe::low_latency::{MoeLowLatencyArgs, phase};
+/// // The send half of call 1 (8 bf16 tokens of hidden 64), before the device addresses:
+/// let send = MoeLowLatencyArgs {
+///     tokens: 8,
+///     top_k: 2,
+///     num_experts: 16,
+///     max_tokens: 8,
+///     hidden: 64,
+///     phase: phase::SEND,
+///     x_units: 64 / 8,
+///     epoch: 1,
+///     ..MoeLowLatencyArgs::default()
+/// };
+/// // Its receive half, launched later (the receive hook): the same arguments but the phase.
+/// let recv = MoeLowLatencyArgs { phase: phase::RECV, ..send };
+/// assert_eq!(send.phase | recv.phase, phase::BOTH);
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct MoeLowLatencyArgs {
@@ -159,6 +221,13 @@ impl SumArgs for MoeLowLatencyArgs {
 /// A rank's running totals in low-latency mode (device memory). Each field is written by one
 /// thread at a time, and only field by field: the send half's last CTA writes `ret_total`
 /// and `done` while, in the same kernel, CTA 0's receive writes `data_total` and `received`.
+///
+/// ```
+/// use ferrolink_device::moe::low_latency::{LowLatencyState, scratch_bytes};
+/// // The state opens the scratch, the slot counters follow it.
+/// assert_eq!(scratch_bytes(16), size_of::<LowLatencyState>() + 2 * 16 * 4);
+/// assert_eq!(LowLatencyState::default().data_total, [0, 0]);
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct LowLatencyState {
@@ -176,17 +245,36 @@ pub struct LowLatencyState {
 }
 
 /// Bytes of the state and the slot counters after it (`u32 [2][num_experts]`).
+///
+/// ```
+/// use ferrolink_device::moe::low_latency::scratch_bytes;
+/// // A `u32` slot counter per expert and parity after the state:
+/// assert_eq!(scratch_bytes(16) - scratch_bytes(0), 2 * 16 * 4);
+/// ```
 pub const fn scratch_bytes(num_experts: usize) -> usize {
     core::mem::size_of::<LowLatencyState>() + 8 * num_experts
 }
 
 /// Dynamic shared memory the kernels need per CTA, for `num_experts` experts: a `u64` and a
 /// `PeerTally` (`num_experts` words cover any number of ranks).
+///
+/// ```
+/// use ferrolink_device::moe::low_latency::shared_bytes;
+/// assert_eq!(shared_bytes(64), 8 + 4 * 64);
+/// ```
 pub const fn shared_bytes(num_experts: usize) -> usize {
     8 + 4 * num_experts
 }
 
 /// Where rows lie in the receive and return windows, for one shape.
+///
+/// ```
+/// use ferrolink_device::moe::low_latency::RowLayout;
+/// // 2 experts per rank, 4 ranks, 8 rows per (expert, source), bf16 rows of hidden 64:
+/// let rows = RowLayout { per_rank: 2, nranks: 4, max_tokens: 8, row_bytes: 128 };
+/// // Parity 1's rows follow all of parity 0's.
+/// assert_eq!(rows.recv_row(1, 0, 0, 0), 2 * 4 * 8 * 128);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowLayout {
     /// Experts per rank.
@@ -202,12 +290,26 @@ pub struct RowLayout {
 impl RowLayout {
     /// Byte offset of row `i` from source `s` of local expert `l` in the receive window, for
     /// call parity `p` (`[2][experts per rank][nranks][max_tokens]` rows).
+    ///
+    /// ```
+    /// use ferrolink_device::moe::low_latency::RowLayout;
+    /// let rows = RowLayout { per_rank: 2, nranks: 4, max_tokens: 8, row_bytes: 128 };
+    /// // Row 3 from source 2 of local expert 1, parity 0:
+    /// assert_eq!(rows.recv_row(0, 1, 2, 3), ((4 + 2) * 8 + 3) * 128);
+    /// ```
     pub const fn recv_row(&self, p: usize, l: usize, s: usize, i: usize) -> usize {
         (((p * self.per_rank + l) * self.nranks + s) * self.max_tokens + i) * self.row_bytes
     }
 
     /// The return row of slot `i` of expert `e` (`e * max_tokens + i`; its byte offset is
     /// that times the row size).
+    ///
+    /// ```
+    /// use ferrolink_device::moe::low_latency::RowLayout;
+    /// let rows = RowLayout { per_rank: 2, nranks: 4, max_tokens: 8, row_bytes: 128 };
+    /// // Slot 3 of expert 5: row 43, at byte 43 * 128 of the return window.
+    /// assert_eq!(rows.ret_row(5, 3), 43);
+    /// ```
     pub const fn ret_row(&self, e: usize, i: usize) -> usize {
         e * self.max_tokens + i
     }
@@ -234,6 +336,11 @@ impl Counts {
 
 /// Bytes of the counts window for `num_experts` experts (three blocks of `nranks *
 /// experts_per_rank = num_experts` words).
+///
+/// ```
+/// use ferrolink_device::moe::low_latency::counts_bytes;
+/// assert_eq!(counts_bytes(16), 3 * 16 * 4);
+/// ```
 pub const fn counts_bytes(num_experts: usize) -> usize {
     3 * num_experts * 4
 }
@@ -273,6 +380,28 @@ fn check_args(comm: &DevComm, args: &MoeLowLatencyArgs) {
 /// [`MoeLowLatencyArgs`] says, the state is this rank's and used by one of these kernels at a
 /// time; the signals [`signal`] of GIN context 0 are these kernels'; `args.epoch` counts the
 /// dispatches, and the halves run in the order send, receive, combine send, combine receive.
+///
+/// # Examples
+///
+/// ```no_run
+/// use ferrolink_device::moe::low_latency::{self, MoeLowLatencyArgs};
+/// use ferrolink_device::{DevComm, DevWindow, arch, kernel};
+/// kernel! {
+///     /// The low-latency dispatch as a kernel of one's own (as the built-in
+///     /// `moe_ll_dispatch`): the halves `args.phase` names.
+///     ///
+///     /// # Safety
+///     /// As `low_latency::dispatch`.
+///     pub unsafe fn my_ll_dispatch(
+///         comm: DevComm, send: DevWindow, recv: DevWindow, counts: DevWindow, args: MoeLowLatencyArgs
+///     ) {
+///         // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+///         let (block, grid) = (arch::block_idx_x(), arch::grid_dim_x());
+///         // SAFETY: the kernel's contract. False: the communicator was aborted (the host reports it).
+///         let _ = unsafe { low_latency::dispatch(&comm, &send, &recv, &counts, &args, block, grid) };
+///     }
+/// }
+/// ```
 pub unsafe fn dispatch(
     comm: &DevComm,
     send: &DevWindow,
@@ -456,6 +585,27 @@ pub unsafe fn dispatch(
 /// As [`dispatch`] (the same windows and `args`, after its receive half);
 /// `args.topk_weights` and `args.out` hold `tokens * top_k` weights and `tokens * hidden`
 /// bf16, and `args.ret_index` what the dispatch wrote.
+///
+/// # Examples
+///
+/// ```no_run
+/// use ferrolink_device::moe::low_latency::{self, MoeLowLatencyArgs};
+/// use ferrolink_device::{DevComm, DevWindow, arch, kernel};
+/// kernel! {
+///     /// The low-latency combine as a kernel of one's own (as the built-in `moe_ll_combine`).
+///     ///
+///     /// # Safety
+///     /// As `low_latency::combine`.
+///     pub unsafe fn my_ll_combine(
+///         comm: DevComm, recv: DevWindow, ret: DevWindow, counts: DevWindow, args: MoeLowLatencyArgs
+///     ) {
+///         // Needs a DevComm made by the host crate (ferrolink::create_dev_comms): compile-only here.
+///         let (block, grid) = (arch::block_idx_x(), arch::grid_dim_x());
+///         // SAFETY: the kernel's contract. False: the communicator was aborted (the host reports it).
+///         let _ = unsafe { low_latency::combine(&comm, &recv, &ret, &counts, &args, block, grid) };
+///     }
+/// }
+/// ```
 pub unsafe fn combine(
     comm: &DevComm,
     recv: &DevWindow,
