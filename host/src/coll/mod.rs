@@ -626,6 +626,14 @@ impl Communicator {
         if matches!(coll.kind, CollKind::Broadcast | CollKind::Reduce) && coll.root >= n {
             return Err(Error::InvalidArgument(format!("{name}: root {} is not a rank of {n}", coll.root)));
         }
+        // An average divides by the rank count in the element type, as NCCL does: a count the
+        // type cannot hold would wrap the divisor (u8 over 256 ranks: a division by 0).
+        let reduces = !matches!(coll.kind, CollKind::AllGather | CollKind::Broadcast | CollKind::AllToAll);
+        if reduces && coll.op == ReduceOp::Avg && T::DTYPE == DataType::U8 && n > usize::from(u8::MAX) {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: an average of u8 over {n} ranks (at most 255: the count is the divisor, in u8)"
+            )));
+        }
         let size = std::mem::size_of::<T>();
         let (in_len, out_len) = coll.lengths(n);
         let out_elems = match &output {
@@ -1357,6 +1365,18 @@ mod tests {
     use crate::runtime::lifetime::lock;
     use crate::testing::for_each_backend;
     use crate::{Communicator, run_ranks};
+
+    /// An average of u8 over 256 ranks is refused at the call, before any rank waits for
+    /// another (its divisor, the rank count, would wrap to 0 in u8).
+    #[test]
+    fn u8_averages_over_more_than_255_ranks_are_refused() {
+        let dev = crate::Device::open_with(crate::Backend::Cpu, 0).unwrap();
+        let comms = Communicator::init_all(&vec![dev.clone(); 256]).unwrap();
+        let send = dev.alloc::<u8>(4).unwrap();
+        let mut recv = dev.alloc::<u8>(4).unwrap();
+        let err = comms[3].all_reduce(&send, &mut recv, ReduceOp::Avg).expect_err("256 ranks").to_string();
+        assert!(err.contains("average of u8 over 256 ranks"), "{err}");
+    }
 
     /// Calls that queue up for a GPU group's launcher (held here) run in one launch (or a few),
     /// one after the other: each round's in-place all-reduce reads the previous round's output,
