@@ -16,7 +16,8 @@
 //!    `-Zunstable-options -Cpanic=immediate-abort -Ctarget-cpu=<arch>
 //!    -Zcross-crate-inline-threshold=always -Ctarget-feature=+ptx86`, in its own target
 //!    directory;
-//! 3. rejects PTX that references an external function (`.extern .func`, except `vprintf`)
+//! 3. rejects PTX that references an external function (`.extern .func`), except those in
+//!    [`DEVICE_LIBRARY_FUNCTIONS`] (`vprintf`, `cudaGraphLaunch`)
 //!    or has no `.entry`;
 //! 4. if `ptxas` is found ([`find_ptxas`]: `FERROLINK_PTXAS`, `.tools/cuda/bin` above the
 //!    crate, `PATH`, `$CUDA_HOME/bin`), assembles the PTX for the target and reports registers,
@@ -30,6 +31,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Why a PTX build failed. Each message names the fix.
+///
+/// ```
+/// use ferrolink_builder::BuildError;
+///
+/// let e = BuildError::ExternFunctions {
+///     crate_name: "my-kernels".into(),
+///     names: vec!["_ZN4core9panicking5panic".into()],
+/// };
+/// assert!(e.to_string().contains("keep -Cpanic=immediate-abort"));
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     /// `rustup` or the nightly toolchain is missing.
@@ -117,6 +128,14 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BuildError 
 }
 
 /// Resource use of one kernel as reported by `ptxas -v`.
+///
+/// ```
+/// use ferrolink_builder::KernelResources;
+///
+/// let k = KernelResources { name: "copy".into(), registers: 26, spill_store_bytes: 4, ..Default::default() };
+/// // The builder warns about a kernel that spills either way.
+/// assert!(k.spill_store_bytes > 0 || k.spill_load_bytes > 0);
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelResources {
     /// Entry name.
@@ -132,6 +151,17 @@ pub struct KernelResources {
 }
 
 /// The result of a PTX build.
+///
+/// ```no_run
+/// // Runs cargo +nightly for the nvptx64 target (and ptxas when found): a real build.
+/// let out = ferrolink_builder::PtxBuilder::new("../my-kernels").build()?;
+/// let ptx = std::fs::read_to_string(&out.ptx_path).unwrap();
+/// assert!(out.kernels.iter().all(|k| ptx.contains(k.as_str())));
+/// if out.cubin_path.is_some() {
+///     print!("{}", ferrolink_builder::resources_table(&out.resources));
+/// }
+/// # Ok::<(), ferrolink_builder::BuildError>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct PtxOutput {
     /// The PTX file.
@@ -147,6 +177,14 @@ pub struct PtxOutput {
 }
 
 /// Builds one device crate to PTX. See the [crate docs](crate).
+///
+/// ```
+/// use ferrolink_builder::PtxBuilder;
+///
+/// // Configuring builds nothing; `build` or `build_in_build_script` does.
+/// let builder = PtxBuilder::new("../my-kernels").arch("sm_100").require_ptxas(true);
+/// assert!(builder.rustflags().contains("-Ctarget-cpu=sm_100"));
+/// ```
 #[derive(Clone, Debug)]
 pub struct PtxBuilder {
     crate_dir: PathBuf,
@@ -159,6 +197,11 @@ pub struct PtxBuilder {
 
 impl PtxBuilder {
     /// A builder for the device crate at `crate_dir` (the folder with its Cargo.toml).
+    ///
+    /// ```
+    /// let builder = ferrolink_builder::PtxBuilder::new("../my-kernels");
+    /// assert!(builder.rustflags().contains("-Ctarget-cpu=sm_90"), "sm_90 by default");
+    /// ```
     pub fn new(crate_dir: impl Into<PathBuf>) -> Self {
         PtxBuilder {
             crate_dir: crate_dir.into(),
@@ -172,12 +215,22 @@ impl PtxBuilder {
 
     /// Target architecture (`-Ctarget-cpu`, `ptxas -arch`); default `sm_90`. Crates that use
     /// `ferrolink-device`'s barriers need `sm_90` or later (`fence.acquire`).
+    ///
+    /// ```
+    /// let builder = ferrolink_builder::PtxBuilder::new("../my-kernels").arch("sm_100");
+    /// assert!(builder.rustflags().contains("-Ctarget-cpu=sm_100"));
+    /// ```
     pub fn arch(mut self, arch: impl Into<String>) -> Self {
         self.arch = arch.into();
         self
     }
 
     /// Build without `--release` (default is release).
+    ///
+    /// ```
+    /// let builder = ferrolink_builder::PtxBuilder::new("../my-kernels").debug();
+    /// assert!(format!("{builder:?}").contains("release: false"));
+    /// ```
     pub fn debug(mut self) -> Self {
         self.release = false;
         self
@@ -185,6 +238,11 @@ impl PtxBuilder {
 
     /// The target directory of the nested build (default: `target/<profile>/ferrolink-ptx` of
     /// the outer build in a build script, else `<crate>/target/ferrolink-ptx`).
+    ///
+    /// ```
+    /// let builder = ferrolink_builder::PtxBuilder::new("../my-kernels").target_dir("target/ptx");
+    /// assert!(format!("{builder:?}").contains(r#"target_dir: Some("target/ptx")"#));
+    /// ```
     pub fn target_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.target_dir = Some(dir.into());
         self
@@ -192,6 +250,11 @@ impl PtxBuilder {
 
     /// Fail when `ptxas` cannot be found (default: skip the assembly check with a warning).
     /// Also forced by the environment variable `FERROLINK_REQUIRE_PTXAS=1`.
+    ///
+    /// ```
+    /// let builder = ferrolink_builder::PtxBuilder::new("../my-kernels").require_ptxas(true);
+    /// assert!(format!("{builder:?}").contains("require_ptxas: true"));
+    /// ```
     pub fn require_ptxas(mut self, yes: bool) -> Self {
         self.require_ptxas = yes;
         self
@@ -200,6 +263,11 @@ impl PtxBuilder {
     /// The RUSTFLAGS the nested build uses (they must reach `core` too, hence RUSTFLAGS and
     /// not `cargo rustc -- …`). `+ptx86` raises the PTX ISA version from LLVM's default for
     /// sm_90 (7.8) to 8.6, for `fence.acquire`/`fence.release` (CUDA 12.8; drivers ≥ 570 load it).
+    ///
+    /// ```
+    /// let flags = ferrolink_builder::PtxBuilder::new("../my-kernels").arch("sm_90").rustflags();
+    /// assert!(flags.contains("-Cpanic=immediate-abort") && flags.contains("-Ctarget-cpu=sm_90"));
+    /// ```
     pub fn rustflags(&self) -> String {
         format!(
             "-Zunstable-options -Cpanic=immediate-abort -Ctarget-cpu={} \
@@ -209,6 +277,18 @@ impl PtxBuilder {
     }
 
     /// Builds and checks the PTX. Returns where it is and what ptxas said.
+    ///
+    /// ```no_run
+    /// // Runs cargo +nightly for the nvptx64 target, then ptxas when found.
+    /// use ferrolink_builder::PtxBuilder;
+    ///
+    /// let out = PtxBuilder::new("device").arch("sm_90").target_dir("target/ptx").build()?;
+    /// for w in &out.warnings {
+    ///     eprintln!("warning: {w}");
+    /// }
+    /// println!("{} ({} kernels)", out.ptx_path.display(), out.kernels.len());
+    /// # Ok::<(), ferrolink_builder::BuildError>(())
+    /// ```
     pub fn build(&self) -> Result<PtxOutput, BuildError> {
         let crate_dir =
             self.crate_dir.canonicalize().map_err(io_err(format!("device crate {}", self.crate_dir.display())))?;
@@ -291,6 +371,14 @@ impl PtxBuilder {
     /// `cargo:warning` for spills, a `cargo:rustc-env=<env_var>=<ptx path>` line so that the
     /// crate can `include_str!(env!("<env_var>"))`, and `<env_var>_CUBIN` when a cubin was made.
     /// On failure it prints the error and exits the build script with status 1.
+    ///
+    /// ```no_run
+    /// // build.rs: needs a build script's environment (OUT_DIR) and runs cargo +nightly.
+    /// fn main() {
+    ///     ferrolink_builder::PtxBuilder::new("../my-kernels").build_in_build_script("MY_KERNELS_PTX");
+    /// }
+    /// // The crate then has: const PTX: &str = include_str!(env!("MY_KERNELS_PTX"));
+    /// ```
     pub fn build_in_build_script(self, env_var: &str) -> PtxOutput {
         let mut builder = self;
         if builder.target_dir.is_none()
@@ -330,6 +418,15 @@ impl PtxBuilder {
 }
 
 /// A readable table of per-kernel resources.
+///
+/// ```
+/// use ferrolink_builder::{resources_table, KernelResources};
+///
+/// let copy = KernelResources { name: "copy".into(), registers: 26, ..Default::default() };
+/// let table = resources_table(&[copy]);
+/// assert!(table.starts_with("kernel"));
+/// assert_eq!(table.lines().nth(1).unwrap().split_whitespace().collect::<Vec<_>>(), ["copy", "26", "0", "0", "0"]);
+/// ```
 pub fn resources_table(resources: &[KernelResources]) -> String {
     let mut s = String::from("kernel                               regs  stack  spill-st  spill-ld\n");
     for r in resources {
@@ -433,15 +530,37 @@ fn newest_asm(deps: &Path, stem: &str) -> Option<PathBuf> {
 /// .func` in its PTX): `vprintf` (which the driver resolves itself) and the device runtime's
 /// `cudaGraphLaunch` (a kernel launching a graph; ferrolink links `libcudadevrt` into such a
 /// module when it loads it, and ptxas assembles it as relocatable code, `-c`).
+///
+/// ```
+/// use ferrolink_builder::{extern_functions, DEVICE_LIBRARY_FUNCTIONS};
+///
+/// let ptx = ".extern .func (.param .b32 func_retval0) vprintf(\n.extern .func _ZN4core9panicking5panic(\n";
+/// let unresolved: Vec<String> =
+///     extern_functions(ptx).into_iter().filter(|f| !DEVICE_LIBRARY_FUNCTIONS.contains(&f.as_str())).collect();
+/// assert_eq!(unresolved, ["_ZN4core9panicking5panic"]);
+/// ```
 pub const DEVICE_LIBRARY_FUNCTIONS: &[&str] = &["vprintf", "cudaGraphLaunch"];
 
 /// Whether `ptx` calls the CUDA device runtime (`cudaGraphLaunch`): its cubin is then
 /// relocatable code, to be linked with `libcudadevrt`.
+///
+/// ```
+/// use ferrolink_builder::calls_device_runtime;
+///
+/// assert!(calls_device_runtime(".extern .func (.param .b32 func_retval0) cudaGraphLaunch\n(\n"));
+/// assert!(!calls_device_runtime(".extern .func (.param .b32 func_retval0) vprintf(\n"));
+/// ```
 pub fn calls_device_runtime(ptx: &str) -> bool {
     extern_functions(ptx).iter().any(|f| f == "cudaGraphLaunch")
 }
 
 /// Names of functions declared `.extern .func` in the PTX.
+///
+/// ```
+/// let ptx = ".extern .func (.param .b32 func_retval0) vprintf(\n\t.param .b64 p0\n);\n\
+///            .visible .entry k(\n";
+/// assert_eq!(ferrolink_builder::extern_functions(ptx), ["vprintf"]);
+/// ```
 pub fn extern_functions(ptx: &str) -> Vec<String> {
     ptx.lines()
         .filter_map(|l| l.trim_start().strip_prefix(".extern .func"))
@@ -460,6 +579,14 @@ pub fn extern_functions(ptx: &str) -> Vec<String> {
 /// register (`ld.param… [%rd…]`): in a function `ld.param` reads its own parameters, so such
 /// an address can only be one a kernel took of its parameter, read in the wrong place. (A
 /// function reads its own parameters by name: `[name_param_0]`.)
+///
+/// ```
+/// let ptx = ".func f(\n\t.param .b64 f_param_0\n)\n{\n\tld.param.b64 %rd1, [f_param_0];\n\
+///            \tld.param.v2.b64 {%rd2, %rd3}, [%rd1];\n}\n";
+/// assert_eq!(ferrolink_builder::param_loads_in_functions(ptx), ["f"]);
+/// // In a kernel (`.entry`) the same load is fine.
+/// assert!(ferrolink_builder::param_loads_in_functions(&ptx.replace(".func", ".entry")).is_empty());
+/// ```
 pub fn param_loads_in_functions(ptx: &str) -> Vec<String> {
     let mut found = Vec::new();
     let mut current: Option<String> = None;
@@ -488,6 +615,11 @@ pub fn param_loads_in_functions(ptx: &str) -> Vec<String> {
 }
 
 /// Names of the kernel entries (`.entry NAME(`) in the PTX.
+///
+/// ```
+/// let ptx = ".visible .entry copy(\n\t.param .u64 copy_param_0\n)\n.func helper(\n";
+/// assert_eq!(ferrolink_builder::entries(ptx), ["copy"]);
+/// ```
 pub fn entries(ptx: &str) -> Vec<String> {
     ptx.lines()
         .filter_map(|l| {
@@ -501,6 +633,15 @@ pub fn entries(ptx: &str) -> Vec<String> {
 }
 
 /// Parses `ptxas -v` output into per-kernel resources.
+///
+/// ```
+/// let log = "ptxas info    : Function properties for copy\n\
+///            8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
+///            ptxas info    : Used 26 registers, used 0 barriers, 368 bytes cmem[0]\n";
+/// let k = &ferrolink_builder::parse_ptxas_report(log)[0];
+/// assert_eq!((k.name.as_str(), k.registers, k.stack_bytes), ("copy", 26, 8));
+/// assert_eq!((k.spill_store_bytes, k.spill_load_bytes), (4, 12));
+/// ```
 pub fn parse_ptxas_report(log: &str) -> Vec<KernelResources> {
     let mut out: Vec<KernelResources> = Vec::new();
     for line in log.lines() {
@@ -652,13 +793,33 @@ impl PtxasSearch {
 /// 3. `ptxas` on `PATH`;
 /// 4. `$CUDA_HOME/bin/ptxas`;
 /// 5. `/usr/local/cuda/bin/ptxas`.
+///
+/// ```
+/// match ferrolink_builder::find_ptxas() {
+///     Some(ptxas) => assert!(ptxas.is_file()),
+///     None => eprintln!("no ptxas: the builder will skip the assembly check"),
+/// }
+/// ```
 pub fn find_ptxas() -> Option<PathBuf> {
     PtxasSearch::run(&[]).found
 }
 
-/// Local crates the device crate depends on by `path = "..."` (recursively), so that a change
-/// in, say, a path dependency on `ferrolink-device` rebuilds the PTX too. Dependencies
-/// inherited from a workspace (`workspace = true`) are not followed.
+/// Local crates the device crate depends on by `path = "..."` (recursively, through
+/// `[dependencies]` and `[build-dependencies]`, and through `workspace = true` entries whose
+/// workspace declares a path), so that a change in, say, a path dependency on
+/// `ferrolink-device` rebuilds the PTX too.
+///
+/// ```
+/// # let root = std::env::temp_dir().join(format!("ferrolink-builder-doc-{}", std::process::id()));
+/// # for dir in ["kernels", "shared"] { std::fs::create_dir_all(root.join(dir)).unwrap(); }
+/// let kernels = root.join("kernels");
+/// let manifest = "[package]\nname = \"kernels\"\n[dependencies]\nshared = { path = \"../shared\" }\n";
+/// std::fs::write(kernels.join("Cargo.toml"), manifest).unwrap();
+/// std::fs::write(root.join("shared/Cargo.toml"), "[package]\nname = \"shared\"\n").unwrap();
+/// let deps = ferrolink_builder::path_dependencies(&kernels);
+/// assert_eq!(deps, [root.join("shared").canonicalize().unwrap()]);
+/// # std::fs::remove_dir_all(&root).unwrap();
+/// ```
 pub fn path_dependencies(crate_dir: &Path) -> Vec<PathBuf> {
     let crate_dir = &crate_dir.canonicalize().unwrap_or_else(|_| crate_dir.to_path_buf());
     let mut found: Vec<PathBuf> = Vec::new();
