@@ -74,7 +74,7 @@ impl CommConfig {
         };
         let progress = match env_secs("FERROLINK_PROGRESS_SECS", "a number of seconds above 0")? {
             Some(p) if p <= 0.0 => {
-                return Err(env_error("FERROLINK_PROGRESS_SECS", "0", "a number of seconds above 0"));
+                return Err(env_error("FERROLINK_PROGRESS_SECS", &p.to_string(), "a number of seconds above 0"));
             }
             p => p.unwrap_or(10.0),
         };
