@@ -373,10 +373,8 @@ impl PtxBuilder {
     /// On failure it prints the error and exits the build script with status 1.
     ///
     /// ```no_run
-    /// // build.rs: needs a build script's environment (OUT_DIR) and runs cargo +nightly.
-    /// fn main() {
-    ///     ferrolink_builder::PtxBuilder::new("../my-kernels").build_in_build_script("MY_KERNELS_PTX");
-    /// }
+    /// // In build.rs's main: needs a build script's environment (OUT_DIR) and runs cargo +nightly.
+    /// ferrolink_builder::PtxBuilder::new("../my-kernels").build_in_build_script("MY_KERNELS_PTX");
     /// // The crate then has: const PTX: &str = include_str!(env!("MY_KERNELS_PTX"));
     /// ```
     pub fn build_in_build_script(self, env_var: &str) -> PtxOutput {
